@@ -1,0 +1,113 @@
+"""The `gpubox` command line. Subcommands live next to the code they drive and load lazily,
+so `gpubox inventory list` does not pay for importing the benchmark or plotting stack."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from . import __version__
+from .errors import GpuboxError
+
+# command name -> "module:attribute"; a module that does not exist yet simply is not listed.
+COMMANDS = {
+    "inventory": "gpubox.cli_inventory:inventory",
+    "sim": "gpubox.cli_sim:sim",
+    "doctor": "provision.cli_recover:doctor",
+    "recover": "provision.cli_recover:recover",
+    "demo": "provision.cli_recover:demo",
+    "lxc": "provision.cli_lxc:lxc",
+    "stage": "provision.cli_stage:stage",
+    "tune": "hwtune.cli:tune",
+    "nccl": "hwtune.cli:nccl",
+    "gpus": "hwtune.cli:gpus",
+    "probe": "hwtune.cli_probe:probe",
+    "bench": "bench.cli:bench",
+    "report": "bench.cli_report:report",
+    "history": "bench.cli_history:history",
+    "schedule": "bench.cli_schedule:schedule",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        names = []
+        for name, target in COMMANDS.items():
+            mod = target.split(":")[0]
+            try:
+                if importlib.util.find_spec(mod) is not None:
+                    names.append(name)
+            except ModuleNotFoundError:
+                pass
+        return sorted(names)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        mod, attr = target.split(":")
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:
+                return None
+            raise
+        return getattr(module, attr, None)
+
+
+class State:
+    def __init__(self, inventory: str | None, verbose: int):
+        self.inventory_path = inventory
+        self.verbose = verbose
+        self._inventory = None
+
+    @property
+    def inventory(self):
+        if self._inventory is None:
+            from .inventory import Inventory
+            self._inventory = Inventory(self.inventory_path)
+        return self._inventory
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-i", "--inventory", "inventory", metavar="PATH", envvar="GPUBOX_INVENTORY",
+              help="Ansible YAML inventory file or directory (default: ./inventory or $GPUBOX_INVENTORY).")
+@click.option("-v", "--verbose", count=True, help="More detail; tracebacks on errors.")
+@click.version_option(__version__, prog_name="gpubox")
+@click.pass_context
+def cli(ctx: click.Context, inventory: str | None, verbose: int) -> None:
+    """Bring a GPU inference box back to a known-good, fast state after a reboot, and prove it.
+
+    Exit status: 0 healthy/ok, 1 problems found or remaining, 2 bad input or could not run.
+    """
+    ctx.obj = State(inventory, verbose)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
+    verbose = any(a in ("-v", "-vv", "--verbose") for a in (argv if argv is not None else sys.argv[1:]))
+    try:
+        rc = cli.main(args=argv, prog_name="gpubox", standalone_mode=False)
+    except GpuboxError as exc:
+        if verbose:
+            import traceback
+            traceback.print_exc()
+        click.echo(f"gpubox: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpubox: aborted", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("gpubox: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

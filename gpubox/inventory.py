@@ -1,0 +1,217 @@
+"""The Ansible YAML inventory, read the way ansible-playbook reads it.
+
+One source of box facts for the CLI and the playbooks: we hand the sources to Ansible's own
+InventoryManager/VariableManager (group vars, host vars, children, group_vars/ and host_vars/
+directories, precedence, vault) instead of re-implementing its merge rules. YAML is parsed once
+more by us first, only to turn a syntax error into a one-line message with file and line (Ansible
+merely warns and carries on with an empty inventory).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InventoryError
+
+INVENTORY_ENV = "GPUBOX_INVENTORY"
+CONTAINER_GROUP = "gpu_containers"
+HOST_GROUP = "proxmox_hosts"
+_ANSIBLE_MAGIC = {
+    "inventory_file", "inventory_dir", "inventory_hostname", "inventory_hostname_short",
+    "group_names", "groups", "playbook_dir", "omit", "ansible_playbook_python",
+    "ansible_config_file", "ansible_version", "ansible_check_mode", "ansible_diff_mode",
+    "ansible_forks", "ansible_inventory_sources", "ansible_run_tags", "ansible_skip_tags",
+    "ansible_verbosity", "hostvars", "environment", "role_names", "ansible_play_hosts",
+    "ansible_play_batch", "ansible_play_hosts_all", "ansible_dependent_role_names",
+    "ansible_play_role_names", "ansible_role_names", "ansible_facts", "play_hosts",
+    "ansible_collection_name", "ansible_search_path", "ansible_loop_var",
+}
+
+
+def default_inventory_path() -> Path:
+    """$GPUBOX_INVENTORY, else inventory/ next to the project (or the current directory)."""
+    env = os.environ.get(INVENTORY_ENV)
+    if env:
+        return Path(env)
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        cand = base / "inventory"
+        if cand.is_dir():
+            return cand
+    return Path.cwd() / "inventory"
+
+
+class _CheckLoader(yaml.SafeLoader):
+    """SafeLoader that accepts Ansible's !vault and !unsafe tags (values stay opaque)."""
+
+
+_CheckLoader.add_constructor("!vault", lambda loader, node: "<vault>")
+_CheckLoader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+
+
+def _yaml_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    out = []
+    for p in sorted(path.rglob("*")):
+        if p.suffix in (".yml", ".yaml") and p.is_file() and ".git" not in p.parts:
+            out.append(p)
+    return out
+
+
+def _precheck(path: Path) -> None:
+    if not path.exists():
+        raise InventoryError(f"inventory {path} does not exist",
+                             f"pass -i PATH or set ${INVENTORY_ENV}")
+    for f in _yaml_files(path):
+        try:
+            data = yaml.load(f.read_text(), Loader=_CheckLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{f}:{mark.line + 1}" if mark else str(f)
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise InventoryError(f"malformed YAML at {where}: {problem}",
+                                 "fix the file's syntax (yamllint shows the spot)") from None
+        in_vars_dir = any(part in ("group_vars", "host_vars") for part in f.parts)
+        if data is not None and not isinstance(data, dict):
+            kind = "variables file" if in_vars_dir else "inventory"
+            raise InventoryError(f"{f} is not a YAML mapping", f"a {kind} must be a mapping of names")
+
+
+@dataclass
+class HostEntry:
+    """One inventory host with its fully resolved variables."""
+
+    name: str
+    vars: dict[str, Any]
+    groups: list[str] = field(default_factory=list)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.vars.get(key, default)
+
+    @property
+    def root(self) -> str:
+        return str(self.vars.get("gpubox_root") or "/")
+
+    def public_vars(self) -> dict[str, Any]:
+        return {k: v for k, v in sorted(self.vars.items()) if k not in _ANSIBLE_MAGIC}
+
+
+@dataclass
+class Box:
+    """A container that serves the model, and the Proxmox host that runs it."""
+
+    container: HostEntry
+    host: HostEntry
+
+    @property
+    def name(self) -> str:
+        return self.container.name
+
+    @property
+    def vmid(self) -> int:
+        return int(self.container.vars["gpubox_vmid"])
+
+    def var(self, key: str, default: Any = None) -> Any:
+        """A box setting: the container's value, else its Proxmox host's."""
+        if key in self.container.vars:
+            return self.container.vars[key]
+        return self.host.vars.get(key, default)
+
+
+class Inventory:
+    """Hosts and boxes of an Ansible inventory (file or directory)."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path else default_inventory_path()
+        _precheck(self.path)
+        self._hosts: dict[str, HostEntry] = {}
+        self._load()
+
+    def _load(self) -> None:
+        # Imported here: ansible is heavy and only the inventory needs it.
+        from ansible.errors import AnsibleError
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.template import Templar
+        from ansible.vars.manager import VariableManager
+
+        loader = DataLoader()
+        vault_file = os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE")
+        if vault_file:
+            from ansible.cli import CLI
+            loader.set_vault_secrets(CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[vault_file]))
+        try:
+            im = InventoryManager(loader=loader, sources=[str(self.path)])
+            vm = VariableManager(loader=loader, inventory=im)
+            for h in im.get_hosts():
+                raw = vm.get_vars(host=h, include_hostvars=False)
+                templar = Templar(loader=loader, variables=raw)
+                resolved = {}
+                for k, v in raw.items():
+                    if k in _ANSIBLE_MAGIC:
+                        continue
+                    resolved[k] = _plain(templar.template(v))
+                groups = sorted(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
+                self._hosts[h.name] = HostEntry(h.name, resolved, groups)
+        except AnsibleError as exc:
+            msg = " ".join(str(exc).split())[:300]
+            raise InventoryError(f"cannot read inventory {self.path}: {msg}",
+                                 "check the file against Ansible's YAML inventory format") from None
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def hosts(self) -> dict[str, HostEntry]:
+        return dict(self._hosts)
+
+    def host(self, name: str) -> HostEntry:
+        try:
+            return self._hosts[name]
+        except KeyError:
+            known = ", ".join(sorted(self._hosts)) or "none"
+            raise InventoryError(f"unknown host {name!r} in {self.path}", f"known hosts: {known}") from None
+
+    def box_names(self) -> list[str]:
+        return sorted(n for n, h in self._hosts.items() if "gpubox_vmid" in h.vars)
+
+    def box(self, name: str) -> Box:
+        if name not in self._hosts or "gpubox_vmid" not in self._hosts[name].vars:
+            known = ", ".join(self.box_names()) or "none"
+            raise InventoryError(f"unknown box {name!r} in {self.path}",
+                                 f"known boxes: {known}")
+        ct = self._hosts[name]
+        try:
+            int(ct.vars["gpubox_vmid"])
+        except (TypeError, ValueError):
+            raise InventoryError(f"box {name}: gpubox_vmid {ct.vars['gpubox_vmid']!r} is not a number",
+                                 "set gpubox_vmid to the container's numeric id, e.g. 200") from None
+        hostname = ct.vars.get("gpubox_proxmox_host")
+        if not hostname:
+            raise InventoryError(f"box {name} has no gpubox_proxmox_host",
+                                 "set gpubox_proxmox_host to the inventory name of its Proxmox host")
+        if hostname not in self._hosts:
+            known = ", ".join(sorted(n for n in self._hosts if n not in self.box_names())) or "none"
+            raise InventoryError(f"box {name}: gpubox_proxmox_host {hostname!r} is not in the inventory",
+                                 f"add it, or name one of: {known}")
+        return Box(container=ct, host=self._hosts[hostname])
+
+
+def _plain(value: Any) -> Any:
+    """Ansible's tagged/unsafe str subclasses to plain Python types (JSON- and YAML-safe)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return str(value)

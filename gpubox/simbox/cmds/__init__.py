@@ -1,0 +1,1 @@
+"""Stand-ins for commands that cannot exist here; one module per command, `main(sim, argv) -> rc`."""

@@ -1,0 +1,57 @@
+"""systemctl stand-in: units are the files gpubox wrote; enable/start state lives in sim.json.
+
+Which root a call acts on: the container's when run with GPUBOX_SIM_ROOT=ct (set by `pct exec`
+in the simulation, or by the container's inventory env), else the host's.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..core import SimBox, StandinError
+
+
+def _root(sim: SimBox):
+    return sim.ct_root if os.environ.get("GPUBOX_SIM_SIDE") == "container" else sim.host_root
+
+
+def main(sim: SimBox, argv: list[str]) -> int:
+    args = [a for a in argv if not a.startswith("-")]
+    flags = [a for a in argv if a.startswith("-")]
+    if not args:
+        raise StandinError("systemctl: this simulation needs a verb", 1)
+    verb, units = args[0], args[1:]
+    side = "container" if _root(sim) == sim.ct_root else "host"
+    unit_dir = _root(sim) / "etc/systemd/system"
+    with sim.state() as st:
+        units_st = st.setdefault("units", {}).setdefault(side, {})
+        if verb == "daemon-reload":
+            st.setdefault("daemon_reloads", {}).setdefault(side, 0)
+            st["daemon_reloads"][side] += 1
+            return 0
+        for u in units:
+            known = (unit_dir / u).exists()
+            if verb in ("enable", "start", "restart", "reenable") and not known:
+                raise StandinError(f"Failed to {verb} unit: Unit file {u} does not exist.", 1 if verb != "enable" else 1)
+            s = units_st.setdefault(u, {"enabled": False, "active": False, "starts": 0})
+            if verb in ("enable", "reenable"):
+                s["enabled"] = True
+                if "--now" in flags:
+                    s["active"], s["starts"] = True, s["starts"] + 1
+            elif verb in ("start", "restart"):
+                s["active"], s["starts"] = True, s["starts"] + 1
+            elif verb == "disable":
+                s["enabled"] = False
+                if "--now" in flags:
+                    s["active"] = False
+            elif verb == "stop":
+                s["active"] = False
+            elif verb == "is-enabled":
+                print("enabled" if s["enabled"] else "disabled")
+                return 0 if s["enabled"] else 1
+            elif verb == "is-active":
+                print("active" if s["active"] else "inactive")
+                return 0 if s["active"] else 3
+            else:
+                raise StandinError(f"systemctl: verb {verb!r} is not simulated", 1)
+    return 0

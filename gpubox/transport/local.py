@@ -1,0 +1,95 @@
+"""Local transport: subprocess with argv lists and a timeout, files through os."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from ..errors import TransportError
+from .base import CmdResult, FileStat, Transport, validate_argv
+
+
+class LocalTransport(Transport):
+    def __init__(self, name: str = "localhost", become: bool = False):
+        self.name = name
+        self.default_become = become
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None,
+            become: bool = False) -> CmdResult:
+        argv = validate_argv(argv)
+        if (become or self.default_become) and os.geteuid() != 0:
+            argv = ["sudo", "-n", "--", *argv]
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        data = input.encode() if isinstance(input, str) else input
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(argv, input=data, capture_output=True, env=full_env, cwd=cwd,
+                                  timeout=timeout, start_new_session=True)
+        except FileNotFoundError:
+            return CmdResult(argv, 127, "", f"{argv[0]}: command not found", time.monotonic() - t0, self.name)
+        except subprocess.TimeoutExpired:
+            raise TransportError(f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
+                                 "raise the timeout or check what the command waits for") from None
+        return CmdResult(argv, proc.returncode, proc.stdout.decode(errors="replace"),
+                         proc.stderr.decode(errors="replace"), time.monotonic() - t0, self.name)
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
+                           tmp_name: str | None = None) -> None:
+        d = os.path.dirname(path) or "."
+        tmp = os.path.join(d, tmp_name or f".{os.path.basename(path)}.gpubox.{os.getpid()}.tmp")
+        if mode is None:
+            try:
+                mode = os.stat(path).st_mode & 0o7777
+            except FileNotFoundError:
+                mode = 0o644
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        try:  # the rename itself is durable only once the directory is synced
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    def stat(self, path: str) -> FileStat | None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        rdev = (os.major(st.st_rdev), os.minor(st.st_rdev)) if st.st_rdev else None
+        return FileStat(path, st.st_mode, st.st_size, st.st_mtime, st.st_uid, st.st_gid, rdev)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str, mode: int = 0o755) -> None:
+        os.makedirs(path, mode=mode, exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        os.unlink(path)

@@ -1,0 +1,83 @@
+"""Run inside an LXC container with `pct exec <vmid> --` through its Proxmox host's transport.
+
+Files are read with `cat`, written by pushing a temporary file with `pct push` and renaming it
+inside the container (atomic there), and stat'ed with `stat -c`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+from typing import Mapping, Sequence
+
+from .base import CmdResult, FileStat, Transport, validate_argv
+
+
+class PctTransport(Transport):
+    def __init__(self, name: str, host: Transport, vmid: int, host_env: Mapping[str, str] | None = None):
+        self.name = name
+        self.host = host
+        self.vmid = int(vmid)
+        self.host_env = dict(host_env or {})  # env for `pct` itself on the host (e.g. PATH)
+
+    def _pct(self, *args: str, timeout: float = 60, input=None) -> CmdResult:
+        return self.host.run(["pct", *args], timeout=timeout, input=input, env=self.host_env or None,
+                             become=True)
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None,
+            become: bool = False) -> CmdResult:
+        argv = validate_argv(argv)
+        inner = list(argv)
+        if env:
+            inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
+        if cwd:
+            inner = ["env", "-C", cwd, *inner]
+        r = self._pct("exec", str(self.vmid), "--", *inner, timeout=timeout, input=input)
+        return CmdResult(list(argv), r.rc, r.stdout, r.stderr, r.seconds, self.name)
+
+    def read_bytes(self, path: str) -> bytes:
+        r = self.run(["cat", "--", path])
+        if r.rc != 0:
+            if "No such file" in r.stderr:
+                raise FileNotFoundError(path)
+            r.check()
+        return r.stdout.encode(errors="surrogateescape")
+
+    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
+                           tmp_name: str | None = None) -> None:
+        token = secrets.token_hex(6)
+        host_tmp = f"/tmp/.gpubox-push-{token}"
+        ct_tmp = posixpath.join(posixpath.dirname(path), tmp_name or f".{posixpath.basename(path)}.gpubox.{token}.tmp")
+        self.host.write_bytes_atomic(host_tmp, data, mode=0o600)
+        try:
+            args = ["push", str(self.vmid), host_tmp, ct_tmp]
+            if mode is not None:
+                args += ["--perms", oct(mode)[2:]]
+            self._pct(*args).check()
+            self.run(["mv", "-f", "--", ct_tmp, path]).check()
+        finally:
+            try:
+                self.host.remove(host_tmp)
+            except OSError:
+                pass
+
+    def stat(self, path: str) -> FileStat | None:
+        r = self.run(["stat", "-c", "%f %s %Y %u %g %t %T", "--", path])
+        if r.rc != 0:
+            return None
+        f, size, mtime, uid, gid, ma, mi = r.stdout.split()
+        fs = FileStat(path, int(f, 16), int(size), float(mtime), int(uid), int(gid))
+        if int(ma, 16) or int(mi, 16):
+            fs.rdev = (int(ma, 16), int(mi, 16))
+        return fs
+
+    def listdir(self, path: str) -> list[str]:
+        r = self.run(["ls", "-1A", "--", path]).check()
+        return sorted(x for x in r.stdout.splitlines() if x)
+
+    def makedirs(self, path: str, mode: int = 0o755) -> None:
+        self.run(["mkdir", "-p", "-m", oct(mode)[2:], "--", path]).check()
+
+    def remove(self, path: str) -> None:
+        self.run(["rm", "-f", "--", path]).check()
