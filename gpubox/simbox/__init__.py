@@ -28,7 +28,7 @@ from typing import Iterable
 
 from .core import SimBox, StandinError  # noqa: F401
 
-PIECES = ["base", "lxc", "pci", "model", "server"]
+PIECES = ["base", "lxc", "pci", "nccl", "model", "server"]
 
 
 def _piece_modules():
