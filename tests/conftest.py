@@ -1,8 +1,13 @@
-"""Shared test setup: every test gets its own gpubox state dir and never the user's inventory."""
+"""Shared test setup: every test gets its own gpubox state dir and never the user's inventory.
+
+Plugins: tests.sshd gives the `sshd` / `sshd_factory` fixtures (a real sshd on loopback).
+"""
 
 import os
 
 import pytest
+
+pytest_plugins = ["tests.sshd"]
 
 
 @pytest.fixture(autouse=True)
