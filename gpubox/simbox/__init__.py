@@ -51,6 +51,8 @@ def all_faults() -> dict[str, str]:
 # The seed's story (DESIGN.md): what a reboot did to the box.
 SEED_FAULTS = ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing",
                "shm_empty"]
+# What `gpubox demo` breaks: the seed's reboot plus a stopped container.
+DEMO_FAULTS = SEED_FAULTS + ["container_stopped"]
 
 
 def build(dest: str | os.PathLike, faults: Iterable[str] = (), *, gpus: int = 8, vmid: int = 200,

@@ -1,0 +1,212 @@
+"""The whole box in one command: every area's steps as one pipeline, then the verification
+benchmark and its report.
+
+Order (DESIGN.md): host devices -> container config -> container (re)start -> CUDA probe ->
+host tuning -> NCCL env -> staging -> benchmark -> report. Host-side steps run in the "host"
+lane and container-side steps in the "container" lane, so staging overlaps with host tuning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gpubox.errors import GpuboxError
+from gpubox.pipeline import Node, run_pipeline
+from gpubox.state import state_dir
+from gpubox.steps import RunReport, Step, StepResult
+
+# Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order.
+PROVIDERS = [
+    "provision.lxc",          # host-devices, container-config, container, cuda
+    "hwtune.steps",           # pcie-mrrs, pcie-link, numa-balancing, nccl-env
+    "provision.stage_step",   # model-stage, drafter-stage
+    "hwtune.probe_step",      # gpu-probe (checks only)
+    "bench.step",             # server (health of a running server; checks only)
+]
+
+# What a step needs before it may run (by name; prefix match for "model-stage*" style names).
+REQUIRES = {
+    "container-config": ("host-devices",),
+    "container": ("container-config",),
+    "cuda": ("container",),
+    "nccl-env": ("container",),
+    "gpu-probe": ("cuda",),
+    "server": ("cuda",),
+}
+STAGE_REQUIRES = ("container",)
+
+# --skip/--only accept step names or these groups.
+GROUPS = {
+    "lxc": ("host-devices", "container-config", "container", "cuda"),
+    "devices": ("host-devices",),
+    "tune": ("pcie-mrrs", "pcie-link", "numa-balancing"),
+    "nccl": ("nccl-env",),
+    "stage": ("stage",),   # prefix: every *-stage step
+    "probe": ("gpu-probe",),
+    "server": ("server",),
+    "bench": ("bench",),
+}
+
+
+def collect_steps(ctx) -> list[Step]:
+    out: list[Step] = []
+    for mod_name in PROVIDERS:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and mod_name.startswith(exc.name):
+                continue
+            raise
+        fn = getattr(mod, "steps", None)
+        if fn is not None:
+            out.extend(fn(ctx))
+    return out
+
+
+def _expand(names: tuple[str, ...]) -> set[str]:
+    out: set[str] = set()
+    for n in names:
+        for part in n.split(","):
+            part = part.strip()
+            if part:
+                out.update(GROUPS.get(part, (part,)))
+    return out
+
+
+def _selected(step_name: str, wanted: set[str]) -> bool:
+    return any(step_name == w or step_name.endswith("-" + w) or step_name.startswith(w + "-") for w in wanted)
+
+
+def build_nodes(steps: list[Step], skip: tuple[str, ...] = (), only: tuple[str, ...] = ()) -> list[Node]:
+    known = {s.name for s in steps} | set(GROUPS) | {"stage"}
+    for n in _expand(skip) | _expand(only):
+        if n not in known and not any(_selected(s.name, {n}) for s in steps):
+            raise GpuboxError(f"unknown step {n!r}",
+                              f"steps: {', '.join(s.name for s in steps)}; groups: {', '.join(GROUPS)}")
+    sk, on = _expand(skip), _expand(only)
+    nodes = []
+    for s in steps:
+        if sk and _selected(s.name, sk):
+            continue
+        if on and not _selected(s.name, on):
+            continue
+        req = STAGE_REQUIRES if s.name.endswith("-stage") else REQUIRES.get(s.name, ())
+        nodes.append(Node(s, req, s.where))
+    return nodes
+
+
+@dataclass
+class Outcome:
+    report: RunReport
+    bench: dict[str, Any] | None = None
+    bench_path: str | None = None
+    report_path: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str | None:
+        return (self.bench or {}).get("verdict", {}).get("status")
+
+    @property
+    def exit_code(self) -> int:
+        if not self.report.ok:
+            return 1
+        if self.bench is not None and self.verdict != "healthy":
+            return 1
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.report.to_dict()
+        d["benchmark"] = None if self.bench is None else {
+            "verdict": self.bench.get("verdict"), "result": self.bench_path, "report": self.report_path}
+        d["notes"] = self.notes
+        d["ok"] = self.exit_code == 0
+        return d
+
+
+def _progress(ctx):
+    con = ctx.console
+    if con is None:
+        return None, None
+    sym = {"ok": "[green]ok[/]", "fixed": "[cyan]fixed[/]", "drift": "[yellow]drift[/]",
+           "failed": "[bold red]failed[/]", "skipped": "[dim]skipped[/]"}
+
+    def start(node):
+        con.print(f"[dim]…[/] {node.name} ({node.step.host_name(ctx)})")
+
+    def done(res: StepResult):
+        con.print(f"  {sym.get(res.status, res.status)} {res.name}: {res.detail[:160]} [dim]({res.seconds:.2f} s)[/]")
+
+    return start, done
+
+
+def _last_run_path(box: str) -> Path:
+    return state_dir() / f"recover-{box}.json"
+
+
+def doctor(ctx, skip=(), only=()) -> RunReport:
+    nodes = build_nodes(collect_steps(ctx), skip, only)
+    start, done = _progress(ctx)
+    return run_pipeline(ctx, nodes, "check", on_result=done)
+
+
+def recover(ctx, *, dry_run: bool = False, skip=(), only=(), bench: bool = True,
+            profile: str | None = None, out_dir: str | None = None,
+            report_format: str = "md") -> Outcome:
+    """check -> plan -> apply -> verify every step, then benchmark and report."""
+    last = _last_run_path(ctx.box.name)
+    notes = []
+    if last.exists() and not dry_run:
+        try:
+            prev = json.loads(last.read_text())
+            bad = [s["name"] for s in prev.get("steps", []) if s["status"] in ("failed", "drift", "skipped")]
+            if bad:
+                notes.append(f"previous run stopped at {bad[0]}; picking up from a fresh check of every step")
+        except (ValueError, KeyError):
+            pass
+    nodes = build_nodes(collect_steps(ctx), skip, only)
+    start, done = _progress(ctx)
+    report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
+    outcome = Outcome(report, notes=notes)
+    want_bench = bench and not dry_run and (not only or "bench" in _expand(only)) and "bench" not in _expand(skip)
+    if want_bench:
+        if not report.ok:
+            outcome.notes.append("benchmark not run: fix the problems above first (or re-run with --no-bench)")
+        else:
+            _bench_and_report(ctx, outcome, profile, out_dir, report_format)
+    if not dry_run:
+        last.write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
+    return outcome
+
+
+def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
+    try:
+        from bench import runner
+    except ModuleNotFoundError:
+        outcome.notes.append("benchmark not available in this installation")
+        return
+    out = Path(out_dir or (state_dir() / "results" / ctx.box.name))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
+    outcome.bench = doc
+    outcome.bench_path = doc.get("_path") or str(out)
+    outcome.report.steps.append(StepResult(
+        "bench", ctx.box.container.name,
+        "ok" if doc.get("verdict", {}).get("status") == "healthy" else "drift",
+        detail=f"verdict {doc.get('verdict', {}).get('status')}: "
+               + "; ".join(r.get("message", "") for r in doc.get("verdict", {}).get("reasons", [])[:3]),
+        seconds=time.monotonic() - t0, title="verification benchmark"))
+    try:
+        from bench.report import render_report
+    except ImportError:
+        return
+    try:
+        outcome.report_path = str(render_report([outcome.bench_path], out, fmt=report_format))
+    except Exception as exc:  # a report problem must not hide the verdict
+        outcome.notes.append(f"report not written: {exc}")
