@@ -1,0 +1,195 @@
+"""The run history: every benchmark result document of a box, kept in the state directory.
+
+Store: one JSON Lines file per box, `<state dir>/history/<box>.jsonl`, one run a line:
+
+    {"history": "gpubox.history/1", "recorded_at": "2026-11-29T10:19:13Z",
+     "doc": { ...the gpubox.bench/1 result document (docs/result-schema.md), without
+              measurements[*].samples... }}
+
+JSONL rather than SQLite because the scheduled runs write it on the box (the unit sets
+GPUBOX_STATE_DIR=/var/lib/gpubox there) and `gpubox history --on-box` / `schedule status` read it
+back over any transport with a plain `cat`; a few runs a day stay small for years. Raw
+per-request samples stay in the result file and are dropped here.
+
+Writes take an exclusive flock on `<box>.jsonl.lock`. A new run is appended; recording a run_id
+that is already there replaces that line (the benchmark records a run, the scheduler records it
+again with the history verdict) through a temporary file and a rename, so readers never see a
+half-written store.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import os
+import re
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable
+
+from gpubox.errors import GpuboxError
+from gpubox.state import state_dir
+
+SCHEMA = "gpubox.bench/1"
+HISTORY_SCHEMA = "gpubox.history/1"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+
+
+def history_dir(base: Path | None = None) -> Path:
+    d = (base or state_dir()) / "history"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def store_path(box: str, base: Path | None = None) -> Path:
+    """The JSONL file holding BOX's runs."""
+    if not _SAFE_NAME.match(box or ""):
+        raise GpuboxError(f"box name {box!r} cannot name a history file",
+                          "use letters, digits, '.', '_', '-' (as in the inventory)")
+    return history_dir(base) / f"{box}.jsonl"
+
+
+@contextmanager
+def _locked(path: Path):
+    with open(str(path) + ".lock", "a") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        yield
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _trim(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without raw samples (they stay in the result file)."""
+    out = copy.deepcopy(doc)
+    for m in out.get("measurements") or []:
+        if isinstance(m, dict):
+            m.pop("samples", None)
+    return out
+
+
+def validate(doc: Any) -> None:
+    """Refuse anything that is not a gpubox.bench/1 document naming its box and run."""
+    if not isinstance(doc, dict):
+        raise GpuboxError("a benchmark result must be a JSON object", "pass a gpubox.bench/1 document")
+    if doc.get("schema") != SCHEMA:
+        raise GpuboxError(f"result schema is {doc.get('schema')!r}, not {SCHEMA!r}",
+                          "record documents written by `gpubox bench` (docs/result-schema.md)")
+    for k in ("box", "run_id", "started_at"):
+        if not doc.get(k):
+            raise GpuboxError(f"result document has no {k!r}", "it must name box, run_id and started_at")
+    if not isinstance(doc.get("measurements", []), list):
+        raise GpuboxError("result document's 'measurements' is not a list", "see docs/result-schema.md")
+
+
+def parse_lines(text: str) -> list[dict[str, Any]]:
+    """Result documents from the store's text, oldest first; damaged lines are skipped."""
+    docs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line after a crash must not hide the rest
+        doc = rec.get("doc") if isinstance(rec, dict) else None
+        if isinstance(doc, dict) and doc.get("run_id"):
+            docs.append(doc)
+    docs.sort(key=lambda d: (str(d.get("started_at", "")), str(d.get("run_id"))))
+    return docs
+
+
+def record(doc: dict[str, Any], base: Path | None = None) -> None:
+    """Store one run (replacing an earlier record of the same run_id). Idempotent."""
+    validate(doc)
+    path = store_path(doc["box"], base)
+    line = json.dumps({"history": HISTORY_SCHEMA, "recorded_at": _utc_now(), "doc": _trim(doc)},
+                      separators=(",", ":"), sort_keys=False)
+    with _locked(path):
+        raw = path.read_text() if path.exists() else ""
+        existing = raw.splitlines()
+        same = [i for i, l in enumerate(existing) if _run_id_of(l) == doc["run_id"]]
+        if not same:
+            torn = bool(raw) and not raw.endswith("\n")  # a crash mid-append: start a new line
+            with open(path, "a") as f:
+                f.write(("\n" if torn else "") + line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        old = json.loads(existing[same[0]]).get("doc")
+        if old == _trim(doc) and len(same) == 1:
+            return  # the same run again: nothing changes
+        keep = [l for i, l in enumerate(existing) if i not in same[1:]]
+        keep[same[0]] = line
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("\n".join(keep) + "\n")
+        os.replace(tmp, path)
+
+
+def _run_id_of(line: str) -> str | None:
+    try:
+        return json.loads(line)["doc"]["run_id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def runs(box: str, last: int | None = None, base: Path | None = None) -> list[dict[str, Any]]:
+    """BOX's recorded runs, oldest first (the newest `last` of them when given)."""
+    path = store_path(box, base)
+    if not path.exists():
+        return []
+    docs = parse_lines(path.read_text())
+    return docs[-last:] if last else docs
+
+
+def boxes(base: Path | None = None) -> list[str]:
+    """Boxes that have a history."""
+    return sorted(p.stem for p in history_dir(base).glob("*.jsonl"))
+
+
+# -- measurements --------------------------------------------------------------------------
+def headline_field(m: dict[str, Any]) -> str:
+    """The figure a measurement is judged by: aggregate tok/s under concurrency, else tok/s."""
+    return "aggregate_tok_s" if m.get("workload") == "concurrency" else "tok_s"
+
+
+def value(doc: dict[str, Any], key: str, field: str | None = None) -> float | None:
+    """A measurement's figure in one run, or None when absent / not ok."""
+    for m in doc.get("measurements") or []:
+        if m.get("key") == key:
+            if m.get("status", "ok") != "ok":
+                return None
+            v = m.get(field or headline_field(m))
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return None
+
+
+def is_healthy(doc: dict[str, Any]) -> bool:
+    return ((doc.get("verdict") or {}).get("status")) == "healthy"
+
+
+def baseline_of(docs: Iterable[dict[str, Any]], key: str, n: int = 5, field: str | None = None) -> tuple[float | None, list[str]]:
+    """(median of KEY over the last n healthy runs among DOCS, the run_ids used)."""
+    picked: list[tuple[str, float]] = []
+    for d in reversed(list(docs)):
+        if not is_healthy(d):
+            continue
+        v = value(d, key, field)
+        if v is None:
+            continue
+        picked.append((d["run_id"], v))
+        if len(picked) >= n:
+            break
+    if not picked:
+        return None, []
+    return statistics.median(v for _, v in picked), [r for r, _ in picked]
+
+
+def baseline(box: str, key: str, n: int = 5, field: str = "tok_s") -> float | None:
+    """Median of KEY's FIELD over BOX's last n healthy runs (None without any)."""
+    return baseline_of(runs(box), key, n, field)[0]
