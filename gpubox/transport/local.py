@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat as _stat
 import subprocess
 import time
 from typing import Mapping, Sequence
@@ -82,7 +83,9 @@ class LocalTransport(Transport):
             st = os.lstat(path)
         except FileNotFoundError:
             return None
-        rdev = (os.major(st.st_rdev), os.minor(st.st_rdev)) if st.st_rdev else None
+        # Device numbers only mean something for device nodes (and 0:0 is a valid one).
+        is_dev = _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode)
+        rdev = (os.major(st.st_rdev), os.minor(st.st_rdev)) if is_dev else None
         return FileStat(path, st.st_mode, st.st_size, st.st_mtime, st.st_uid, st.st_gid, rdev)
 
     def listdir(self, path: str) -> list[str]:

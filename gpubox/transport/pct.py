@@ -6,8 +6,10 @@ inside the container (atomic there), and stat'ed with `stat -c`.
 
 from __future__ import annotations
 
+import base64
 import posixpath
 import secrets
+import stat as _stat
 from typing import Mapping, Sequence
 
 from .base import CmdResult, FileStat, Transport, validate_argv
@@ -37,23 +39,26 @@ class PctTransport(Transport):
         return CmdResult(list(argv), r.rc, r.stdout, r.stderr, r.seconds, self.name)
 
     def read_bytes(self, path: str) -> bytes:
-        r = self.run(["cat", "--", path])
+        # base64 because the host transport hands back decoded text: raw `cat` would mangle any
+        # byte that is not UTF-8.
+        r = self.run(["base64", "-w0", "--", path])
         if r.rc != 0:
             if "No such file" in r.stderr:
                 raise FileNotFoundError(path)
             r.check()
-        return r.stdout.encode(errors="surrogateescape")
+        return base64.b64decode(r.stdout)
 
     def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
                            tmp_name: str | None = None) -> None:
         token = secrets.token_hex(6)
         host_tmp = f"/tmp/.gpubox-push-{token}"
         ct_tmp = posixpath.join(posixpath.dirname(path), tmp_name or f".{posixpath.basename(path)}.gpubox.{token}.tmp")
+        if mode is None:  # keep the old file's permissions, like the other transports
+            old = self.stat(path)
+            mode = old.perms if old else 0o644
         self.host.write_bytes_atomic(host_tmp, data, mode=0o600)
         try:
-            args = ["push", str(self.vmid), host_tmp, ct_tmp]
-            if mode is not None:
-                args += ["--perms", oct(mode)[2:]]
+            args = ["push", str(self.vmid), host_tmp, ct_tmp, "--perms", oct(mode)[2:]]
             self._pct(*args).check()
             self.run(["mv", "-f", "--", ct_tmp, path]).check()
         finally:
@@ -65,10 +70,12 @@ class PctTransport(Transport):
     def stat(self, path: str) -> FileStat | None:
         r = self.run(["stat", "-c", "%f %s %Y %u %g %t %T", "--", path])
         if r.rc != 0:
-            return None
+            if "No such file" in r.stderr:
+                return None
+            r.check()  # a stopped container or a broken pct is not "file absent"
         f, size, mtime, uid, gid, ma, mi = r.stdout.split()
         fs = FileStat(path, int(f, 16), int(size), float(mtime), int(uid), int(gid))
-        if int(ma, 16) or int(mi, 16):
+        if fs.is_char_device or _stat.S_ISBLK(fs.mode):
             fs.rdev = (int(ma, 16), int(mi, 16))
         return fs
 

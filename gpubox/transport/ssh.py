@@ -7,8 +7,10 @@ same directory and are renamed with posix-rename so readers never see half a fil
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
+import select
 import shlex
 import socket
 import stat as _stat
@@ -20,6 +22,11 @@ import paramiko
 
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Transport, validate_argv
+
+
+# paramiko logs handshake failures from its own thread; without a handler Python's last-resort
+# handler would print them as a traceback-like blurb next to our one-line error.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _truthy(v) -> bool:
@@ -74,6 +81,10 @@ class SSHTransport(Transport):
             return self._client
 
     def _connect(self) -> paramiko.SSHClient:
+        where = f"{self.hostname}:{self.port}"
+        if self.key_filename and not os.path.exists(self.key_filename):
+            raise TransportError(f"{self.name}: SSH key file {self.key_filename} does not exist",
+                                 "fix ansible_ssh_private_key_file or remove it to use ssh-agent / default keys")
         c = paramiko.SSHClient()
         c.load_system_host_keys()
         kh = self.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
@@ -81,35 +92,65 @@ class SSHTransport(Transport):
             c.load_host_keys(kh)
         c.set_missing_host_key_policy(paramiko.RejectPolicy() if self.verify_host_key
                                       else paramiko.WarningPolicy())
-        where = f"{self.hostname}:{self.port}"
+        # Our own TCP connect: refused / timed out / no route map to one clear message naming the
+        # host, before paramiko's handshake errors get involved.
         try:
-            c.connect(self.hostname, port=self.port, username=self.user, key_filename=self.key_filename,
-                      password=self._password, timeout=self.connect_timeout,
-                      banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
-                      allow_agent=True, look_for_keys=self.key_filename is None)
-        except paramiko.BadHostKeyException:
-            raise TransportError(f"{self.name}: host key of {where} does NOT match known_hosts",
-                                 "the host was reinstalled or this is an attack: verify, then fix known_hosts") from None
-        except paramiko.SSHException as exc:
-            if "not found in known_hosts" in str(exc):
-                raise TransportError(f"{self.name}: host key of {where} is not in known_hosts ({kh})",
-                                     f"verify it, then add it: ssh-keyscan -p {self.port} {self.hostname} >> {kh}") from None
-            if isinstance(exc, paramiko.AuthenticationException):
-                raise TransportError(f"{self.name}: SSH authentication failed for {self.user or 'default user'}@{where}",
-                                     "check ansible_user and ansible_ssh_private_key_file or ssh-agent") from None
-            raise TransportError(f"{self.name}: SSH to {where} failed: {exc}",
-                                 "check that sshd runs there") from None
+            sock = socket.create_connection((self.hostname, self.port), timeout=self.connect_timeout)
         except (socket.timeout, TimeoutError):
             raise TransportError(f"{self.name}: cannot reach {where}: timed out after {self.connect_timeout:g} s",
                                  "check ansible_host/ansible_port and the network") from None
-        except (OSError, paramiko.ssh_exception.NoValidConnectionsError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
             raise TransportError(f"{self.name}: cannot reach {where}: {reason}",
                                  "check ansible_host/ansible_port and that sshd runs there") from None
+        # An sshd speaks first (its version banner, RFC 4253 4.2): silence means this is not a
+        # working sshd, which paramiko would only report as "No existing session".
+        if not select.select([sock], [], [], self.connect_timeout)[0]:
+            sock.close()
+            raise TransportError(f"{self.name}: cannot reach {where}: no SSH banner within "
+                                 f"{self.connect_timeout:g} s",
+                                 "check ansible_host/ansible_port point at a running sshd") from None
+        try:
+            c.connect(self.hostname, port=self.port, username=self.user, key_filename=self.key_filename,
+                      password=self._password, timeout=self.connect_timeout, sock=sock,
+                      banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+                      allow_agent=True, look_for_keys=self.key_filename is None)
+        except paramiko.BadHostKeyException:
+            c.close()
+            raise TransportError(f"{self.name}: host key of {where} does NOT match known_hosts ({kh})",
+                                 "the host was reinstalled or this is an attack: verify, then fix known_hosts") from None
+        except paramiko.AuthenticationException:
+            c.close()
+            raise TransportError(f"{self.name}: SSH authentication failed for {self.user or 'default user'}@{where}",
+                                 "check ansible_user and ansible_ssh_private_key_file or ssh-agent") from None
+        except paramiko.SSHException as exc:
+            inner = getattr(c.get_transport(), "saved_exception", None)
+            c.close()
+            if "not found in known_hosts" in str(exc):
+                keyscan = f"ssh-keyscan -p {self.port} {self.hostname}" if self.port != 22 else f"ssh-keyscan {self.hostname}"
+                raise TransportError(f"{self.name}: host key of {where} is not in known_hosts ({kh}); refused",
+                                     f"verify it, then add it: {keyscan} >> {kh}") from None
+            if "banner" in f"{inner} {exc}":
+                raise TransportError(f"{self.name}: cannot reach {where}: no SSH banner within "
+                                     f"{self.connect_timeout:g} s",
+                                     "check ansible_host/ansible_port point at an sshd") from None
+            raise TransportError(f"{self.name}: SSH to {where} failed: {inner or exc}",
+                                 "check that sshd runs there") from None
+        except (socket.timeout, TimeoutError):
+            c.close()
+            raise TransportError(f"{self.name}: cannot reach {where}: timed out after {self.connect_timeout:g} s",
+                                 "check ansible_host/ansible_port and the network") from None
+        except OSError as exc:
+            c.close()
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise TransportError(f"{self.name}: SSH to {where} failed: {reason}",
+                                 "check the key file and that sshd runs there") from None
         return c
 
     @property
     def sftp(self) -> paramiko.SFTPClient:
+        if self._sftp is not None and self._sftp.get_channel().closed:
+            self._drop()  # the connection went away: reconnect below
         if self._sftp is None:
             self._sftp = self.client.open_sftp()
         return self._sftp
@@ -135,42 +176,85 @@ class SSHTransport(Transport):
         line = shlex.join(cmd)
         if cwd:
             line = f"cd {shlex.quote(cwd)} && {line}"
+        data = input.encode() if isinstance(input, str) else input
         t0 = time.monotonic()
+        chan = self._session()
+        timed_out = threading.Event()
+
+        def _expire():  # one deadline for the whole command, not per read
+            timed_out.set()
+            chan.close()
+
+        timer = threading.Timer(timeout, _expire)
+        timer.daemon = True
+        err_chunks: list[bytes] = []
+        out_chunks: list[bytes] = []
+
+        def _feed():  # stdin in a thread: a command echoing its input must not deadlock us
+            try:
+                if data:
+                    chan.sendall(data)
+                chan.shutdown_write()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+
+        def _drain_err():  # stderr in a thread so a chatty command cannot stall stdout
+            while True:
+                b = chan.recv_stderr(65536)
+                if not b:
+                    break
+                err_chunks.append(b)
+
         try:
-            chan = self.client.get_transport().open_session(timeout=self.connect_timeout)
-            chan.settimeout(timeout)
+            timer.start()
             chan.exec_command(line)
-            if input is not None:
-                chan.sendall(input.encode() if isinstance(input, str) else input)
-            chan.shutdown_write()
-            err_chunks: list[bytes] = []
-
-            def _drain_err():  # stderr in a thread so a chatty command cannot stall stdout
-                try:
-                    while True:
-                        b = chan.recv_stderr(65536)
-                        if not b:
-                            break
-                        err_chunks.append(b)
-                except socket.timeout:
-                    pass
-
-            th = threading.Thread(target=_drain_err, daemon=True)
-            th.start()
-            out_chunks = []
+            threads = [threading.Thread(target=f, daemon=True) for f in (_feed, _drain_err)]
+            for th in threads:
+                th.start()
             while True:
                 b = chan.recv(65536)
                 if not b:
                     break
                 out_chunks.append(b)
             rc = chan.recv_exit_status()
-            th.join(timeout=5)
+            for th in threads:
+                th.join(timeout=5)
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            if not timed_out.is_set():
+                self._drop()
+                raise TransportError(f"{self.name}: SSH session to {self.hostname}:{self.port} broke: {exc}",
+                                     "check the host and re-run") from None
+        finally:
+            timer.cancel()
             chan.close()
-        except socket.timeout:
+        if timed_out.is_set():
             raise TransportError(f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
-                                 "raise the timeout or check what the command waits for") from None
+                                 "raise the timeout or check what the command waits for")
         return CmdResult(list(argv), rc, b"".join(out_chunks).decode(errors="replace"),
                          b"".join(err_chunks).decode(errors="replace"), time.monotonic() - t0, self.name)
+
+    def _session(self) -> paramiko.Channel:
+        """A new exec channel; reconnects once when the old connection has gone away."""
+        for attempt in (0, 1):
+            t = self.client.get_transport()
+            if t is not None and t.is_active():
+                try:
+                    return t.open_session(timeout=self.connect_timeout)
+                except (EOFError, OSError, paramiko.SSHException) as exc:
+                    if attempt:
+                        raise TransportError(f"{self.name}: cannot open an SSH session on "
+                                             f"{self.hostname}:{self.port}: {exc}",
+                                             "check sshd's MaxSessions and that the host is up") from None
+            self._drop()
+        raise TransportError(f"{self.name}: SSH connection to {self.hostname}:{self.port} is gone",
+                             "check the host and re-run")
+
+    def _drop(self) -> None:
+        with self._lock:
+            try:
+                self.close()
+            except Exception:
+                self._client = self._sftp = None
 
     # -- files -----------------------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes:
