@@ -20,10 +20,10 @@ def build(sim: SimBox, faults: set[str]) -> None:
     h, c = sim.hpath, sim.cpath
     for d in ("/etc/sysctl.d", "/etc/modules-load.d", "/etc/udev/rules.d", "/etc/systemd/system",
               "/run/lock/lxc", "/proc/sys/kernel", "/proc/driver/nvidia", "/sys/kernel/security",
-              "/var/lib/vz", "/tmp"):
+              "/var/lib/vz", "/tmp", "/run/systemd/system"):
         h(d).mkdir(parents=True, exist_ok=True)
     for d in ("/dev/shm", "/etc/systemd/system", "/etc/gpubox", "/proc/driver/nvidia", "/tmp",
-              "/var/lib/gpubox", "/proc/sys/kernel"):
+              "/var/lib/gpubox", "/proc/sys/kernel", "/run/systemd/system"):
         c(d).mkdir(parents=True, exist_ok=True)
     h("/etc/hostname").write_text(f"{sim.host}\n")
     c("/etc/hostname").write_text(f"{sim.box}\n")
@@ -35,4 +35,6 @@ def build(sim: SimBox, faults: set[str]) -> None:
     # The container shares the host kernel: same driver version in both /proc views.
     h("/proc/driver/nvidia/version").write_text(PROC_VERSION)
     c("/proc/driver/nvidia/version").write_text(PROC_VERSION)
+    # Both run systemd (Proxmox hosts always; the container as a Debian/Ubuntu CT does); tools
+    # tell systemd from cron-only systems by /run/systemd/system, as sd_booted(3) does.
     sim.install_standin("systemctl")
