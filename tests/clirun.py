@@ -1,0 +1,19 @@
+"""Run the `gpubox` CLI in-process the way the console script does (gpubox.cli.main, which always
+exits), capturing exit status, stdout and stderr. Fast: no new interpreter, no re-import of
+Ansible. Tests that need the real installed script use subprocess instead."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def gpubox(capsys, *argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `gpubox ARGV...`."""
+    from gpubox.cli import main
+
+    capsys.readouterr()  # drop anything printed before
+    with pytest.raises(SystemExit) as ei:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    code = ei.value.code
+    return (0 if code is None else int(code)), out, err
