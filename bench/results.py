@@ -1,0 +1,154 @@
+"""The result document (`gpubox.bench/1`, docs/result-schema.md): build, validate, write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpubox import __version__
+from gpubox.errors import GpuboxError
+from gpubox.state import state_dir
+
+SCHEMA = "gpubox.bench/1"
+STATUSES = ("ok", "failed", "skipped")
+WORKLOADS = ("decode", "concurrency", "long_context", "agentic")
+VERDICTS = ("healthy", "degraded", "failed")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tool_info() -> dict[str, Any]:
+    """gpubox version and the git commit of the checkout it runs from (None outside git)."""
+    here = Path(__file__).resolve().parent.parent
+    commit = None
+    try:
+        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=5)
+        if r.returncode == 0:
+            commit = r.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"version": __version__, "git": commit}
+
+
+def new_document(box: str, profile: str, *, simulated: bool = False, sim_speed: float | None = None,
+                 facts: dict[str, Any] | None = None, url: str | None = None) -> dict[str, Any]:
+    started = utc_now()
+    doc = {"schema": SCHEMA, "box": box, "run_id": f"{box}-{started.replace('-', '').replace(':', '')}",
+           "started_at": started, "finished_at": None, "profile": profile, "tool": tool_info(),
+           "simulated": bool(simulated), "sim_speed": sim_speed, "url": url,
+           "facts": facts or {}, "servers": [], "measurements": [],
+           "verdict": {"status": "failed", "reasons": []}}
+    return doc
+
+
+def finish(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
+    doc["finished_at"] = utc_now()
+    doc["verdict"] = verdict
+    return doc
+
+
+def validate(doc: dict[str, Any]) -> list[str]:
+    """Problems with a document, [] when it follows the schema (what consumers rely on)."""
+    errs: list[str] = []
+    if doc.get("schema") != SCHEMA:
+        errs.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    for k in ("box", "run_id", "started_at", "profile", "tool", "facts", "servers", "measurements", "verdict"):
+        if k not in doc:
+            errs.append(f"missing key {k!r}")
+    for i, s in enumerate(doc.get("servers", [])):
+        for k in ("tp", "method", "label", "command", "env", "status"):
+            if k not in s:
+                errs.append(f"servers[{i}] missing {k!r}")
+        if s.get("status") not in STATUSES:
+            errs.append(f"servers[{i}].status {s.get('status')!r} not in {STATUSES}")
+    keys = set()
+    for i, m in enumerate(doc.get("measurements", [])):
+        where = f"measurements[{i}] ({m.get('key')})"
+        for k in ("key", "tp", "method", "label", "workload", "status", "tok_s", "acceptance", "samples"):
+            if k not in m:
+                errs.append(f"{where} missing {k!r}")
+        if m.get("key") in keys:
+            errs.append(f"{where}: duplicate key")
+        keys.add(m.get("key"))
+        if m.get("workload") not in WORKLOADS:
+            errs.append(f"{where}: workload {m.get('workload')!r} not in {WORKLOADS}")
+        st = m.get("status")
+        if st not in STATUSES:
+            errs.append(f"{where}: status {st!r} not in {STATUSES}")
+        if st in ("failed", "skipped"):
+            if not m.get("reason"):
+                errs.append(f"{where}: {st} without a reason")
+            for k in ("tok_s", "aggregate_tok_s", "ttft_s", "tpot_ms"):
+                if m.get(k) not in (None,):
+                    errs.append(f"{where}: {st} but {k} is {m.get(k)!r} (must be null, never zero)")
+        if st == "ok" and m.get("workload") != "concurrency" and not m.get("tok_s"):
+            errs.append(f"{where}: ok without tok_s")
+    v = doc.get("verdict") or {}
+    if v.get("status") not in VERDICTS:
+        errs.append(f"verdict.status {v.get('status')!r} not in {VERDICTS}")
+    return errs
+
+
+def default_out_dir() -> Path:
+    return state_dir() / "bench"
+
+
+def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path:
+    """Write `<out>/<run_id>.json` atomically; refuses an invalid document (a bug, not user input)."""
+    errs = validate(doc)
+    if errs:
+        raise GpuboxError(f"result document is invalid: {errs[0]}", "this is a gpubox bug; re-run with -v")
+    d = Path(out_dir) if out_dir else default_out_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuboxError(f"cannot create output directory {d}: {exc.strerror}", "pick a writable --out") from None
+    path = d / f"{doc['run_id']}.json"
+    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def record_history(doc: dict[str, Any]) -> bool:
+    """Append to the history store (bench.history, written by another area); False when absent."""
+    try:
+        from . import history
+    except ImportError:
+        return False
+    fn = getattr(history, "record", None)
+    if fn is None:
+        return False
+    fn(doc)
+    return True
+
+
+def history_baseline(box: str):
+    """`baseline(key)` over the box's history, or None when bench.history is not there."""
+    try:
+        from . import history
+    except ImportError:
+        return None
+    fn = getattr(history, "baseline", None)
+    if fn is None:
+        return None
+    return lambda key: fn(box, key, n=5)
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise GpuboxError(f"cannot read result {path}: {exc}", "give a gpubox bench JSON file") from None
+    return doc
+
+
+del time

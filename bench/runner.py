@@ -1,0 +1,223 @@
+"""Run a benchmark: for each TP x method, launch the server, measure the profile's workloads, tear
+down; then the verdict, the result document and the history entry.
+
+`run_box(ctx, ...)` is what `gpubox bench BOX` and the recover pipeline's bench step call;
+`run_url(url, ...)` measures a server that is already running (`gpubox bench run --url`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from gpubox.errors import GpuboxError
+
+from . import results
+from .client import Client
+from .launcher import LaunchError, Server, build_command, nccl_env, parse_method, spec_from_box
+from .verdict import evaluate
+from .workloads import RUNNERS, Point, not_run, plan, resolve_profile
+
+Progress = Callable[[str], None]
+
+
+def _progress(console, total: int):
+    """A rich progress bar on the console (stderr), or a no-op when quiet/JSON."""
+    if console is None:
+        return None, (lambda desc, advance=True: None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+    task = prog.add_task("bench", total=total)
+
+    def step(desc: str, advance: bool = True) -> None:
+        prog.update(task, description=desc, advance=1 if advance else 0)
+
+    return prog, step
+
+
+async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[str, dict]], prof: dict[str, Any],
+                         timeout: float, alive: Callable[[], bool] = lambda: True,
+                         on_point: Callable[[str, bool], None] = lambda d, a=True: None,
+                         died: Callable[[], str] | None = None) -> list[dict[str, Any]]:
+    """Every workload point against one running server; never raises for a failing server."""
+    method, budget, label = parse_method(label) if label != "custom" else ("custom", None, "custom")
+    p = Point(tp, method, budget, label, int(prof.get("warmup", 1)), int(prof.get("repetitions", 3)),
+              int(prof.get("prompt_tokens", 128)), metrics_url=url,
+              deadline_s=float(prof.get("request_deadline_s", max(timeout * 8, 60.0))))
+    out: list[dict[str, Any]] = []
+    dead_reason: str | None = None
+    async with Client(url, timeout=timeout) as c:
+        for kind, kw in points:
+            on_point(f"TP{tp} {label} {kind} {next(iter(kw.values()))}", False)
+            if dead_reason:
+                out.append(not_run(tp, method, budget, label, kind, kw, "failed", dead_reason, p.reps))
+                on_point("", True)
+                continue
+            try:
+                m = await RUNNERS[kind](c, p, **kw)
+            except GpuboxError as exc:
+                m = not_run(tp, method, budget, label, kind, kw, "failed", str(exc), p.reps)
+            if not alive():
+                dead_reason = died() if died else "the server died"
+                if m["status"] == "failed":
+                    m["reason"] = f"{m['reason']} ({dead_reason})"
+            out.append(m)
+            on_point("", True)
+    return out
+
+
+def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
+    """What the report appendix needs about the box as measured; absent facts are None, not guesses."""
+    facts: dict[str, Any] = {"gpus": [], "driver": None, "nccl_env": {}, "nccl_profile": ctx.box.var("gpubox_nccl_profile"),
+                             "pcie_mrrs": {}, "numa_balancing": None, "engine": settings.get("engine", "vllm"),
+                             "model": settings.get("model") or (ctx.box.var("gpubox_model", {}) or {}).get("dest"),
+                             "drafter": settings.get("drafter") or (ctx.box.var("gpubox_drafter", {}) or {}).get("dest")}
+    try:
+        from hwtune import topology  # optional: the hwtune area's GPU facts
+        fn = getattr(topology, "gpu_facts", None) or getattr(topology, "gpus", None)
+        if fn:
+            facts["gpus"] = [g if isinstance(g, dict) else getattr(g, "__dict__", {"index": g}) for g in fn(ctx)]
+    except Exception:
+        pass
+    if not facts["gpus"]:
+        facts["gpus"] = [{"index": i} for i in range(int(ctx.box.var("gpubox_gpus", 0) or 0))]
+    try:
+        ver = ctx.container.read_text("/proc/driver/nvidia/version", "")
+        m = re.search(r"Kernel Module\S*\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", ver)
+        facts["driver"] = m.group(1) if m else None
+    except Exception:
+        pass
+    try:
+        facts["numa_balancing"] = int(ctx.host.read_text("/proc/sys/kernel/numa_balancing", "").strip() or -1)
+        if facts["numa_balancing"] < 0:
+            facts["numa_balancing"] = None
+    except Exception:
+        pass
+    try:
+        facts["nccl_env"] = nccl_env(ctx)
+    except GpuboxError:
+        facts["nccl_env"] = {}
+    return facts
+
+
+def _finish(doc: dict[str, Any], expect: dict | None, box: str, out_dir, baseline=None) -> dict[str, Any]:
+    if baseline is None:
+        baseline = results.history_baseline(box)
+    results.finish(doc, evaluate(doc, expect, baseline))
+    path = results.write(doc, out_dir)
+    doc["path"] = str(path)
+    results.record_history({k: v for k, v in doc.items() if k != "path"})
+    return doc
+
+
+def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, *, tps: list[int] | None = None,
+            methods: list[str] | None = None, baseline=None) -> dict[str, Any]:
+    """Benchmark the box's server at each TP x method; returns the (written) result document."""
+    settings = dict(ctx.box.var("gpubox_bench", {}) or {})
+    name = profile or settings.get("profile", "health")
+    prof = resolve_profile(name, settings)
+    tps = [int(t) for t in (tps or prof["tp"])]
+    methods = [str(m) for m in (methods or prof["methods"])]
+    for m in methods:
+        parse_method(m)  # bad input fails before anything starts
+    if not getattr(ctx.container.transport, "is_local", False):
+        raise GpuboxError(f"{ctx.box.name}: launching the server needs gpubox to run inside the container "
+                          "(gpubox_connection: local there)",
+                          f"run gpubox in {ctx.box.name}, or start the server yourself and use "
+                          "`gpubox bench run --url http://...`")
+    gpus_total = int(ctx.box.var("gpubox_gpus", 0) or 0)
+    for tp in tps:
+        if tp < 1 or (gpus_total and tp > gpus_total):
+            raise GpuboxError(f"TP {tp} needs {tp} GPUs but {ctx.box.name} has {gpus_total}",
+                              f"use --tp with values 1..{gpus_total}")
+    doc = results.new_document(ctx.box.name, name, simulated=bool(settings.get("simulated")),
+                               sim_speed=settings.get("sim_speed"), facts=box_facts(ctx, settings))
+    out = Path(out_dir) if out_dir else results.default_out_dir()
+    log_dir = out / "logs" / doc["run_id"]
+    points = plan(prof)
+    timeout = float(settings.get("request_timeout", 120))
+    ready_timeout = float(settings.get("ready_timeout", 900))
+    prog, step = _progress(ctx.console, len(tps) * len(methods) * len(points))
+    if prog:
+        prog.start()
+    try:
+        for tp in tps:
+            for label in methods:
+                spec = spec_from_box(ctx, label, tp, settings)
+                argv, env = build_command(spec)
+                rec = {"tp": tp, "method": spec.method, "budget": spec.budget, "label": spec.label,
+                       "gpus": spec.gpus, "command": argv, "env": env, "status": "ok", "error": None,
+                       "log_tail": None, "startup_s": None, "max_model_len": spec.max_model_len,
+                       "log": str(log_dir / f"tp{tp}-{spec.label.replace(':', '-')}.log")}
+                doc["servers"].append(rec)
+                server = Server(argv, env, host=spec.host, port=spec.port, log_path=rec["log"])
+                step(f"TP{tp} {spec.label}: starting server", False)
+                try:
+                    server.start()
+                    rec["startup_s"] = round(server.wait_ready(ready_timeout), 3)
+                except LaunchError as exc:
+                    server.stop()
+                    rec.update(status="failed", error=exc.problem, log_tail=exc.log_tail)
+                    for kind, kw in points:
+                        doc["measurements"].append(not_run(tp, spec.method, spec.budget, spec.label, kind, kw,
+                                                           "failed", f"server did not start: {exc.problem}",
+                                                           int(prof.get("repetitions", 3))))
+                        step("", True)
+                    continue
+
+                def died(server=server, rec=rec) -> str:
+                    exc = server.crashed("during the run")
+                    rec.update(status="failed", error=exc.problem, log_tail=exc.log_tail)
+                    return f"server died: {exc.problem}"
+
+                try:
+                    ms = asyncio.run(measure_server(server.url, tp=tp, label=spec.label, points=points, prof=prof,
+                                                    timeout=timeout, alive=server.alive, on_point=step, died=died))
+                    doc["measurements"] += ms
+                    try:
+                        import httpx
+                        info = httpx.get(server.url + "/v1/models", timeout=2).json()["data"][0]
+                        rec["max_model_len"] = info.get("max_model_len") or rec["max_model_len"]
+                    except Exception:
+                        pass
+                finally:
+                    server.stop()
+    finally:
+        if prog:
+            prog.stop()
+    return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
+
+
+def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = None, tp: int = 1,
+            method: str = "custom", box: str = "url", expect: dict | None = None, timeout: float = 120.0,
+            settings: dict[str, Any] | None = None, console=None, baseline=None) -> dict[str, Any]:
+    """Measure an already running server at URL (no launch, no teardown)."""
+    settings = settings or {}
+    prof = resolve_profile(profile, settings)
+    try:
+        import httpx
+        httpx.get(url.rstrip("/") + "/v1/models", timeout=5).raise_for_status()
+    except Exception as exc:
+        raise GpuboxError(f"no OpenAI-compatible server answers at {url} ({type(exc).__name__})",
+                          "check the URL and that the server is up (GET /v1/models)") from None
+    if method != "custom":
+        parse_method(method)
+    points = plan(prof)
+    doc = results.new_document(box, profile, simulated=bool(settings.get("simulated")),
+                               sim_speed=settings.get("sim_speed"), url=url)
+    doc["servers"].append({"tp": tp, "method": method.split(":")[0], "budget": None, "label": method,
+                           "gpus": [], "command": [], "env": {}, "status": "ok", "error": None,
+                           "log_tail": None, "startup_s": None, "max_model_len": None, "url": url})
+    prog, step = _progress(console, len(points))
+    if prog:
+        prog.start()
+    try:
+        doc["measurements"] = asyncio.run(measure_server(url, tp=tp, label=method, points=points, prof=prof,
+                                                         timeout=timeout, on_point=step))
+    finally:
+        if prog:
+            prog.stop()
+    return _finish(doc, expect, box, out_dir, baseline)

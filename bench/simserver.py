@@ -1,0 +1,433 @@
+"""SIMULATOR of a vLLM-style OpenAI-compatible inference server (no GPU, no model).
+
+This is NOT a real inference server. It exists so that tests and the demo can drive the real
+launcher, client, metrics scraper and verdict against a real HTTP server process that behaves like
+vLLM serving Qwen3.6-27B with DFlash/DDTree speculative decoding on the seed box:
+
+- endpoints: /health, /v1/models, /tokenize, /metrics, /v1/completions, /v1/chat/completions
+  (SSE streaming, `stream_options.include_usage` final usage chunk, `data: [DONE]`);
+- HTTP 400 in vLLM's error JSON shape when prompt + max_tokens exceeds max_model_len
+  (FACTS "Serving benchmarks": the seed's 25k-context failure);
+- decode rates from the seed's reference figures (FACTS "Reference figures"), with TP, output-length,
+  concurrency and long-context effects; speculative methods emit several tokens per SSE chunk and
+  count vllm:spec_decode_* on /metrics like vLLM does;
+- `--speed K` multiplies every simulated rate (and divides every delay) so tests finish quickly.
+  Tokens really are paced in time: a client measures K x the seed's tok/s, and results record
+  "simulated": true and "sim_speed": K so reports can divide it back out;
+- failure switches for tests: --fail-start, --die-after N, --hang-after N, --error-status CODE,
+  --close-after N.
+
+Tokenizer: one whitespace-separated word is one token (exact and cheap, so /tokenize-sized prompts
+are exact). Stdlib asyncio only: no web framework dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import sys
+import time
+
+# -- the performance model (FACTS "Reference figures", Qwen3.6-27B, 8x RTX PRO 6000, PCIe) ------------
+# single-stream decode tok/s at 1024 output tokens, per TP size
+BASE_1024 = {
+    "auto": {1: 26.6, 4: 37.8, 8: 37.6},
+    "ddtree": {1: 173.4, 4: 281.1, 8: 263.9},
+    "linear": {1: 106.0, 4: 106.0 * 281.1 / 173.4, 8: 106.0 * 263.9 / 173.4},
+}
+# TP1 figures at 256/1024/2048 output tokens: the shape of the output-length curve
+OUT_CURVE = {
+    "auto": {256: 26.4 / 26.6, 1024: 1.0, 2048: 26.4 / 26.6},
+    "ddtree": {256: 123.9 / 173.4, 1024: 1.0, 2048: 168.8 / 173.4},
+    "linear": {256: 99.7 / 106.0, 1024: 1.0, 2048: 121.0 / 106.0},
+}
+# per-request slowdown with C concurrent streams: rate / (1 + a * (C - 1)); from the seed's C=8
+# aggregates (TP4 1270.8, TP8 727.0 tok/s for DDTree b15); auto batches almost for free.
+CONTENTION = {"auto": {1: 0.02, 4: 0.02, 8: 0.02},
+              "ddtree": {1: 0.15, 4: 0.110, 8: 0.272},
+              "linear": {1: 0.12, 4: 0.09, 8: 0.2}}
+# long context: rate / (1 + max(0, ctx - 16k) / K); K from DDTree b15 at 100k: TP4 5.7, TP8 35.2 tok/s
+LONG_K = {1: 4000.0, 4: 1737.0, 8: 12900.0}
+# mean acceptance length (1 + accepted/drafts) per budget; independent of TP on a healthy box
+ACCEPT_LEN = {"linear": 4.0, "ddtree": {15: 6.5, 16: 6.6, 32: 7.2, 64: 7.6}}
+BUDGET_COST = {15: 1.0, 16: 1.0, 32: 0.95, 64: 0.85}
+PREFILL_TOK_S = {1: 6000.0, 4: 16000.0, 8: 20000.0}
+TTFT_BASE_S = 0.030
+
+
+def _tp_key(tp: int) -> int:
+    return min((1, 4, 8), key=lambda k: abs(k - tp))
+
+
+def _curve(method: str, out_len: int) -> float:
+    pts = sorted(OUT_CURVE[method].items())
+    x = math.log2(max(out_len, 1))
+    for (a, fa), (b, fb) in zip(pts, pts[1:]):
+        la, lb = math.log2(a), math.log2(b)
+        if x <= lb:
+            t = min(max((x - la) / (lb - la), 0.0), 1.0)
+            return fa + t * (fb - fa)
+    return pts[-1][1]
+
+
+def decode_rate(method: str, budget: int, tp: int, out_len: int, active: int, ctx_tokens: int) -> float:
+    """Simulated per-request decode tok/s (before the speed factor)."""
+    k = _tp_key(tp)
+    r = BASE_1024[method][k] * _curve(method, out_len)
+    if method == "ddtree":
+        r *= BUDGET_COST.get(budget, 0.85)
+    r /= 1.0 + CONTENTION[method][k] * max(active - 1, 0)
+    r /= 1.0 + max(0, ctx_tokens - 16384) / LONG_K[k]
+    return r
+
+
+def accept_prob(mean_len: float, budget: int) -> float:
+    """p with sum_{i=1..B} p^i = mean_len - 1: each draft position accepted given the previous one."""
+    target = mean_len - 1.0
+    lo, hi = 0.0, 0.9999
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        s = sum(mid ** i for i in range(1, budget + 1))
+        lo, hi = (mid, hi) if s < target else (lo, mid)
+    return lo
+
+
+class Sim:
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.method = a.method
+        self.budget = int(a.budget or 0)
+        self.speed = float(a.speed)
+        self.active = 0
+        self.total_tokens = 0
+        self.requests = 0
+        self.truth: list[dict] = []
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.per_pos = [0] * max(self.budget, 1)
+        self.spec = self.method in ("ddtree", "linear")
+        if self.spec:
+            mean_len = ACCEPT_LEN["linear"] if self.method == "linear" else ACCEPT_LEN["ddtree"].get(self.budget, 7.0)
+            self.p = accept_prob(mean_len * a.accept_scale, self.budget)
+
+    # -- tokenizer ---------------------------------------------------------------------------
+    @staticmethod
+    def count(text: str) -> int:
+        return len(text.split())
+
+    def chat_tokens(self, messages) -> int:
+        n = 3  # assistant header of the chat template
+        for m in messages or []:
+            c = m.get("content") or ""
+            if isinstance(c, list):
+                c = " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+            n += 4 + self.count(str(c))
+        return n
+
+    def rate(self, out_len: int, ctx: int) -> float:
+        if self.a.rate:
+            return float(self.a.rate) * self.speed
+        active = 1 if self.a.no_contention else self.active
+        return decode_rate(self.method, self.budget, self.a.tp, out_len, active, ctx) * self.speed
+
+    def ttft(self, prompt_tokens: int) -> float:
+        if self.a.ttft is not None:
+            return self.a.ttft / self.speed
+        return (TTFT_BASE_S + prompt_tokens / PREFILL_TOK_S[_tp_key(self.a.tp)]) / self.speed
+
+    def step_tokens(self, rng: random.Random) -> int:
+        """Tokens one speculative step emits (1 + accepted draft tokens); counts vLLM's counters."""
+        if not self.spec:
+            return 1
+        acc = 0
+        while acc < self.budget and rng.random() < self.p:
+            acc += 1
+        self.drafts += 1
+        self.draft_tokens += self.budget
+        self.accepted += acc
+        for i in range(acc):
+            self.per_pos[i] += 1
+        return 1 + acc
+
+    def metrics(self) -> str:
+        name = self.a.served_name
+        lab = f'model_name="{name}",engine="0"'
+        out = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+               "# TYPE vllm:num_requests_running gauge",
+               f"vllm:num_requests_running{{{lab}}} {self.active}",
+               "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+               "# TYPE vllm:generation_tokens_total counter",
+               f"vllm:generation_tokens_total{{{lab}}} {self.total_tokens}.0"]
+        if self.spec:  # vLLM exposes these only when speculative decoding is configured
+            for short, v in (("num_drafts", self.drafts), ("num_draft_tokens", self.draft_tokens),
+                             ("num_accepted_tokens", self.accepted)):
+                out += [f"# HELP vllm:spec_decode_{short}_total Number of spec decoding {short}.",
+                        f"# TYPE vllm:spec_decode_{short}_total counter",
+                        f"vllm:spec_decode_{short}_total{{{lab}}} {v}.0"]
+            out += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
+                    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+            out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}.0'
+                    for i, v in enumerate(self.per_pos)]
+        return "\n".join(out) + "\n"
+
+
+# -- HTTP/1.1 on asyncio streams -------------------------------------------------------------------
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           500: "Internal Server Error"}
+
+
+async def _send(w: asyncio.StreamWriter, status: int, body: bytes, ctype="application/json") -> None:
+    w.write(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\ncontent-type: {ctype}\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    await w.drain()
+
+
+def _err(message: str, code: int, typ: str = "BadRequestError") -> bytes:
+    # vLLM's ErrorResponse shape
+    return json.dumps({"object": "error", "message": message, "type": typ, "param": None,
+                       "code": code}).encode()
+
+
+class Handler:
+    def __init__(self, sim: Sim):
+        self.sim = sim
+
+    async def conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                hdrs = {}
+                for ln in lines[1:]:
+                    if ":" in ln:
+                        k, v = ln.split(":", 1)
+                        hdrs[k.strip().lower()] = v.strip()
+                n = int(hdrs.get("content-length") or 0)
+                body = await r.readexactly(n) if n else b""
+                keep = await self.route(method, path.split("?")[0], body, w)
+                if not keep or hdrs.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            try:
+                w.close()
+            except Exception:
+                pass
+
+    async def route(self, method: str, path: str, body: bytes, w) -> bool:
+        s, a = self.sim, self.sim.a
+        if path == "/health":
+            await _send(w, 200, b"")
+        elif path == "/v1/models":
+            await _send(w, 200, json.dumps({"object": "list", "data": [{
+                "id": a.served_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": a.model, "max_model_len": a.max_model_len}]}).encode())
+        elif path == "/metrics":
+            await _send(w, 200, s.metrics().encode(), "text/plain; version=0.0.4")
+        elif path == "/sim/truth":  # simulator only: what the server itself timed, per request
+            await _send(w, 200, json.dumps(s.truth).encode())
+        elif path == "/tokenize" and method == "POST":
+            try:
+                req = json.loads(body or b"{}")
+            except ValueError:
+                await _send(w, 400, _err("invalid JSON body", 400))
+                return True
+            if "messages" in req:
+                count = s.chat_tokens(req["messages"])
+            else:
+                count = s.count(str(req.get("prompt", "")))
+            await _send(w, 200, json.dumps({"count": count, "max_model_len": a.max_model_len,
+                                            "tokens": list(range(count))}).encode())
+        elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
+            return await self.generate(path, body, w)
+        else:
+            await _send(w, 404, json.dumps({"detail": "Not Found"}).encode())
+        return True
+
+    async def generate(self, path: str, body: bytes, w) -> bool:
+        s, a = self.sim, self.sim.a
+        t_recv = time.perf_counter()
+        try:
+            req = json.loads(body)
+        except ValueError:
+            await _send(w, 400, _err("invalid JSON body", 400))
+            return True
+        if a.error_status:
+            await _send(w, a.error_status, _err("simulated engine failure", a.error_status,
+                                                "InternalServerError"))
+            return True
+        chat = path.endswith("chat/completions")
+        prompt_tokens = s.chat_tokens(req.get("messages")) if chat else s.count(str(req.get("prompt", "")))
+        max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+        if prompt_tokens + max_tokens > a.max_model_len:
+            where = "messages" if chat else "prompt"
+            msg = (f"This model's maximum context length is {a.max_model_len} tokens. However, you "
+                   f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {where}, "
+                   f"{max_tokens} in the completion). Please reduce the length of the {where} or completion.")
+            await _send(w, 400, _err(msg, 400))
+            return True
+        s.requests += 1
+        rid = s.requests
+        rng = random.Random(rid * 7919 + a.seed)
+        n_target = max_tokens
+        if not req.get("ignore_eos") and int(req.get("min_tokens") or 0) < max_tokens:
+            n_target = max(int(req.get("min_tokens") or 1), min(max_tokens, rng.randint(200, 600)))
+        stream = bool(req.get("stream"))
+        usage_on = bool((req.get("stream_options") or {}).get("include_usage"))
+        thinking = bool((req.get("chat_template_kwargs") or {}).get("enable_thinking", False))
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-sim{rid:08d}"
+
+        def chunk(text: str | None, finish=None, usage=None, role=False) -> bytes:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else {"content": text}
+                ch = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            else:
+                ch = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+            d = {"id": cid, "object": obj, "created": created, "model": a.served_name,
+                 "choices": [] if usage else ch}
+            if usage:
+                d["usage"] = usage
+            data = b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        s.active += 1
+        emitted = 0
+        try:
+            if not stream:  # non-streaming: wait the whole generation, answer once
+                await asyncio.sleep(s.ttft(prompt_tokens) + (n_target - 1) / s.rate(n_target, prompt_tokens))
+                s.total_tokens += n_target
+                text = " tok" * n_target
+                d = {"id": cid, "object": "chat.completion" if chat else "text_completion",
+                     "created": created, "model": a.served_name,
+                     "choices": [{"index": 0, "finish_reason": "length" if n_target == max_tokens else "stop",
+                                  **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}],
+                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_target,
+                               "total_tokens": prompt_tokens + n_target}}
+                await _send(w, 200, json.dumps(d).encode())
+                return True
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n")
+            if chat:
+                w.write(chunk(None, role=True))
+            await w.drain()
+            loop = asyncio.get_running_loop()
+            # absolute deadlines so pacing never drifts: first token after prefill, then n/rate
+            t_next = t_recv + s.ttft(prompt_tokens)
+            t_first = None
+            first = True
+            while emitted < n_target:
+                if first:
+                    n = 1  # the prefill step yields exactly one token
+                else:
+                    n = min(s.step_tokens(rng), n_target - emitted)
+                    t_next += n / s.rate(n_target, prompt_tokens)
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if a.die_after is not None and s.total_tokens + n > a.die_after:
+                    sys.stdout.write("ERROR simulated engine crash: EngineCore died unexpectedly\n")
+                    sys.stdout.flush()
+                    os._exit(3)
+                if a.hang_after is not None and emitted >= a.hang_after:
+                    await asyncio.sleep(3600)
+                if a.close_after is not None and emitted >= a.close_after:
+                    w.transport.abort()  # drop the connection mid-stream, no terminating chunk
+                    return False
+                piece = "<think>" if (thinking and first) else ""
+                piece += " tok" * n
+                finish = None
+                if emitted + n >= n_target:
+                    finish = "length" if n_target == max_tokens else "stop"
+                w.write(chunk(piece, finish))
+                await w.drain()
+                now = time.perf_counter()
+                if first:
+                    t_first = now
+                emitted += n
+                s.total_tokens += n
+                first = False
+            t_last = time.perf_counter()
+            if usage_on:
+                w.write(chunk(None, usage={"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
+                                           "total_tokens": prompt_tokens + emitted}))
+            done = b"data: [DONE]\n\n"
+            w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            await w.drain()
+            s.truth.append({"id": cid, "ttft_s": t_first - t_recv, "e2e_s": t_last - t_recv,
+                            "output_tokens": emitted, "prompt_tokens": prompt_tokens})
+            del loop
+            return True
+        finally:
+            s.active -= 1
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.simserver",
+                                description="gpubox SIMULATOR of a vLLM OpenAI-compatible server (no GPU).")
+    p.add_argument("--model", default="/dev/shm/Qwen3.6-27B")
+    p.add_argument("--served-model-name", dest="served_name", default=None)
+    p.add_argument("--drafter", default="")
+    p.add_argument("--method", choices=["auto", "linear", "ddtree"], default="auto")
+    p.add_argument("--budget", type=int, default=15)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--speed", type=float, default=1.0, help="multiply every simulated rate by this")
+    p.add_argument("--rate", type=float, default=None, help="fixed decode tok/s (before --speed): exact timing")
+    p.add_argument("--ttft", type=float, default=None, help="fixed time to first token, s (before --speed)")
+    p.add_argument("--no-contention", action="store_true", help="concurrent streams do not slow each other")
+    p.add_argument("--accept-scale", type=float, default=1.0, help="scale mean acceptance length (tests)")
+    p.add_argument("--startup-s", type=float, default=0.2, help="simulated model load time before listening")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fail-start", action="store_true", help="exit 1 during start-up like a CUDA init failure")
+    p.add_argument("--die-after", type=int, default=None, help="crash after N generated tokens in total")
+    p.add_argument("--hang-after", type=int, default=None, help="stop sending after N tokens of a request")
+    p.add_argument("--error-status", type=int, default=None, help="answer completions with this HTTP status")
+    p.add_argument("--close-after", type=int, default=None, help="drop each stream after N tokens")
+    p.add_argument("--spawn-child", action="store_true", help="start a worker child like vLLM's EngineCore")
+    a = p.parse_args(argv)
+    a.served_name = a.served_name or a.model
+    if a.method == "auto":
+        a.budget = 0
+    return a
+
+
+async def _serve(a: argparse.Namespace) -> None:
+    sim = Sim(a)
+    server = await asyncio.start_server(Handler(sim).conn, a.host, a.port, limit=1 << 22, backlog=256)
+    print(f"INFO:     Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    print(f"INFO gpubox SIMULATED vLLM server: model={a.model} method={a.method} budget={a.budget} "
+          f"tp={a.tp} max_model_len={a.max_model_len} speed={a.speed}", flush=True)
+    child = None
+    if a.spawn_child:  # a grandchild process, like vLLM's EngineCore/worker processes
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        print(f"INFO EngineCore worker pid={child.pid}", flush=True)
+    time.sleep(a.startup_s / max(a.speed, 1.0))
+    if a.fail_start:
+        print("ERROR RuntimeError: CUDA error: unknown error (simulated start-up failure)\n"
+              "ERROR Engine core initialization failed. See root cause above.", flush=True)
+        return 1
+    try:
+        asyncio.run(_serve(a))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
