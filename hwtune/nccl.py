@@ -1,0 +1,534 @@
+"""NCCL environment profiles: validated data, exported in the formats consumers read.
+
+Facts (FACTS.md "NCCL environment"): NCCL never warns about unknown or misspelled NCCL_* names,
+treats a bad NCCL_P2P_LEVEL string as unset, and fails at init on a bad NCCL_ALGO/NCCL_PROTO
+token. So every name is checked against the documented table (nccl_vars.yaml, built from NCCL's
+env.rst) with a did-you-mean, every value against its type, and debug-class or deprecated names
+(MIN/MAX_NCHANNELS -> MIN/MAX_CTAS) give warnings.
+
+Formats and the rules of their readers:
+- shell:   `export K=V`, shlex-quoted (bash `source`).
+- envfile: systemd EnvironmentFile=; values needing it are single-quoted, which systemd and bash
+           both take verbatim (no $ expansion, no backslash escapes).
+- docker:  `docker run --env-file`: `K=V` taken literally, no quoting at all.
+- ncclconf: /etc/nccl.conf or $NCCL_CONF_FILE: NCCL's setEnvFile (src/misc/param.cc) skips lines
+           starting with '#', splits at the first '=', and takes both sides literally (no trimming).
+- json:    {"NCCL_X": "value"}.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import os
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from gpubox.errors import GpuboxError
+from gpubox.steps import Finding, Plan, Step
+
+HERE = Path(__file__).resolve().parent
+PROFILE_DIR = HERE / "profiles"
+USER_PROFILE_DIR = Path("~/.config/gpubox/nccl-profiles").expanduser()
+PROFILES_ENV = "GPUBOX_NCCL_PROFILES"       # extra profile directories, ':'-separated
+FORMATS = ("shell", "envfile", "docker", "ncclconf", "json")
+ALGOS = ["Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"]
+PROTOS = ["LL", "LL128", "Simple"]
+FUNCS = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"]    # src/init.cc ncclFuncStr
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=^|-]*$")
+
+
+# -- the documented table ----------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def table() -> dict[str, Any]:
+    return yaml.safe_load((HERE / "nccl_vars.yaml").read_text())
+
+
+def documented() -> dict[str, dict]:
+    return table()["variables"]
+
+
+def known_names() -> list[str]:
+    t = table()
+    return [*t["variables"], *t["aliases"], *t["undocumented"]]
+
+
+@dataclass
+class Issue:
+    level: str              # error | warning
+    name: str
+    message: str
+    suggestion: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}" + (f" (did you mean {self.suggestion}?)" if self.suggestion else "")
+
+
+def did_you_mean(word: str, choices: list[str], cutoff: float = 0.7) -> str | None:
+    m = difflib.get_close_matches(word.upper(), [c.upper() for c in choices], n=1, cutoff=cutoff)
+    if not m:
+        return None
+    return next(c for c in choices if c.upper() == m[0])
+
+
+def suggest_name(name: str) -> str | None:
+    """Closest known NCCL_ name, compared without the common NCCL_ prefix (which would make every
+    name look alike)."""
+    tails = {n[5:]: n for n in known_names()}
+    hit = did_you_mean(name.removeprefix("NCCL_"), list(tails), 0.75)
+    return tails[hit] if hit else None
+
+
+def _int(text: str) -> int | None:
+    """NCCL reads integers with strtoll(str, NULL, 0): decimal, 0x hex, leading 0 octal."""
+    try:
+        return int(text, 0) if not re.fullmatch(r"[+-]?0\d+", text) else int(text, 8)
+    except ValueError:
+        return None
+
+
+def _token_list(name: str, value: str, choices: list[str], what: str) -> list[Issue]:
+    """NCCL_ALGO / NCCL_PROTO: `[func:][^]a,b;func:[^]c` (2.24+), tokens case-insensitive."""
+    issues = []
+    if not value.strip():
+        return [Issue("error", name, f"empty {what} list")]
+    for seg in value.split(";"):
+        body = seg
+        if ":" in seg:
+            func, body = seg.split(":", 1)
+            if func.strip().lower() not in [f.lower() for f in FUNCS]:
+                issues.append(Issue("error", name, f"unknown collective {func.strip()!r} in {value!r}",
+                                    did_you_mean(func.strip(), FUNCS)))
+        body = body.strip().removeprefix("^")
+        for tok in body.split(","):
+            t = tok.strip()
+            if t.lower() == "collnet" and what == "algorithm":
+                issues.append(Issue("warning", name, "'Collnet' was accepted only by NCCL 2.5-2.13", "CollnetDirect"))
+                continue
+            if t.lower() not in [c.lower() for c in choices]:
+                issues.append(Issue("error", name, f"unknown {what} {t!r} in {value!r}; NCCL fails at init on it",
+                                    did_you_mean(t, choices, 0.5)))
+    return issues
+
+
+def check_value(name: str, value: str, spec: dict) -> list[Issue]:
+    """Problems with one value against its documented type."""
+    t, v = spec["type"], str(value)
+    if t == "bool":
+        return [] if v.strip() in ("0", "1") else [Issue("error", name, f"{v!r} is not 0 or 1 (NCCL parses an integer)")]
+    if t == "int":
+        n = _int(v.strip())
+        if n is None:
+            return [Issue("error", name, f"{v!r} is not an integer")]
+        if "choices" in spec and n not in spec["choices"]:
+            return [Issue("error", name, f"{n} is not one of {', '.join(map(str, spec['choices']))}")]
+        if "min" in spec and n < spec["min"] or "max" in spec and n > spec["max"]:
+            rng = f"{spec.get('min', '')}..{spec.get('max', '')}"
+            return [Issue("error", name, f"{n} is outside {rng}")]
+        return []
+    if t == "enum":
+        choices = spec["choices"]
+        ok = v in choices or (spec.get("case_insensitive") and v.upper() in [c.upper() for c in choices])
+        return [] if ok else [Issue("error", name, f"{v!r} is not one of {', '.join(choices)}", did_you_mean(v, choices, 0.5))]
+    if t == "list":
+        if not v and spec.get("empty_ok"):
+            return []
+        out = []
+        for tok in v.removeprefix("^").split(","):
+            tok = tok.strip().removeprefix("^")
+            if tok.upper() not in spec["choices"]:
+                out.append(Issue("error", name, f"unknown entry {tok!r}", did_you_mean(tok, spec["choices"], 0.5)))
+        return out
+    if t == "path_level":
+        if v.strip().upper() in spec["choices"]:
+            return []
+        n = _int(v.strip())
+        if n is not None and n >= 0:
+            return [Issue("warning", name, f"legacy integer level {n}: the docs discourage it, use "
+                                           f"{'/'.join(spec['choices'])}")]
+        # FACTS: a bad NCCL_P2P_LEVEL string is silently treated as unset.
+        return [Issue("error", name, f"{v!r} is not one of {', '.join(spec['choices'])}; NCCL would silently "
+                                     "ignore it", did_you_mean(v, spec["choices"], 0.5))]
+    if t == "algo":
+        return _token_list(name, v, ALGOS, "algorithm")
+    if t == "proto":
+        return _token_list(name, v, PROTOS, "protocol")
+    if t == "cta_policy":
+        if v.strip() in ("0", "1", "2"):
+            return []
+        bad = [p for p in v.split("|") if p.strip().upper() not in ("DEFAULT", "EFFICIENCY", "ZERO")]
+        return [Issue("error", name, f"unknown policy {p.strip()!r}", did_you_mean(p.strip(), ["DEFAULT", "EFFICIENCY", "ZERO"], 0.5))
+                for p in bad]
+    if t == "netdevs_policy":
+        ok = v.upper() in ("AUTO", "ALL") or re.fullmatch(r"(?i)MAX:[1-9]\d*", v)
+        return [] if ok else [Issue("error", name, f"{v!r} is not AUTO, ALL or MAX:N")]
+    if t in ("str", "path"):
+        return [] if v.strip() else [Issue("warning", name, "empty value")]
+    return []
+
+
+def validate(env: Mapping[str, Any], *, only_nccl: bool = False) -> list[Issue]:
+    """Every problem in an NCCL environment: unknown names (did-you-mean), bad values, debug-class
+    and deprecated names. Non-NCCL_ names are ignored when only_nccl, else an error."""
+    tab = table()
+    docs, aliases, undoc = tab["variables"], tab["aliases"], set(tab["undocumented"])
+    issues: list[Issue] = []
+    for raw, value in env.items():
+        name = str(raw)
+        value = "" if value is None else str(value)
+        if name != name.strip() or not NAME_RE.match(name.strip()):
+            issues.append(Issue("error", name, "is not a valid variable name (spaces around '='? NCCL's conf "
+                                               "reader and docker take the line literally)", name.strip() or None))
+            continue
+        if not name.startswith("NCCL_"):
+            if not only_nccl:
+                issues.append(Issue("error", name, "is not an NCCL_ variable"))
+            continue
+        if "\n" in value or "\x00" in value:
+            issues.append(Issue("error", name, "value contains a newline or NUL"))
+            continue
+        spec_name = name
+        if name in aliases:
+            target = aliases[name]
+            issues.append(Issue("warning", name, f"old alias of {target} (ignored when {target} is set); "
+                                                 f"write {docs[target].get('deprecated', {}).get('use', target)}"))
+            spec_name = target
+        elif name in undoc:
+            issues.append(Issue("warning", name, "is read by NCCL's source but not documented in env.rst: "
+                                                 "it may change or vanish between releases"))
+            continue
+        elif name not in docs:
+            issues.append(Issue("error", name, "is not an NCCL variable; NCCL ignores it silently",
+                                suggest_name(name)))
+            continue
+        spec = docs[spec_name]
+        issues.extend(check_value(name, value, spec))
+        dep = spec.get("deprecated")
+        if dep:
+            use = dep.get("use")
+            issues.append(Issue("warning", name, f"deprecated since NCCL {dep['since']}"
+                                + (f"; use {use}" if use else "")))
+        if spec["class"] == "debug":
+            issues.append(Issue("warning", name, "is a debugging knob (env.rst 'Debugging'): keep it only where "
+                                                 "a measurement on this box justifies it"))
+    return issues
+
+
+def errors(issues: list[Issue]) -> list[Issue]:
+    return [i for i in issues if i.level == "error"]
+
+
+# -- profiles ----------------------------------------------------------------------------------
+@dataclass
+class Profile:
+    name: str
+    description: str
+    env: dict[str, str]
+    path: str
+    notes: str = ""
+    issues: list[Issue] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["issues"] = [asdict(i) for i in self.issues]
+        return d
+
+
+def profile_dirs() -> list[Path]:
+    extra = [Path(p).expanduser() for p in os.environ.get(PROFILES_ENV, "").split(":") if p]
+    return [*extra, USER_PROFILE_DIR, PROFILE_DIR]
+
+
+def _load_profile_file(path: Path) -> Profile:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise GpuboxError(f"profile {path} is not valid YAML: {str(exc).splitlines()[0]}", "fix its syntax") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("env", {}), dict):
+        raise GpuboxError(f"profile {path} must be a mapping with an `env:` mapping", "see hwtune/profiles/*.yaml")
+    env = {str(k): _scalar(v) for k, v in (doc.get("env") or {}).items()}
+    p = Profile(str(doc.get("name") or path.stem), str(doc.get("description", "")).strip(), env, str(path),
+                str(doc.get("notes", "")).strip())
+    p.issues = validate(env)
+    return p
+
+
+def _scalar(v) -> str:
+    if isinstance(v, bool):     # YAML `yes`/`true`: NCCL wants 0/1
+        return "1" if v else "0"
+    return str(v)
+
+
+def list_profiles() -> dict[str, Profile]:
+    """name -> profile; an earlier directory (user, $GPUBOX_NCCL_PROFILES) hides a shipped one."""
+    out: dict[str, Profile] = {}
+    for d in reversed(profile_dirs()):
+        if d.is_dir():
+            for f in sorted(d.glob("*.y*ml")):
+                p = _load_profile_file(f)
+                out[p.name] = p
+    return out
+
+
+def load_profile(name_or_path: str, *, strict: bool = True) -> Profile:
+    """A profile by name or by file path; with strict, validation errors are bad input (exit 2)."""
+    path = Path(name_or_path).expanduser()
+    if name_or_path.endswith((".yml", ".yaml")) or path.is_file():
+        if not path.is_file():
+            raise GpuboxError(f"profile file {path} does not exist", "give an existing YAML file or a profile name")
+        p = _load_profile_file(path)
+    else:
+        profiles = list_profiles()
+        if name_or_path not in profiles:
+            hint = did_you_mean(name_or_path, list(profiles), 0.5)
+            raise GpuboxError(f"unknown NCCL profile {name_or_path!r}" + (f" (did you mean {hint}?)" if hint else ""),
+                              f"known: {', '.join(sorted(profiles))}; `gpubox nccl profiles` lists them")
+        p = profiles[name_or_path]
+    if strict and errors(p.issues):
+        raise GpuboxError(f"profile {p.name} ({p.path}) is invalid: " + "; ".join(map(str, errors(p.issues))),
+                          "fix the profile's env entries")
+    return p
+
+
+# -- export ------------------------------------------------------------------------------------
+def _envfile_value(v: str) -> str:
+    if SAFE_VALUE.match(v):
+        return v
+    if "'" not in v:
+        return f"'{v}'"
+    return '"' + re.sub(r'(["\\`$])', r"\\\1", v) + '"'
+
+
+def render(env: Mapping[str, str], fmt: str, *, header: str | None = None) -> str:
+    """The env in one export format; refuses what the format cannot carry."""
+    if fmt not in FORMATS:
+        raise GpuboxError(f"unknown export format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    for k, v in env.items():
+        if not NAME_RE.match(k):
+            raise GpuboxError(f"cannot export {k!r}: not a variable name", "fix the profile")
+        if "\n" in v or "\r" in v or "\x00" in v:
+            raise GpuboxError(f"cannot export {k}: value contains a newline or NUL", "fix the profile")
+        if fmt in ("docker", "ncclconf") and v != v.strip():
+            raise GpuboxError(f"cannot export {k} as {fmt}: leading/trailing whitespace would be kept literally",
+                              "trim the value")
+    if fmt == "json":
+        return json.dumps(dict(env), indent=2) + "\n"
+    lines = [f"# {line}" for line in (header or "").splitlines()]
+    for k, v in env.items():
+        if fmt == "shell":
+            lines.append(f"export {k}={shlex.quote(v)}")
+        elif fmt == "envfile":
+            lines.append(f"{k}={_envfile_value(v)}")
+        else:   # docker, ncclconf: literal
+            lines.append(f"{k}={v}")
+    return "\n".join(lines) + "\n"
+
+
+# -- parse (what each consumer would read) -----------------------------------------------------
+def parse_ncclconf(text: str) -> dict[str, str]:
+    """Exactly NCCL's setEnvFile: '#' in column 0 skips, no '=' skips, split at the first '='."""
+    out = {}
+    for line in text.split("\n"):
+        line = line.removesuffix("\r")
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        k, v = line.split("=", 1)
+        out[k] = v
+    return out
+
+
+def parse_docker(text: str) -> dict[str, str]:
+    """docker --env-file: '#' comments and blank lines skipped, K=V literal, leading spaces of the
+    line trimmed, a bare `K` copies the caller's environment (reported as missing here)."""
+    out = {}
+    for line in text.splitlines():
+        s = line.lstrip()
+        if not s or s.startswith("#"):
+            continue
+        if "=" in s:
+            k, v = s.split("=", 1)
+            out[k] = v
+        else:
+            out[s] = os.environ.get(s, "")
+    return out
+
+
+def parse_envfile(text: str) -> dict[str, str]:
+    """systemd EnvironmentFile= rules (systemd.exec(5), env-file.c): '#'/';' comment lines, K=V with
+    leading/trailing whitespace of unquoted values dropped, '...' verbatim, "..." with backslash
+    escapes of " \\ ` $, backslash-newline continues a line. Invalid names are skipped as systemd does."""
+    out: dict[str, str] = {}
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            break
+        if text[i] in "#;":
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        j = i
+        while j < n and text[j] not in "=\n":
+            j += 1
+        key = text[i:j].strip()
+        if j >= n or text[j] == "\n":
+            i = j
+            continue
+        i = j + 1
+        while i < n and text[i] in " \t":
+            i += 1
+        val = []
+        if i < n and text[i] == "'":
+            end = text.find("'", i + 1)
+            if end < 0:
+                raise GpuboxError(f"EnvironmentFile: unterminated ' for {key}", "close the quote")
+            val.append(text[i + 1:end])
+            i = end + 1
+        elif i < n and text[i] == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\" and i + 1 < n:
+                    nxt = text[i + 1]
+                    if nxt == "\n":
+                        i += 2
+                        continue
+                    val.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+                    i += 2
+                    continue
+                val.append(text[i])
+                i += 1
+            if i >= n:
+                raise GpuboxError(f"EnvironmentFile: unterminated \" for {key}", "close the quote")
+            i += 1
+        else:
+            while i < n and text[i] != "\n":
+                if text[i] == "\\" and i + 1 < n:
+                    if text[i + 1] != "\n":
+                        val.append(text[i + 1])
+                    i += 2
+                    continue
+                val.append(text[i])
+                i += 1
+            val = ["".join(val).rstrip(" \t\r")]
+        while i < n and text[i] != "\n":       # rest of a quoted line
+            i += 1
+        if NAME_RE.match(key):
+            out[key] = "".join(val)
+    return out
+
+
+def parse_shell(text: str) -> dict[str, str]:
+    """`export K=V` / `K=V` lines as bash would assign them (shlex for the quoting)."""
+    out = {}
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise GpuboxError(f"shell file: cannot parse {line!r}: {exc}", "fix the quoting") from None
+        if words and words[0] == "export":
+            words = words[1:]
+        for w in words:
+            if "=" in w:
+                k, v = w.split("=", 1)
+                out[k] = v
+    return out
+
+
+def detect_format(text: str, path: str = "") -> str:
+    s = text.lstrip()
+    if s.startswith("{"):
+        return "json"
+    if path.endswith("nccl.conf"):
+        return "ncclconf"
+    if re.search(r"^\s*export\s", text, re.M):
+        return "shell"
+    return "envfile"
+
+
+def parse(text: str, fmt: str) -> dict[str, str]:
+    if fmt == "json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GpuboxError(f"JSON: {exc}", "fix the file") from None
+        if not isinstance(doc, dict):
+            raise GpuboxError("JSON: expected an object of NAME: value", "fix the file")
+        return {str(k): _scalar(v) for k, v in doc.items()}
+    return {"shell": parse_shell, "envfile": parse_envfile, "docker": parse_docker,
+            "ncclconf": parse_ncclconf}[fmt](text)
+
+
+# -- the box step ------------------------------------------------------------------------------
+ENV_FILE = "/etc/gpubox/nccl.env"     # EnvironmentFile= of the server's unit (and `source`-able)
+CONF_FILE = "/etc/nccl.conf"          # NCCL's own system-wide file, for processes started otherwise
+
+
+def box_files(ctx) -> dict[str, str]:
+    """path -> format of the files the server reads its NCCL environment from."""
+    return {str(ctx.box.var("gpubox_nccl_env_file", ENV_FILE)): "envfile", CONF_FILE: "ncclconf"}
+
+
+def file_header(p: Profile, path: str) -> str:
+    return (f"Managed by gpubox: NCCL profile {p.name} ({'EnvironmentFile' if path != CONF_FILE else 'nccl.conf'}).\n"
+            "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
+
+
+class NcclEnvStep(Step):
+    name = "nccl-env"
+    title = "NCCL environment profile in the container"
+    where = "container"
+
+    def _profile(self, ctx) -> Profile | None:
+        name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")
+        return load_profile(str(name)) if name else None
+
+    def check(self, ctx) -> Finding:
+        prof = self._profile(ctx)
+        if prof is None:
+            return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults")
+        ct, want = ctx.container, prof.env
+        problems, ev = [], {"profile": prof.name, "want": want, "files": {}}
+        for path, fmt in box_files(ctx).items():
+            text = ct.read_text(path, default="\0")
+            if text == "\0":
+                problems.append(f"{path} missing")
+                ev["files"][path] = None
+                continue
+            have = parse(text, fmt)
+            ev["files"][path] = have
+            bad = errors(validate(have))
+            diffs = [str(i) for i in bad]
+            diffs += [f"{k} missing" for k in want if k not in have and k not in {i.name for i in bad}]
+            diffs += [f"{k}={have[k]} (want {want[k]})" for k in want
+                      if k in have and have[k] != want[k] and k not in {i.name for i in bad}]
+            diffs += [f"{k} not in profile" for k in have if k not in want and k not in {i.name for i in bad}]
+            if diffs:
+                problems.append(f"{path}: " + "; ".join(diffs))
+        if problems:
+            return Finding.drift("; ".join(problems),
+                                 cause="NCCL ignores unknown names silently and fails at init on bad ALGO/PROTO tokens",
+                                 repair=f"gpubox tune nccl {ctx.box.name}", **ev)
+        return Finding.ok(f"profile {prof.name} in place ({', '.join(box_files(ctx))})", **ev)
+
+    def plan(self, ctx, finding: Finding) -> Plan:
+        prof = self._profile(ctx)
+        ct, writes, diff = ctx.container, {}, ""
+        for path, fmt in box_files(ctx).items():
+            new = render(prof.env, fmt, header=file_header(prof, path))
+            old = ct.read_text(path, default="")
+            if old != new:
+                writes[path] = new
+                diff += "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a{path}", f"b{path}"))
+        return Plan(f"write profile {prof.name} to {', '.join(writes)}", diff, [], writes)
+
+    def apply(self, ctx, plan: Plan) -> None:
+        for path, text in plan.data.items():
+            ctx.container.write(path, text, mode=0o644)

@@ -1,0 +1,121 @@
+"""Read GPU topology through NVML. Self-contained (standard library + pynvml only): gpubox sends
+this file's source to `python3 -` on the target host or container, so the same code runs where
+the GPUs are, and tests call `collect()` with a recorded pynvml-like object.
+
+Output: {"source": "nvml", "driver", "gpus": [...], "pairs": {"i-j": {...}}, "errors": [...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+# nvmlDeviceGetTopologyCommonAncestor levels -> nvidia-smi topo -m legend.
+LEVELS = {0: "SELF", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def norm_bus_id(bus_id) -> str:
+    """NVML's 00000000:17:00.0 -> sysfs' 0000:17:00.0."""
+    text = _s(bus_id).strip().lower()
+    dom, rest = text.split(":", 1)
+    return f"{int(dom, 16):04x}:{rest}"
+
+
+def _try(errors, what, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # NVMLError_NotSupported and friends: record, carry on
+        errors.append(f"{what}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _read_numa_sysfs(bus_id: str):
+    try:
+        with open(f"/sys/bus/pci/devices/{bus_id}/numa_node") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
+    """Topology from a pynvml-like module (already importable; nvmlInit is called here)."""
+    nvml.nvmlInit()
+    errors: list[str] = []
+    try:
+        driver = _s(_try(errors, "driver", nvml.nvmlSystemGetDriverVersion) or "")
+        count = nvml.nvmlDeviceGetCount()
+        handles, gpus = [], []
+        for i in range(count):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            handles.append(h)
+            pci = nvml.nvmlDeviceGetPciInfo(h)
+            bus = norm_bus_id(getattr(pci, "busId", None) or getattr(pci, "busIdLegacy"))
+            mem = _try(errors, f"gpu{i} memory", nvml.nvmlDeviceGetMemoryInfo, h)
+            numa = None
+            if hasattr(nvml, "nvmlDeviceGetNumaNodeId"):
+                numa = _try(errors, f"gpu{i} numa", nvml.nvmlDeviceGetNumaNodeId, h)
+            if numa is None and read_numa is not None:
+                numa = read_numa(bus)
+            if numa is not None and numa < 0:
+                numa = None      # -1: no NUMA information (FACTS), not node 0
+            gpus.append({
+                "index": i, "name": _s(nvml.nvmlDeviceGetName(h)), "uuid": _s(_try(errors, f"gpu{i} uuid", nvml.nvmlDeviceGetUUID, h) or ""),
+                "bus_id": bus, "numa_node": numa,
+                "link_gen": _try(errors, f"gpu{i} link gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                "link_width": _try(errors, f"gpu{i} link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "max_link_gen": _try(errors, f"gpu{i} max link gen", nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                "max_link_width": _try(errors, f"gpu{i} max link width", nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+                "memory_mib": int(mem.total) // (1 << 20) if mem is not None else None,
+            })
+        # NVLink: count active links whose remote end is another GPU of this box.
+        by_bus = {g["bus_id"]: g["index"] for g in gpus}
+        nvlinks: dict[tuple[int, int], int] = {}
+        max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)
+        for i, h in enumerate(handles):
+            for link in range(max_links):
+                try:
+                    if nvml.nvmlDeviceGetNvLinkState(h, link) != getattr(nvml, "NVML_FEATURE_ENABLED", 1):
+                        continue
+                    remote = norm_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+                except Exception:
+                    break       # no NVLink on this GPU (NotSupported) or past its last link
+                j = by_bus.get(remote)
+                if j is not None and j > i:      # count each link once, from its lower-index end
+                    nvlinks[(i, j)] = nvlinks.get((i, j), 0) + 1
+        pairs = {}
+        for i in range(count):
+            for j in range(i + 1, count):
+                lvl = _try(errors, f"topology {i}-{j}", nvml.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
+                n = nvlinks.get((i, j), 0)
+                pairs[f"{i}-{j}"] = {"relation": f"NV{n}" if n else "PCIe",
+                                     "level": LEVELS.get(int(lvl), str(lvl)) if lvl is not None else None,
+                                     "nvlinks": n}
+        return {"source": "nvml", "driver": driver, "gpus": gpus, "pairs": pairs, "errors": errors}
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def main() -> int:
+    try:
+        import pynvml
+    except ImportError as exc:
+        print(json.dumps({"source": "nvml", "unavailable": f"pynvml not importable: {exc}"}))
+        return 3
+    try:
+        doc = collect(pynvml)
+    except Exception as exc:
+        print(json.dumps({"source": "nvml", "unavailable": f"{type(exc).__name__}: {exc}"}))
+        return 3
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""NCCL environment profiles shipped with gpubox (YAML data; a package so they install with it)."""
