@@ -1,0 +1,231 @@
+"""In-container CUDA probe. STANDALONE and stdlib-only: this whole file is sent to the container's
+`python3 -` on stdin (the container has no gpubox) and prints one JSON object.
+
+It opens the NVIDIA nodes and classifies the errno (FACTS.md "NVIDIA device nodes": ENOENT =
+node missing, EPERM = cgroup denies it, ENXIO = node with a stale major), calls cuInit(0)
+through ctypes libcuda.so.1 (999 unknown = uvm denied, 100 no device, 803 driver/library
+mismatch), counts devices through NVML, and compares the kernel module's version
+(/proc/driver/nvidia/version) with the userspace library's. `diagnose()` (control side) maps
+each cause to its repair.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import re
+import sys
+
+NODES = ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+CU_NAMES = {0: "CUDA_SUCCESS", 100: "CUDA_ERROR_NO_DEVICE", 999: "CUDA_ERROR_UNKNOWN",
+            803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", 3: "CUDA_ERROR_NOT_INITIALIZED",
+            304: "CUDA_ERROR_OPERATING_SYSTEM", 35: "CUDA_ERROR_INSUFFICIENT_DRIVER"}
+_VER = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
+
+
+def _errname(code):
+    return errno.errorcode.get(code, str(code)) if code else None
+
+
+def kernel_version(text):
+    for line in text.splitlines():
+        if line.startswith("NVRM"):
+            m = _VER.search(line)
+            return m.group(1) if m else None
+    return None
+
+
+def lib_version(real_path):
+    m = re.search(r"libcuda\.so\.(\d{3}\.\d+(?:\.\d+)?)$", real_path or "")
+    return m.group(1) if m else None
+
+
+# -- the real box ----------------------------------------------------------------------------------
+
+def real_open(path):
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        return exc.errno
+    os.close(fd)
+    return 0
+
+
+def real_cuda():
+    out = {"cuinit": None, "cuinit_name": None, "libcuda": None, "cuda_error": None}
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        out["cuda_error"] = "libcuda.so.1 not found: %s" % exc
+        return out
+    rc = lib.cuInit(0)
+    name = ctypes.c_char_p()
+    try:
+        lib.cuGetErrorName(rc, ctypes.byref(name))
+        out["cuinit_name"] = name.value.decode() if name.value else CU_NAMES.get(rc)
+    except AttributeError:
+        out["cuinit_name"] = CU_NAMES.get(rc)
+    out["cuinit"] = rc
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "libcuda.so" in line:
+                out["libcuda"] = os.path.realpath(line.split()[-1])
+                break
+    return out
+
+
+def real_nvml():
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return {"count": None, "error": "libnvidia-ml.so.1 not found"}
+    rc = lib.nvmlInit_v2()
+    if rc != 0:
+        return {"count": None, "error": "nvmlInit_v2 returned %d" % rc}
+    n = ctypes.c_uint()
+    rc = lib.nvmlDeviceGetCount_v2(ctypes.byref(n))
+    lib.nvmlShutdown()
+    return {"count": n.value if rc == 0 else None, "error": None if rc == 0 else "nvmlDeviceGetCount_v2 returned %d" % rc}
+
+
+# -- SIMULATION (gpubox's simulated box; GPUBOX_SIM set): the same answers from the simulated state --
+
+def sim_env(sim_dir):
+    st = json.load(open(os.path.join(sim_dir, "sim.json")))
+    host_root, ct_root = os.path.join(sim_dir, st["host"]), os.path.join(sim_dir, st["box"])
+    ct = st["containers"][str(st["vmid"])]
+    majors = set()
+    in_char = False
+    for line in open(os.path.join(host_root, "proc/devices")):
+        s = line.strip()
+        if s.endswith(":"):
+            in_char = s == "Character devices:"
+        elif in_char and s:
+            majors.add(int(s.split()[0]))
+    rules = []
+    for r in ct["cgroup_allow"]:
+        m = re.match(r"^([ac])(?:\s+(\*|\d+):(\*|\d+)\s*([rwm]*))?$", r.strip())
+        if m:
+            rules.append(m.groups())
+
+    def allowed(ma, mi):
+        for kind, rma, rmi, acc in rules:
+            if kind == "a" and rma is None:
+                return True
+            if rma in ("*", str(ma)) and rmi in ("*", str(mi)) and "r" in acc and "w" in acc:
+                return True
+        return False
+
+    def sim_open(path):
+        p = os.path.join(ct_root, path.lstrip("/"))
+        if ct["status"] != "running" or not os.path.exists(p):
+            return errno.ENOENT
+        rdev = os.stat(p).st_rdev
+        ma, mi = os.major(rdev), os.minor(rdev)
+        if not allowed(ma, mi):
+            return errno.EPERM  # the device cgroup is checked before the driver
+        if ma not in majors:
+            return errno.ENXIO  # no driver registered at this major any more
+        return 0
+
+    def sim_cuda(opened):
+        lib = os.path.join(ct_root, "usr/lib/x86_64-linux-gnu/libcuda.so.1")
+        if not os.path.exists(lib):
+            return {"cuinit": None, "cuinit_name": None, "libcuda": None, "cuda_error": "libcuda.so.1 not found"}
+        real = os.path.realpath(lib)
+        kv = kernel_version(open(os.path.join(ct_root, "proc/driver/nvidia/version")).read())
+        if opened["/dev/nvidiactl"] or opened["/dev/nvidia0"]:
+            rc = 100
+        elif opened["/dev/nvidia-uvm"]:
+            rc = 999
+        elif lib_version(real) != kv:
+            rc = 803
+        else:
+            rc = 0
+        return {"cuinit": rc, "cuinit_name": CU_NAMES[rc], "libcuda": real, "cuda_error": None}
+
+    def sim_nvml(opened):
+        if opened["/dev/nvidiactl"]:
+            return {"count": None, "error": "nvmlInit_v2 returned 9"}  # NVML_ERROR_DRIVER_NOT_LOADED
+        n = sum(1 for x in os.listdir(os.path.join(ct_root, "dev")) if re.match(r"^nvidia\d+$", x)
+                and sim_open("/dev/" + x) == 0)
+        return {"count": n, "error": None}
+
+    return sim_open, sim_cuda, sim_nvml, os.path.join(ct_root, "proc/driver/nvidia/version")
+
+
+def run():
+    sim_dir = os.environ.get("GPUBOX_SIM")
+    if sim_dir:
+        open_, cuda, nvml, version_file = sim_env(sim_dir)
+    else:
+        open_, version_file = real_open, "/proc/driver/nvidia/version"
+        cuda, nvml = (lambda opened: real_cuda()), (lambda opened: real_nvml())
+    paths = list(NODES) + [p for p in sys.argv[1:] if p not in NODES]
+    opened = {p: open_(p) for p in paths}
+    out = {"simulated": bool(sim_dir),
+           "nodes": {p: _errname(e) or "ok" for p, e in opened.items()}}
+    out.update(cuda(opened))
+    out["nvml"] = nvml(opened)
+    try:
+        out["kernel_driver"] = kernel_version(open(version_file).read())
+    except OSError:
+        out["kernel_driver"] = None
+    out["user_driver"] = lib_version(out.get("libcuda"))
+    return out
+
+
+# -- control side (runs in gpubox, not in the container) --------------------------------------------
+
+def probe(container, nodes=(), timeout=60):
+    """Run this file in the container (extra node paths as arguments); the JSON, or {'error': ...}."""
+    with open(__file__) as f:
+        src = f.read()
+    r = container.run(["python3", "-", *nodes], input=src, timeout=timeout)
+    if r.rc != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [""]
+        return {"error": "probe exited %d: %s" % (r.rc, tail[0])}
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return {"error": "probe printed no JSON: %r" % r.stdout[-200:]}
+
+
+def diagnose(res, box="BOX"):
+    """[(code, cause, repair)] for everything the probe found wrong; [] when CUDA works."""
+    fix = "gpubox lxc fix %s" % box
+    out = []
+    if res.get("error"):
+        return [("probe-failed", res["error"], "check that python3 runs in the container")]
+    for path, state in res.get("nodes", {}).items():
+        if state == "ENOENT":
+            out.append(("ENOENT", "%s is missing in the container (absent on the host, or no mount entry/devN)" % path,
+                        "%s (host: nvidia-modprobe -u -c0; conf: mount entry; then restart)" % fix))
+        elif state == "EPERM":
+            out.append(("EPERM", "the container's device cgroup denies %s (rule missing or for a stale major)" % path,
+                        "%s (rewrites lxc.cgroup2.devices.allow, live-applies it with lxc-cgroup)" % fix))
+        elif state == "ENXIO":
+            out.append(("ENXIO", "%s in the container carries a stale major (bound before the module reload)" % path,
+                        "%s --restart always --yes (a restart re-binds the host's current node)" % fix))
+        elif state != "ok":
+            out.append((state, "opening %s fails with %s" % (path, state), fix))
+    rc = res.get("cuinit")
+    kv, uv = res.get("kernel_driver"), res.get("user_driver")
+    if rc is None and res.get("cuda_error"):
+        out.append(("no-libcuda", "libcuda.so.1 is not installed in the container",
+                    "install the userspace driver %s without its kernel module (e.g. the .run with --no-kernel-module)" % (kv or "")))
+    elif rc == 999:
+        out.append(("cuInit-999", "cuInit(0) = 999 CUDA_ERROR_UNKNOWN: nvidia-uvm is not usable in the container", fix))
+    elif rc == 100:
+        out.append(("cuInit-100", "cuInit(0) = 100 CUDA_ERROR_NO_DEVICE: no GPU node usable in the container", fix))
+    elif rc == 803 or (kv and uv and kv != uv):
+        out.append(("cuInit-803", "driver/library mismatch: host kernel module %s, container libcuda %s" % (kv, uv),
+                    "install userspace driver %s in the container (no kernel module: the .run with --no-kernel-module)" % kv))
+    elif rc not in (0, None):
+        out.append(("cuInit-%s" % rc, "cuInit(0) = %s %s" % (rc, res.get("cuinit_name")), fix))
+    return out
+
+
+if __name__ == "__main__":
+    json.dump(run(), sys.stdout)
+    sys.stdout.write("\n")

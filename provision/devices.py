@@ -1,0 +1,161 @@
+"""Host device facts: NVIDIA character-device majors and the device nodes present on the host.
+
+The majors come from the `Character devices:` part of the host's /proc/devices, by name. Only
+195 is fixed; nvidia-uvm, nvidia-caps, nvidia-nvlink, nvidia-nvswitch and the IMEX channels get a
+dynamic major (254..234, then 511..384) that changes across kernels and driver loads
+(FACTS.md "NVIDIA device nodes", "Dynamic majors"), so nothing here hard-codes them.
+"""
+
+from __future__ import annotations
+
+import re
+import stat as _stat
+from dataclasses import dataclass, field
+
+# Names the 195 line carries, depending on the driver (FACTS.md: "match them all").
+FRONTEND_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
+DYNAMIC_NAMES = ("nvidia-uvm", "nvidia-caps", "nvidia-nvlink", "nvidia-nvswitch", "nvidia-caps-imex-channels")
+FRONTEND_MAJOR = 195
+CTL_MINOR, MODESET_MINOR = 255, 254
+UVM_NODES = {"/dev/nvidia-uvm": 0, "/dev/nvidia-uvm-tools": 1}
+_GPU_NODE = re.compile(r"^nvidia(\d+)$")
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """name -> major from the `Character devices:` block only (block majors can share names)."""
+    out: dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.endswith(":"):
+            in_char = s == "Character devices:"
+            continue
+        if not in_char or not s:
+            continue
+        parts = s.split(None, 1)
+        if len(parts) == 2 and parts[0].isdigit():
+            out.setdefault(parts[1], int(parts[0]))
+    return out
+
+
+@dataclass
+class Node:
+    """A device node the container needs, and what the host has at that path."""
+
+    path: str
+    want: tuple[int, int] | None  # (major, minor) it must have; None when the major is unknown
+    have: tuple[int, int] | None = None  # rdev found, None when absent
+    is_char: bool = False
+    required: bool = True  # False for optional nodes passed only when the host has them
+
+    @property
+    def present(self) -> bool:
+        return self.have is not None
+
+    @property
+    def ok(self) -> bool:
+        return self.is_char and self.want is not None and self.have == self.want
+
+
+@dataclass
+class HostDevices:
+    """What the Proxmox host offers: majors by name, the GPU count and the nodes."""
+
+    majors: dict[str, int]  # every char device name in /proc/devices
+    gpus: int
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def frontend(self) -> int | None:
+        for n in FRONTEND_NAMES:
+            if n in self.majors:
+                return self.majors[n]
+        return None
+
+    @property
+    def uvm(self) -> int | None:
+        return self.majors.get("nvidia-uvm")
+
+    def nvidia_majors(self) -> dict[str, int]:
+        """The NVIDIA majors in use: name -> major (one name per major)."""
+        out: dict[str, int] = {}
+        if self.frontend is not None:
+            out["nvidia-frontend"] = self.frontend
+        for n in DYNAMIC_NAMES:
+            if n in self.majors:
+                out[n] = self.majors[n]
+        return out
+
+    def registered(self, major: int) -> bool:
+        return major in self.majors.values()
+
+    def node(self, path: str) -> Node | None:
+        return next((n for n in self.nodes if n.path == path), None)
+
+    def uvm_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.path in UVM_NODES]
+
+    def pass_nodes(self) -> list[Node]:
+        """Nodes to pass into the container: the wanted ones plus extra NVIDIA nodes the host has."""
+        return [n for n in self.nodes if n.required or n.present]
+
+    def majors_in_use(self) -> dict[int, str]:
+        """major -> name for the nodes the container gets (what the cgroup rules must allow)."""
+        names = {v: k for k, v in reversed(list(self.nvidia_majors().items()))}
+        out: dict[int, str] = {}
+        for n in self.pass_nodes():
+            rdev = n.want or n.have
+            if rdev:
+                out.setdefault(rdev[0], names.get(rdev[0], "nvidia"))
+        return dict(sorted(out.items()))
+
+
+def gpu_count(host, default: int | None = None) -> int:
+    """GPUs the driver knows (/proc/driver/nvidia/gpus/<bus id>/), else `default`, else the nodes."""
+    if host.exists("/proc/driver/nvidia/gpus"):
+        n = len(host.listdir("/proc/driver/nvidia/gpus"))
+        if n:
+            return n
+    if default is not None:
+        return int(default)
+    if host.exists("/dev"):
+        return sum(1 for x in host.listdir("/dev") if _GPU_NODE.match(x))
+    return 0
+
+
+def _node(host, path: str, want) -> Node:
+    st = host.stat(path)
+    if st is None:
+        return Node(path, want)
+    return Node(path, want, st.rdev if st.rdev else (0, 0), st.is_char_device)
+
+
+def read_host_devices(host, gpus: int | None = None) -> HostDevices:
+    """Read /proc/devices and stat the NVIDIA nodes under the host's root."""
+    majors = parse_proc_devices(host.read_text("/proc/devices", default=""))
+    hd = HostDevices(majors, gpu_count(host, gpus))
+    fe = hd.frontend
+    want_fe = (lambda minor: (fe, minor)) if fe is not None else (lambda minor: None)
+    paths: list[tuple[str, tuple[int, int] | None]] = [(f"/dev/nvidia{i}", want_fe(i)) for i in range(hd.gpus)]
+    paths += [("/dev/nvidiactl", want_fe(CTL_MINOR))]
+    uvm = hd.uvm
+    paths += [(p, (uvm, m) if uvm is not None else None) for p, m in UVM_NODES.items()]
+    # Optional nodes: passed through when the host has them (modeset, caps), never demanded.
+    extra = ["/dev/nvidia-modeset"]
+    if host.exists("/dev/nvidia-caps"):
+        extra += [f"/dev/nvidia-caps/{x}" for x in host.listdir("/dev/nvidia-caps")]
+    hd.nodes = [_node(host, p, w) for p, w in paths]
+    for p in extra:
+        n = _node(host, p, None)
+        if n.present and n.is_char:
+            n.want, n.required = n.have, False
+            hd.nodes.append(n)
+    return hd
+
+
+def describe_rdev(rdev: tuple[int, int] | None) -> str:
+    return "absent" if rdev is None else f"{rdev[0]}:{rdev[1]}"
+
+
+def is_char(mode: int) -> bool:
+    return _stat.S_ISCHR(mode)

@@ -1,0 +1,200 @@
+"""Steps "model-stage" and "drafter-stage": the model in /dev/shm is a complete, verified copy.
+
+check  = the manifest is there, matches the source's identity, files match it, headers are intact
+         (with --verify: every file re-hashed);
+plan   = which files would be copied and how many bytes (a dry run of the copier);
+apply  = stage (provision.stage); verify = check again.
+
+Inventory (`gpubox_model` / `gpubox_drafter` on the container):
+    source: /mnt/models/Qwen3.6-27B      # persistent directory, or a Hugging Face repo id
+    dest: /dev/shm/Qwen3.6-27B           # default /dev/shm/<basename of source>
+    revision: main                       # repo ids only
+    cache_dir: /mnt/models/hf            # repo ids only: persistent HF cache (default: HF's own)
+    offline: false                       # repo ids only: never download (also $HF_HUB_OFFLINE)
+
+The copier runs where the container's files are: in-process for a local transport (paths under
+the container's root prefix), else as `python3 - --request JSON` with the stdlib-only copier on
+stdin, so the container needs python3 but no gpubox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+
+from gpubox.errors import GpuboxError, TransportError
+from gpubox.steps import Finding, Plan, Step
+
+from . import stage as engine
+
+REMOTE_TIMEOUT = 6 * 3600  # a 52 GB copy from slow NFS can take a while
+_HF_RESOLVE = """\
+import json, os, sys
+from huggingface_hub import snapshot_download
+a = json.loads(sys.argv[1])
+try:
+    print(snapshot_download(a["repo"], revision=a.get("revision"), cache_dir=a.get("cache_dir"),
+                            local_files_only=a["local_only"]))
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"})); sys.exit(3)
+"""
+
+
+def _gb(n: int) -> str:
+    return engine._gb(n)
+
+
+def model_spec(ctx, var: str) -> dict | None:
+    """The normalised `gpubox_model`/`gpubox_drafter` setting, or None when it is not set."""
+    v = ctx.box.var(var)
+    if not v:
+        return None
+    if isinstance(v, str):
+        v = {"source": v}
+    if not isinstance(v, dict) or not v.get("source"):
+        raise GpuboxError(f"{var} has no source", f"set {var}: {{source: /mnt/models/NAME, dest: /dev/shm/NAME}}")
+    source = str(v["source"]).rstrip("/") or "/"
+    repo = not source.startswith("/")
+    if repo and (source.count("/") != 1 or " " in source):
+        raise GpuboxError(f"{var}.source {source!r} is neither an absolute path nor a repo id (org/name)",
+                          "give the persistent model directory or a Hugging Face repo id")
+    dest = str(v.get("dest") or f"/dev/shm/{posixpath.basename(source)}")
+    if not dest.startswith("/") or posixpath.normpath(dest) in ("/", "/dev/shm"):
+        raise GpuboxError(f"{var}.dest {dest!r} must be an absolute directory of its own",
+                          "e.g. dest: /dev/shm/Qwen3.6-27B")
+    offline = bool(v.get("offline")) or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    return {"var": var, "source": source, "dest": dest, "repo": source if repo else None,
+            "revision": v.get("revision"), "cache_dir": v.get("cache_dir"), "offline": offline}
+
+
+class StageStep(Step):
+    where = "container"
+    requires = ()
+
+    def __init__(self, name: str, var: str, require_tokenizer: bool):
+        self.name, self.var, self.require_tokenizer = name, var, require_tokenizer
+        self.title = f"{'model' if require_tokenizer else 'drafter'} staged in tmpfs"
+
+    # -- where the copier runs -------------------------------------------------------------
+    def _call(self, ctx, req: dict, progress=None) -> dict:
+        host = ctx.container
+        req = {**req, "require_tokenizer": self.require_tokenizer, "workers": ctx.opt("workers"),
+               "cgroup_dir": host.path("/sys/fs/cgroup")}
+        if host.transport.is_local:
+            try:
+                return engine.run_request(req, progress)
+            except engine.StageError as exc:
+                return {"error": exc.problem, "fix": exc.fix}
+            except OSError as exc:
+                return {"error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
+                        "fix": "check the paths and permissions in the container"}
+        r = host.run(["python3", "-", "--request", json.dumps(req)], input=engine.payload(), timeout=REMOTE_TIMEOUT)
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            raise TransportError(f"{host.name}: the copier did not answer (rc {r.rc}): "
+                                 f"{(r.stderr.strip().splitlines() or [''])[-1]}",
+                                 "the container needs python3 >= 3.9 on PATH") from None
+
+    def _source(self, ctx, spec: dict, download: bool) -> str | None:
+        """Logical path of the source directory; for a repo id its HF cache snapshot (None: not cached)."""
+        if not spec["repo"]:
+            return spec["source"]
+        host = ctx.container
+        args = {"repo": spec["repo"], "revision": spec["revision"],
+                "cache_dir": host.path(spec["cache_dir"]) if spec["cache_dir"] else None,
+                "local_only": spec["offline"] or not download}
+        if host.transport.is_local:
+            try:
+                from huggingface_hub import snapshot_download
+                real = snapshot_download(args["repo"], revision=args["revision"], cache_dir=args["cache_dir"],
+                                         local_files_only=args["local_only"])
+            except Exception as exc:  # huggingface_hub raises many kinds (offline, not cached, 404)
+                if not download:
+                    return None
+                raise GpuboxError(f"{spec['repo']}: cannot get it from the hub or the cache: {type(exc).__name__}",
+                                  "check the repo id/revision and network, or fill the cache and set offline") from None
+        else:
+            r = host.run(["python3", "-c", _HF_RESOLVE, json.dumps(args)], timeout=REMOTE_TIMEOUT)
+            if r.rc != 0:
+                if not download:
+                    return None
+                raise GpuboxError(f"{spec['repo']}: cannot get it in {host.name}: {r.stdout.strip() or r.stderr.strip()}",
+                                  "install huggingface_hub in the container, or stage from a directory")
+            real = r.stdout.strip().splitlines()[-1]
+        root = host.root.rstrip("/")
+        return real[len(root):] if root and real.startswith(root + "/") else real
+
+    def _request(self, ctx, spec: dict, src: str, op: str) -> dict:
+        host = ctx.container
+        return {"op": op, "src": host.path(src), "dest": host.path(spec["dest"]),
+                "verify": bool(ctx.opt("verify")),
+                "tmpfs": True if spec["dest"].startswith("/dev/shm/") else None,
+                "source_info": {k: v for k, v in (("path", src), ("repo", spec["repo"]),
+                                                  ("revision", spec["revision"])) if v}}
+
+    # -- the four verbs --------------------------------------------------------------------
+    def check(self, ctx) -> Finding:
+        spec = model_spec(ctx, self.var)
+        src = self._source(ctx, spec, download=False)
+        if src is None:
+            return Finding.drift(f"{spec['repo']} is not in the HF cache yet", cause="never downloaded",
+                                 repair="gpubox stage BOX downloads and stages it", source=spec["source"],
+                                 dest=spec["dest"])
+        out = self._call(ctx, self._request(ctx, spec, src, "check"))
+        if "error" in out:
+            return Finding.failed(out["error"], repair=out.get("fix"), source=src, dest=spec["dest"])
+        ev = {"source": src, "dest": spec["dest"], "files": out["files"], "bytes": out["bytes"],
+              "verified": out["verified"], "problems": out["problems"]}
+        if out["staged"]:
+            how = f", {out['verified']} hashes verified" if ctx.opt("verify") else ""
+            return Finding.ok(f"{spec['dest']}: staged, {out['files']} files, {_gb(out['bytes'])}{how}", **ev)
+        probs = out["problems"]
+        more = f" (+{len(probs) - 1} more)" if len(probs) > 1 else ""
+        if probs[0].startswith("manifest absent"):
+            cause = "tmpfs is empty after a reboot, or a copy was interrupted"
+        elif out["source_changed"]:
+            cause = "the persistent copy was updated"
+        else:
+            cause = "the staged copy was damaged or modified"
+        return Finding.drift(f"{spec['dest']}: {probs[0]}{more}", cause=cause,
+                             repair=f"gpubox stage {ctx.box.name}", **ev)
+
+    def plan(self, ctx, finding: Finding) -> Plan:
+        spec = model_spec(ctx, self.var)
+        src = self._source(ctx, spec, download=False)
+        if src is None:
+            return Plan(f"download {spec['repo']} into the HF cache, then stage it to {spec['dest']}",
+                        data={"spec": spec})
+        out = self._call(ctx, {**self._request(ctx, spec, src, "stage"), "dry_run": True})
+        if "error" in out:
+            raise GpuboxError(out["error"], out.get("fix"))
+        desc = f"copy {len(out['would_copy'])} file(s) ({_gb(out['would_copy_bytes'])}) from {src} to {spec['dest']}"
+        if out.get("removed"):
+            desc += f", remove {len(out['removed'])} stale file(s)"
+        if out.get("room_problem") and not ctx.opt("force"):
+            desc += f" - refused: {out['room_problem']}"
+        listing = "\n".join(f"+ {r}  ({why})" for r, why in sorted(out["reasons"].items()))
+        argv = ["gpubox", "stage", src, spec["dest"]] + (["--verify"] if ctx.opt("verify") else [])
+        return Plan(desc, diff=listing, commands=[argv], data={"spec": spec, "src": src})
+
+    def apply(self, ctx, plan: Plan) -> None:
+        spec = plan.data["spec"]
+        src = plan.data.get("src") or self._source(ctx, spec, download=True)
+        progress = None
+        if ctx.container.transport.is_local and ctx.console is not None:
+            progress = engine.rich_progress(ctx.console)
+        req = {**self._request(ctx, spec, src, "stage"), "force": bool(ctx.opt("force"))}
+        out = self._call(ctx, req, progress)
+        if "error" in out:
+            raise GpuboxError(out["error"], out.get("fix"))
+        ctx.options.setdefault("stage_summaries", []).append(out)
+
+
+STEPS = (("model-stage", "gpubox_model", True), ("drafter-stage", "gpubox_drafter", False))
+
+
+def steps(ctx) -> list[Step]:
+    """The stage steps for the box's gpubox_model and gpubox_drafter (those that are set)."""
+    return [StageStep(name, var, tok) for name, var, tok in STEPS if model_spec(ctx, var) is not None]
