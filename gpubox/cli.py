@@ -88,7 +88,8 @@ def cli(ctx: click.Context, inventory: str | None, verbose: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
-    verbose = any(a in ("-v", "-vv", "--verbose") for a in (argv if argv is not None else sys.argv[1:]))
+    args = argv if argv is not None else sys.argv[1:]
+    verbose = any(a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     try:
         rc = cli.main(args=argv, prog_name="gpubox", standalone_mode=False)
     except GpuboxError as exc:
@@ -106,6 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("gpubox: interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # a bug or an unforeseen state: still one line, and "could not run"
+        if verbose:
+            import traceback
+            traceback.print_exc()
+        msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+        click.echo(f"gpubox: internal error: {msg} (re-run with -v for the traceback and report it)", err=True)
+        sys.exit(2)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .clihelp import json_option
-from .output import console, print_json
+from .output import print_json
 
 
 @click.group()
@@ -26,8 +26,8 @@ def create(dest: str, faults: tuple[str, ...], gpus: int, as_json: bool) -> None
     if as_json:
         print_json(doc)
     else:
-        console().print(f"simulated box in {box.dest}\n  faults: {', '.join(doc['faults']) or 'none'}\n"
-                        f"  try: gpubox -i {box.inventory_path} doctor {box.box}")
+        click.echo(f"simulated box in {box.dest}\n  faults: {', '.join(doc['faults']) or 'none'}\n"
+                   f"  try: gpubox -i {box.inventory_path} doctor {box.box}")
 
 
 @sim.command("faults")
@@ -40,4 +40,4 @@ def faults_(as_json: bool) -> None:
         print_json(f)
     else:
         for k, v in sorted(f.items()):
-            console().print(f"{k:22} {v}")
+            click.echo(f"{k:22} {v}")  # plain: descriptions hold "[pve:pending]", not rich markup
