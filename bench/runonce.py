@@ -1,0 +1,165 @@
+"""One scheduled health check, what the timer runs: lock, benchmark, judge, record, export, alert.
+
+1. take the box's run lock (a second run is refused at once, never queued behind the first);
+2. run `gpubox bench BOX --profile P --json` (the benchmark's own CLI, so the unit depends only
+   on its documented output, docs/result-schema.md) or read a result file (--from-json);
+3. judge it against the box's history and expectations (bench.regress) and record it;
+4. optionally run doctor's checks for the per-step metrics;
+5. write the node_exporter .prom file; 6. run the alert hook when degraded or failed.
+
+A benchmark that cannot run at all still becomes a run in the history: a `failed` document with
+the reason, so monitoring sees gpubox_health 2 instead of a silent gap.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpubox.errors import GpuboxError
+from gpubox.state import state_dir
+
+from . import alert, history, prom, regress
+
+
+@contextmanager
+def run_lock(box: str, base: Path | None = None):
+    """Exclusive, non-blocking lock for BOX's health runs (flock(2) on a file in the state dir).
+
+    The kernel drops the lock when the holder exits, however it exits, so a crash never leaves
+    a stale lock behind."""
+    d = (base or state_dir()) / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"health-{history.store_path(box).stem}.lock"
+    f = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise GpuboxError(f"a health check of {box} is already running ({holder})",
+                              "wait for it to finish; runs never overlap") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+        f.flush()
+        yield path
+    finally:
+        f.close()
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def failed_doc(box: str, profile: str, reason: str, started: float, simulated: bool = False) -> dict[str, Any]:
+    """A result document for a benchmark that did not produce one."""
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+    return {"schema": history.SCHEMA, "box": box,
+            "run_id": f"{box}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}",
+            "started_at": iso(started), "finished_at": iso(time.time()), "profile": profile,
+            "tool": {"version": _version()}, "simulated": simulated, "facts": {}, "servers": [],
+            "measurements": [],
+            "verdict": {"status": "failed", "reasons": [{"level": "failed", "key": None, "kind": "run",
+                                                         "message": f"benchmark did not run: {reason}",
+                                                         "observed": None, "expected": None}]}}
+
+
+def _version() -> str:
+    from gpubox import __version__
+    return __version__
+
+
+def run_benchmark(inventory: str | None, box: str, profile: str, timeout: float, simulated: bool) -> dict[str, Any]:
+    """`gpubox bench BOX --profile P --json` as a child process; its document, or a failed one."""
+    t0 = time.time()
+    argv = [sys.executable, "-m", "gpubox.cli"]
+    if inventory:
+        argv += ["-i", str(inventory)]
+    argv += ["bench", box, "--profile", profile, "--json"]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return failed_doc(box, profile, f"no result within the time limit of {timeout:g} s", t0, simulated)
+    try:
+        doc = json.loads(p.stdout)
+        history.validate(doc)
+        return doc
+    except (ValueError, GpuboxError):
+        tail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}, no result document"])[-1]
+        return failed_doc(box, profile, tail, t0, simulated)
+
+
+def doctor_report(ctx) -> dict[str, Any] | None:
+    """Doctor's read-only checks (provision.recover) as a RunReport dict, when available."""
+    try:
+        from provision.recover import doctor
+    except ImportError:
+        return None
+    return doctor(ctx, (), ()).to_dict()
+
+
+def run_once(ctx, *, profile: str | None = None, from_json: str | None = None, with_doctor: bool = True,
+             prom_dir: str | None = None, write_prom: bool = True, timeout: float | None = None) -> dict[str, Any]:
+    """One health check of ctx.box; returns what happened (the CLI prints it)."""
+    from .schedule import spec_from
+
+    box = ctx.box
+    spec = spec_from(box)
+    profile = profile or spec.profile
+    settings = regress.settings_from_box(box)
+    argv = alert.command_of(box)  # validated before the long part
+    alert_timeout = alert.timeout_of(box)
+    prom_on = box.var("gpubox_prometheus_on", "container")
+    if prom_on not in ("container", "host"):
+        raise GpuboxError(f"gpubox_prometheus_on {prom_on!r} is not a place", "use container or host")
+    prom_dir = prom_dir or box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR)
+    simulated = bool(box.var("gpubox_simulated", False))
+    notes: list[str] = []
+    with run_lock(box.name) as lock_path:
+        if from_json:
+            try:
+                doc = json.loads(Path(from_json).read_text())
+            except (OSError, ValueError) as exc:
+                raise GpuboxError(f"cannot read result {from_json}: {exc}", "give a gpubox.bench/1 JSON file") from None
+            history.validate(doc)
+            if doc["box"] != box.name:
+                raise GpuboxError(f"{from_json} is a result of {doc['box']}, not {box.name}",
+                                  "give a result of this box")
+        else:
+            inv = str(ctx.inventory.path) if ctx.inventory is not None else None
+            doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated)
+        doc = regress.judge(doc, history.runs(box.name), settings)
+        history.record(doc)
+        doctor = None
+        if with_doctor:
+            try:
+                doctor = doctor_report(ctx)
+            except GpuboxError as exc:
+                notes.append(f"doctor did not run: {exc}")
+        prom_path = None
+        if write_prom:
+            host = ctx.host if prom_on == "host" else ctx.container
+            try:
+                prom_path = prom.write(host, box.name, prom.render(doc, doctor), prom_dir)
+            except (OSError, GpuboxError) as exc:
+                notes.append(f"metrics not written: {exc}")
+        fired = alert.fire(ctx.container, argv, doc, alert_timeout)
+        if fired.get("fired") and not fired.get("ok"):
+            notes.append(f"alert command failed: {fired.get('error')}")
+    v = doc["verdict"]
+    return {"box": box.name, "run_id": doc["run_id"], "profile": doc.get("profile"),
+            "status": v["status"], "ok": v["status"] == "healthy", "reasons": v.get("reasons", []),
+            "history": str(history.store_path(box.name)), "prom": prom_path, "lock": str(lock_path),
+            "doctor": None if doctor is None else {"ok": doctor.get("ok"),
+                                                   "problems": [s["name"] for s in doctor.get("steps", [])
+                                                                if s.get("status") in ("drift", "failed")]},
+            "alert": fired, "notes": notes}

@@ -1,0 +1,453 @@
+"""Scheduled health checks: a systemd service + timer (or a cron.d line) on the box.
+
+What gets installed runs `gpubox -i <inventory> schedule run-once <box> --profile <p>` (see
+bench/runonce.py: lock, benchmark, history, verdict, .prom file, alert). By default the units go
+into the container; with `on: host` they go onto the Proxmox host and reach the container with
+`pct exec <vmid> --`. Either way gpubox itself runs in the container, so it must be installed
+there (docs/schedule.md).
+
+    gpubox-health-<box>.service   Type=oneshot, TimeoutStartSec = the time limit
+    gpubox-health-<box>.timer     OnActiveSec + OnUnitActiveSec (--every) or OnCalendar
+
+Overlap: run-once takes an exclusive lock (bench.runonce.run_lock), and systemd never starts a
+unit that is still activating, so a slow run delays the next one instead of doubling up.
+Where systemd is absent (no /run/systemd/system, the test sd_booted(3) uses), a line in
+/etc/cron.d/ does the same under `timeout`.
+
+Inventory (all optional; CLI options win):
+
+    gpubox_schedule:
+      every: 6h                 # or on_calendar: "*-*-* 00/6:00:00"
+      profile: health
+      on: container             # container | host
+      timeout: 2h               # time limit of one run
+      gpubox: /usr/local/bin/gpubox            # gpubox in the container
+      inventory: /etc/gpubox/inventory.yml     # inventory gpubox reads there
+      state_dir: /var/lib/gpubox               # history + lock there (GPUBOX_STATE_DIR)
+      pct: /usr/sbin/pct
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpubox.errors import GpuboxError
+from gpubox.steps import Finding, Plan, Step
+
+# Tokens that go into ExecStart= and a cron line. Refusing everything else (spaces, quotes, %,
+# $, ;, backslashes) means neither systemd's specifier/variable expansion nor /bin/sh (cron) can
+# reinterpret a value, so no quoting layer is needed.
+_SAFE = re.compile(r"^[A-Za-z0-9_./:@+=,-]+$")
+_SPAN = re.compile(r"^\s*(\d+)\s*(s|sec|m|min|h|d)?\s*$")
+_UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, None: 1}
+MIN_EVERY = 300
+DEFAULTS = {"every": None, "on_calendar": None, "profile": "health", "on": "container",
+            "timeout": "2h", "gpubox": "/usr/local/bin/gpubox", "inventory": "/etc/gpubox/inventory.yml",
+            "state_dir": "/var/lib/gpubox", "pct": "/usr/sbin/pct", "mechanism": "auto"}
+UNIT_DIR = "/etc/systemd/system"
+CRON_DIR = "/etc/cron.d"
+
+
+def parse_span(text: Any, what: str) -> int:
+    """'6h', '30min', '90s', '1d' or plain seconds -> seconds."""
+    m = _SPAN.match(str(text))
+    if not m or int(m.group(1)) <= 0:
+        raise GpuboxError(f"{what} {text!r} is not a time span", "write it like 30min, 6h or 1d")
+    return int(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def format_span(seconds: int) -> str:
+    """Seconds as the largest exact systemd unit: 21600 -> '6h'."""
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds % n == 0:
+            return f"{seconds // n}{unit}"
+    return f"{seconds}s"
+
+
+def safe_token(value: Any, what: str) -> str:
+    s = str(value)
+    if not _SAFE.match(s):
+        raise GpuboxError(f"{what} {s!r} has characters a unit or cron line cannot carry safely",
+                          "use letters, digits and . _ / : @ + = , - only")
+    return s
+
+
+def unit_base(box: str) -> str:
+    # cron.d names must be [A-Za-z0-9_-] (Debian cron(8), run-parts naming) or they are ignored.
+    return "gpubox-health-" + re.sub(r"[^A-Za-z0-9_-]", "_", box)
+
+
+def check_calendar(spec: str, host=None) -> str:
+    """Validate an OnCalendar spec with `systemd-analyze calendar` (on the target, else here)."""
+    if not spec or "\n" in spec or "%" in spec:
+        raise GpuboxError(f"--on-calendar {spec!r} is not a calendar spec", 'e.g. "*-*-* 00/6:00:00" or daily')
+    argv = ["systemd-analyze", "calendar", spec]
+    r = host.run(argv, timeout=20) if host is not None else None
+    if r is None or r.rc == 127:
+        exe = shutil.which("systemd-analyze")
+        if not exe:
+            return spec  # nothing to validate with; systemd itself will log a bad spec
+        p = subprocess.run([exe, "calendar", spec], capture_output=True, text=True, timeout=20)
+        rc, err = p.returncode, p.stderr
+    else:
+        rc, err = r.rc, r.stderr
+    if rc != 0:
+        msg = (err.strip().splitlines() or ["invalid"])[-1]
+        raise GpuboxError(f"--on-calendar {spec!r} is not valid: {msg}",
+                          'see systemd.time(7); e.g. "*-*-* 00/6:00:00", "Mon..Fri 03:00"')
+    return spec
+
+
+@dataclass
+class Spec:
+    """One box's schedule, validated."""
+
+    box: str
+    vmid: int
+    every: int | None = None
+    on_calendar: str | None = None
+    profile: str = "health"
+    on: str = "container"
+    timeout: int = 7200
+    gpubox: str = DEFAULTS["gpubox"]
+    inventory: str = DEFAULTS["inventory"]
+    state_dir: str = DEFAULTS["state_dir"]
+    pct: str = DEFAULTS["pct"]
+    mechanism: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return unit_base(self.box)
+
+    @property
+    def service(self) -> str:
+        return self.base + ".service"
+
+    @property
+    def timer(self) -> str:
+        return self.base + ".timer"
+
+    @property
+    def cron_file(self) -> str:
+        return f"{CRON_DIR}/{self.base}"
+
+    @property
+    def log_file(self) -> str:
+        return f"/var/log/{self.base}.log"
+
+    def run_argv(self) -> list[str]:
+        """The health check's command line on the unit's host (argv)."""
+        inner = [self.gpubox, "-i", self.inventory, "schedule", "run-once", self.box, "--profile", self.profile]
+        if self.on == "host":
+            # The unit's Environment= would reach only pct: hand the state dir to the inner command.
+            return [self.pct, "exec", str(self.vmid), "--", "/usr/bin/env",
+                    f"GPUBOX_STATE_DIR={self.state_dir}", *inner]
+        return inner
+
+
+def spec_from(box, **cli: Any) -> Spec:
+    """Merge CLI options over the box's gpubox_schedule over the defaults, and validate."""
+    inv = box.var("gpubox_schedule") or {}
+    if not isinstance(inv, dict):
+        raise GpuboxError(f"box {box.name}: gpubox_schedule is not a mapping", "see docs/schedule.md")
+    cfg = dict(DEFAULTS)
+    cfg.update({k: v for k, v in inv.items() if v is not None})
+    if cli.get("every") or cli.get("on_calendar"):
+        cfg["every"], cfg["on_calendar"] = None, None
+    cfg.update({k: v for k, v in cli.items() if v is not None})
+    if cfg["every"] and cfg["on_calendar"]:
+        raise GpuboxError("give either --every or --on-calendar, not both", "e.g. --every 6h")
+    if not cfg["every"] and not cfg["on_calendar"]:
+        cfg["every"] = "6h"
+    every = parse_span(cfg["every"], "--every") if cfg["every"] else None
+    if every is not None and every < MIN_EVERY:
+        raise GpuboxError(f"--every {cfg['every']} is shorter than {format_span(MIN_EVERY)}",
+                          "a health benchmark occupies the GPUs for minutes; schedule it hours apart")
+    if cfg["on"] not in ("container", "host"):
+        raise GpuboxError(f"schedule on {cfg['on']!r} is not a place", "use container or host")
+    if cfg["mechanism"] not in ("auto", "systemd", "cron"):
+        raise GpuboxError(f"mechanism {cfg['mechanism']!r} is unknown", "use auto, systemd or cron")
+    for k in ("gpubox", "inventory", "state_dir", "pct"):
+        safe_token(cfg[k], f"gpubox_schedule.{k}")
+        if not str(cfg[k]).startswith("/"):
+            raise GpuboxError(f"gpubox_schedule.{k} {cfg[k]!r} is not an absolute path",
+                              "units and cron need absolute paths")
+    safe_token(cfg["profile"], "--profile")
+    safe_token(box.name, "box name")
+    return Spec(box=box.name, vmid=box.vmid, every=every, on_calendar=cfg["on_calendar"],
+                profile=str(cfg["profile"]), on=cfg["on"], timeout=parse_span(cfg["timeout"], "timeout"),
+                gpubox=str(cfg["gpubox"]), inventory=str(cfg["inventory"]), state_dir=str(cfg["state_dir"]),
+                pct=str(cfg["pct"]), mechanism=cfg["mechanism"])
+
+
+# -- rendering -----------------------------------------------------------------------------
+def render_service(s: Spec) -> str:
+    where = f"via pct exec {s.vmid} from the Proxmox host" if s.on == "host" else "in the container"
+    env = "" if s.on == "host" else f"Environment=GPUBOX_STATE_DIR={s.state_dir}\n"
+    return (
+        "# Written by gpubox (gpubox schedule install); remove with: gpubox schedule remove "
+        f"{s.box}\n"
+        "[Unit]\n"
+        f"Description=gpubox {s.profile} benchmark of {s.box} ({where})\n"
+        "Documentation=man:systemd.timer(5)\n"
+        "After=network-online.target\n"
+        "Wants=network-online.target\n"
+        "\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        f"{env}"
+        f"ExecStart={' '.join(s.run_argv())}\n"
+        # A oneshot's whole run is its start-up, so TimeoutStartSec= is its time limit
+        # (systemd.service(5): RuntimeMaxSec= has no effect on Type=oneshot).
+        f"TimeoutStartSec={s.timeout}\n"
+        # Exit 1 (degraded/failed verdict) leaves the unit "failed": visible in systemctl --failed.
+        "KillMode=mixed\n"
+        "Nice=5\n"
+    )
+
+
+def render_timer(s: Spec) -> str:
+    if s.on_calendar:
+        when = f"OnCalendar={s.on_calendar}\nPersistent=true\n"
+        what = s.on_calendar
+    else:
+        span = format_span(s.every)
+        # OnActiveSec: the first run one interval after the timer starts (at boot, or at
+        # install), not at once; then OnUnitActiveSec repeats it.
+        when = f"OnActiveSec={span}\nOnUnitActiveSec={span}\n"
+        what = f"every {span}"
+    return (
+        "# Written by gpubox (gpubox schedule install)\n"
+        "[Unit]\n"
+        f"Description=gpubox {s.profile} benchmark of {s.box}, {what}\n"
+        "\n"
+        "[Timer]\n"
+        f"{when}"
+        "AccuracySec=1min\n"
+        f"Unit={s.service}\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=timers.target\n"
+    )
+
+
+def cron_schedule(s: Spec) -> str:
+    if s.on_calendar:
+        raise GpuboxError(f"--on-calendar needs systemd, which {s.box}'s {s.on} does not run",
+                          "use --every (e.g. 6h), which cron can express")
+    e = s.every
+    if e % 86400 == 0 and e == 86400:
+        return "0 0 * * *"
+    if e % 3600 == 0 and 24 % (e // 3600) == 0:
+        return f"0 */{e // 3600} * * *" if e > 3600 else "0 * * * *"
+    if e % 60 == 0 and 60 % (e // 60) == 0:
+        return f"*/{e // 60} * * * *"
+    raise GpuboxError(f"--every {format_span(e)} cannot be written as a cron schedule",
+                      "use a divisor of an hour or a day (e.g. 30min, 2h, 4h, 6h, 12h, 1d), or systemd")
+
+
+def render_cron(s: Spec) -> str:
+    # Time limit: coreutils timeout (TERM, then KILL a minute later). Overlap: run-once's lock.
+    cmd = " ".join(["timeout", "--kill-after=60", str(s.timeout), *s.run_argv()])
+    return (
+        f"# Written by gpubox (gpubox schedule install); remove with: gpubox schedule remove {s.box}\n"
+        "SHELL=/bin/sh\n"
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+        f"GPUBOX_STATE_DIR={s.state_dir}\n"
+        f"{cron_schedule(s)} root {cmd} >>{s.log_file} 2>&1\n"
+    )
+
+
+# -- where, how ----------------------------------------------------------------------------
+def target(ctx, s: Spec):
+    return ctx.host if s.on == "host" else ctx.container
+
+
+def uses_systemd(host, s: Spec) -> bool:
+    if s.mechanism != "auto":
+        return s.mechanism == "systemd"
+    return host.exists("/run/systemd/system")
+
+
+def desired_files(host, s: Spec) -> dict[str, str]:
+    if uses_systemd(host, s):
+        return {f"{UNIT_DIR}/{s.service}": render_service(s), f"{UNIT_DIR}/{s.timer}": render_timer(s)}
+    return {s.cron_file: render_cron(s)}
+
+
+def _read(host, path: str) -> str | None:
+    try:
+        return host.read_text(path)
+    except FileNotFoundError:
+        return None
+
+
+def _diff(path: str, old: str | None, new: str | None) -> str:
+    a = (old or "").splitlines(keepends=True)
+    b = (new or "").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(a, b, "/dev/null" if old is None else path,
+                                        "/dev/null" if new is None else path))
+
+
+def unit_state(host, unit: str) -> dict[str, str]:
+    out = {}
+    for verb in ("is-enabled", "is-active"):
+        r = host.run(["systemctl", verb, unit], timeout=20)
+        out[verb] = (r.stdout.strip().splitlines() or ["unknown"])[0] if r.rc != 127 else "no systemctl"
+    return out
+
+
+def _prereqs(ctx, s: Spec) -> Finding | None:
+    """gpubox and its inventory must be in the container, or every run would fail."""
+    ct = ctx.container
+    for path, what, fix in ((s.gpubox, "gpubox", "install it there (pip install gpubox) or set gpubox_schedule.gpubox"),
+                            (s.inventory, "the inventory", f"copy an inventory naming {s.box} with ansible_connection: local there, or set gpubox_schedule.inventory")):
+        if not ct.exists(path):
+            return Finding.failed(f"{what} is not at {path} in {s.box}", cause="the scheduled run would fail every time",
+                                  repair=fix, path=path)
+    return None
+
+
+class ScheduleStep(Step):
+    """Install (or confirm) the box's timer/cron entry."""
+
+    name = "schedule"
+    title = "scheduled health check"
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.where = "host" if spec.on == "host" else "container"
+
+    def check(self, ctx) -> Finding:
+        s = self.spec
+        bad = _prereqs(ctx, s)
+        if bad:
+            return bad
+        h = target(ctx, s)
+        files = desired_files(h, s)
+        stale = {p: _read(h, p) for p, want in files.items() if _read(h, p) != want}
+        systemd = uses_systemd(h, s)
+        ev: dict[str, Any] = {"mechanism": "systemd" if systemd else "cron", "files": sorted(files),
+                              "on": s.on}
+        problems = [f"{p} {'missing' if old is None else 'differs'}" for p, old in stale.items()]
+        if systemd:
+            st = unit_state(h, s.timer)
+            ev.update(enabled=st["is-enabled"], active=st["is-active"])
+            if st["is-enabled"] != "enabled":
+                problems.append(f"{s.timer} is {st['is-enabled']}")
+            if st["is-active"] != "active":
+                problems.append(f"{s.timer} is {st['is-active']}")
+        if problems:
+            return Finding.drift("; ".join(problems), repair=f"gpubox schedule install {s.box}", **ev)
+        what = f"every {format_span(s.every)}" if s.every else s.on_calendar
+        return Finding.ok(f"{ev['mechanism']} runs the {s.profile} check {what}", **ev)
+
+    def plan(self, ctx, finding: Finding) -> Plan:
+        s = self.spec
+        h = target(ctx, s)
+        files = desired_files(h, s)
+        changed = {p: c for p, c in files.items() if _read(h, p) != c}
+        diff = "".join(_diff(p, _read(h, p), c) for p, c in changed.items())
+        cmds = []
+        if uses_systemd(h, s):
+            if changed:
+                cmds.append(["systemctl", "daemon-reload"])
+            cmds.append(["systemctl", "enable", "--now", s.timer])
+            desc = f"install {', '.join(p.rsplit('/', 1)[1] for p in changed) or 'nothing new'} and enable {s.timer}"
+        else:
+            desc = f"write {s.cron_file} (cron: no systemd on {h.name})"
+        return Plan(description=desc, diff=diff, commands=cmds, data=changed)
+
+    def apply(self, ctx, plan: Plan) -> None:
+        h = target(ctx, self.spec)
+        for path, content in plan.data.items():
+            h.write(path, content, mode=0o644)
+        for argv in plan.commands:
+            h.run(argv, timeout=60, check=True)
+
+
+class RemoveStep(Step):
+    """Disable and delete the box's timer/cron entry."""
+
+    name = "schedule-remove"
+    title = "remove scheduled health check"
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.where = "host" if spec.on == "host" else "container"
+
+    def _present(self, h) -> list[str]:
+        s = self.spec
+        paths = [f"{UNIT_DIR}/{s.service}", f"{UNIT_DIR}/{s.timer}", s.cron_file]
+        return [p for p in paths if h.exists(p)]
+
+    def check(self, ctx) -> Finding:
+        h = target(ctx, self.spec)
+        present = self._present(h)
+        if present:
+            return Finding.drift(f"installed: {', '.join(present)}", files=present)
+        return Finding.ok("no scheduled health check installed", files=[])
+
+    def plan(self, ctx, finding: Finding) -> Plan:
+        s = self.spec
+        h = target(ctx, s)
+        present = self._present(h)
+        units = [p for p in present if p.startswith(UNIT_DIR)]
+        cmds = []
+        if units and uses_systemd(h, s):
+            cmds = [["systemctl", "disable", "--now", s.timer], ["systemctl", "daemon-reload"]]
+        diff = "".join(_diff(p, _read(h, p), None) for p in present)
+        return Plan(description=f"disable {s.timer} and delete {len(present)} file(s)" if cmds
+                    else f"delete {', '.join(present)}", diff=diff, commands=cmds, data=present)
+
+    def apply(self, ctx, plan: Plan) -> None:
+        h = target(ctx, self.spec)
+        if plan.commands:
+            h.run(plan.commands[0], timeout=60, check=True)
+        for p in plan.data:
+            h.remove(p)
+        for argv in plan.commands[1:]:
+            h.run(argv, timeout=60, check=True)
+
+
+def status(ctx, s: Spec) -> dict[str, Any]:
+    """Installed? enabled/active? and the last run recorded on the box."""
+    from . import history
+
+    h = target(ctx, s)
+    systemd = uses_systemd(h, s)
+    files = desired_files(h, s)
+    present = {p: _read(h, p) for p in files}
+    out: dict[str, Any] = {"box": s.box, "on": s.on, "host": h.name,
+                           "mechanism": "systemd" if systemd else "cron",
+                           "installed": all(v is not None for v in present.values()),
+                           "current": all(present[p] == c for p, c in files.items()),
+                           "files": sorted(files)}
+    if systemd:
+        st = unit_state(h, s.timer)
+        out.update(enabled=st["is-enabled"], active=st["is-active"],
+                   last_service_state=unit_state(h, s.service)["is-active"])
+    text = _read(ctx.container, f"{s.state_dir}/history/{s.box}.jsonl")
+    runs = history.parse_lines(text or "")
+    last = runs[-1] if runs else None
+    out["runs"] = len(runs)
+    out["last_run"] = None if last is None else {
+        "run_id": last.get("run_id"), "started_at": last.get("started_at"),
+        "finished_at": last.get("finished_at"), "status": (last.get("verdict") or {}).get("status"),
+        "reasons": [r.get("message") for r in (last.get("verdict") or {}).get("reasons") or []]}
+    out["ok"] = bool(out["installed"] and out["current"] and
+                     (not systemd or (out.get("enabled") == "enabled" and out.get("active") == "active")))
+    return out
+
+
+def steps(ctx) -> list[Step]:
+    """For the recover pipeline: the schedule step when the box asks for one (gpubox_schedule)."""
+    if not ctx.box.var("gpubox_schedule"):
+        return []
+    return [ScheduleStep(spec_from(ctx.box))]
