@@ -208,7 +208,6 @@ def unit_text(bdfs: list[str], code: int) -> str:
     lines = ["# Managed by gpubox (hwtune pcie): re-applies PCIe MaxReadReq at boot.",
              "[Unit]",
              f"Description=gpubox: PCIe MaxReadReq {mrrs_bytes(code)} on NVIDIA GPU functions",
-             "DefaultDependencies=no",
              "After=systemd-udev-settle.service",
              "Wants=systemd-udev-settle.service",
              "Before=pve-guests.service",
