@@ -420,6 +420,8 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
                                   lim["d2d_min_pct"], "TB/s", ev, "device memory slow:",
                                   "memory clock held down (thermal/power) or another process using the GPU",
                                   "check the clocks check and `nvidia-smi` for other processes", scale=1000.0))
+        elif kind == "p2p" and p.get("src") == p.get("dst"):
+            out.append(Check(label, SKIPPED, f"same GPU ({p['gbps']:.1f} GB/s): a code-path exercise, not a P2P figure", ev))
         elif kind == "p2p":
             rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in (p.get("src"), p.get("dst"))]
             ref = min(rates) if all(rates) else None
