@@ -94,6 +94,11 @@ def _mount_fields(value: str) -> tuple[str, str, str] | None:
     return f[0], f[1], f[3]
 
 
+def _good_mount(f) -> bool:
+    opts = f[2].split(",") if f else []
+    return "bind" in opts and "optional" in opts
+
+
 def _covered_by_mount(path: str, mounts: list[tuple[str, str, str]]) -> bool:
     for src, tgt, _ in mounts:
         if src == path and tgt.strip("/") == path.strip("/"):
@@ -203,8 +208,16 @@ def review(conf: LxcConf, hd: HostDevices, mode: str = "cgroup2") -> Review:
         t = f[1].strip("/")
         if t in by_target:
             j = by_target[t]
-            issues.append(Issue("conflict", f"`{l.raw.strip()}` mounts onto {t} like line {j + 1} with another source/options"))
-            drop.add(i)
+            # keep the entry in the recommended shape (bind,optional); drop the other
+            keep_new = _good_mount(f) and not _good_mount(_mount_fields(cur(j).value or ""))
+            loser = j if keep_new else i
+            issues.append(Issue("conflict", f"`{cur(loser).raw.strip()}` mounts onto {t} like another line "
+                                            "with another source/options"))
+            drop.add(loser)
+            if keep_new:
+                mounts[:] = [(k, g) for k, g in mounts if k != j]
+                by_target[t] = i
+                mounts.append((i, f))
             continue
         by_target[t] = i
         mounts.append((i, f))
