@@ -39,7 +39,7 @@ class Report:
     def finding_groups(self) -> list[tuple[str | None, list[Finding]]]:
         """Comparison findings first, then one group per run (no headings for a single run)."""
         if len(self.runs) == 1:
-            return [(None, self.findings)]
+            return [(None, self.findings)] if self.findings else []
         groups = []
         comp = [f for f in self.findings if f.id == "before_after"]
         if comp:
