@@ -67,40 +67,41 @@ def parse_method(label: str) -> tuple[str, int | None, str]:
 
 
 def gpus_for_tp(n: int, ctx=None) -> list[int]:
-    """GPU indices for TP n: the topology's choice (TP4 on one NUMA node) when hwtune has it.
-
-    The one place that asks hwtune.topology; until that module exists, GPUs 0..n-1."""
+    """GPU indices for TP n: hwtune.topology's choice (one NUMA node when possible: TP4 on GPUs
+    0-3 of a 2-node box). The one place that asks the topology; without a context or without
+    hwtune, GPUs 0..n-1."""
+    if ctx is None:
+        return list(range(n))
     try:
-        from hwtune import topology  # written by the hwtune engineer
+        from hwtune import topology
     except ImportError:
         return list(range(n))
-    fn = getattr(topology, "gpus_for_tp", None)
-    if fn is None:
-        return list(range(n))
-    try:
-        return [int(g) for g in fn(n, ctx) ]
-    except TypeError:
-        return [int(g) for g in fn(n)]
+    topo = getattr(ctx, "_bench_topology", None)
+    if topo is None:
+        topo = topology.discover(ctx)
+        try:
+            ctx._bench_topology = topo
+        except AttributeError:
+            pass
+    choice = topology.gpus_for_tp(topo, n)
+    if not choice.fits:
+        raise GpuboxError(f"{ctx.box.name}: {choice.reason}", "use a TP size the box can hold")
+    return list(choice.gpus)
 
 
 def nccl_env(ctx) -> dict[str, str]:
-    """The box's NCCL profile as environment variables (hwtune.nccl), {} when unavailable."""
+    """The box's NCCL profile (gpubox_nccl_profile, validated by hwtune.nccl) as environment
+    variables for the server; {} when the box sets no profile."""
     if ctx is None:
         return {}
+    name = ctx.box.var("gpubox_nccl_profile")
+    if not name:
+        return {}
     try:
-        from hwtune import nccl  # written by the hwtune engineer
+        from hwtune import nccl
     except ImportError:
         return {}
-    for name in ("profile_env", "env_for_box", "server_env"):
-        fn = getattr(nccl, name, None)
-        if fn is not None:
-            try:
-                return {str(k): str(v) for k, v in (fn(ctx) or {}).items()}
-            except GpuboxError:
-                raise
-            except Exception:
-                return {}
-    return {}
+    return dict(nccl.load_profile(str(name)).env)
 
 
 @dataclass

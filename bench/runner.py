@@ -76,18 +76,24 @@ def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
                              "model": settings.get("model") or (ctx.box.var("gpubox_model", {}) or {}).get("dest"),
                              "drafter": settings.get("drafter") or (ctx.box.var("gpubox_drafter", {}) or {}).get("dest")}
     try:
-        from hwtune import topology  # optional: the hwtune area's GPU facts
-        fn = getattr(topology, "gpu_facts", None) or getattr(topology, "gpus", None)
-        if fn:
-            facts["gpus"] = [g if isinstance(g, dict) else getattr(g, "__dict__", {"index": g}) for g in fn(ctx)]
-    except Exception:
+        from hwtune import topology  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
+        topo = getattr(ctx, "_bench_topology", None) or topology.discover(ctx)
+        ctx._bench_topology = topo
+        td = topo.to_dict()
+        facts["gpus"] = [{k: g.get(k) for k in ("index", "name", "bus_id", "numa_node", "link", "memory_mib")}
+                         for g in td["gpus"]]
+        facts["topology_source"] = td.get("source")
+        facts["driver"] = td.get("driver")
+    except ImportError:
+        pass
+    except GpuboxError:
         pass
     if not facts["gpus"]:
         facts["gpus"] = [{"index": i} for i in range(int(ctx.box.var("gpubox_gpus", 0) or 0))]
     try:
         ver = ctx.container.read_text("/proc/driver/nvidia/version", "")
-        m = re.search(r"Kernel Module\S*\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", ver)
-        facts["driver"] = m.group(1) if m else None
+        m = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", ver)
+        facts["driver"] = facts["driver"] or (m.group(1) if m else None)
     except Exception:
         pass
     try:
