@@ -25,11 +25,12 @@ FAULTS = {
 }
 
 NVIDIA = 0x10DE
-GPU_DEVICE = 0x2BB1      # RTX PRO 6000 Blackwell (GB202); older pci.ids print "Device 2bb1"
+GPU_DEVICE = 0x2BB5      # RTX PRO 6000 Blackwell Server Edition (GB202); older pci.ids print "Device 2bb5"
 AUDIO_DEVICE = 0x22E8    # GB202 High Definition Audio Controller
 SUBSYS = (0x10DE, 0x204B)
-# Bus numbers of a typical 2-socket board: four root complexes per socket.
-BUSES = [0x17, 0x2A, 0x3D, 0x50, 0x97, 0xAA, 0xBD, 0xD0, 0x18, 0x2B, 0x3E, 0x51, 0x98, 0xAB, 0xBE, 0xD1]
+# Bus numbers of a 2-socket board, the same as the lxc piece's /proc/driver/nvidia/gpus (one bus
+# per GPU, the first half on socket 0); more than 8 GPUs continue on further buses.
+BUSES = [0x17, 0x3D, 0x63, 0x89, 0x97, 0xBD, 0xE3, 0xE9, 0x18, 0x3E, 0x64, 0x8A, 0x98, 0xBE, 0xE4, 0xEA]
 ROOT_PORT = "0000:00:01.1"
 NO_CAP_BDF = "0000:e1:00.0"
 
