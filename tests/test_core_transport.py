@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from gpubox.errors import CommandError, GpuboxError, InventoryError, TransportError
+from gpubox.errors import CommandError, InventoryError, TransportError
 from gpubox.host import Host, connect, connect_box, transport_for
 from gpubox.inventory import Box, HostEntry, Inventory
 from gpubox.transport.local import LocalTransport
@@ -418,3 +418,15 @@ def test_transport_selection(sshd, tmp_path, fake_pct):
     h, c = connect_box(Box(container=ct, host=host))
     assert isinstance(c.transport, PctTransport) and c.transport.host is h.transport
     assert c.run(["echo", "inside"]).stdout == "inside\n"
+
+
+def test_sshd_fixture_inventory_works_for_ansible(sshd, tmp_path):
+    """The fixture's inventory helper drives real Ansible (OpenSSH client, pinned known_hosts)."""
+    inv = sshd.write_inventory(tmp_path / "inv.yml", name="pve1")
+    exe = shutil.which("ansible")
+    argv = [exe] if exe else [sys.executable, "-m", "ansible.cli.adhoc"]
+    r = subprocess.run([*argv, "-i", str(inv), "pve1", "-m", "command", "-a", "printf %s pong"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pve1 | CHANGED | rc=0 >>\npong" in r.stdout
