@@ -244,3 +244,19 @@ def test_parse_and_helpers(real):
     assert pv.link_rate(4, 16) == 31.5 and pv.link_rate(5, 16) == 63.0 and pv.link_rate(None, 16) is None
     assert pv.tp_sets([1, 4, 8], 8) == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8))]
     assert pv.tp_sets([1], 1) == [] and pv.tp_sets(None, 8) is None
+
+
+def test_recorded_cli_report_is_reproduced_from_its_probe_document():
+    """`gpubox probe --local --json` on the H200: judging its raw document again gives the same rows."""
+    rec = json.loads((FIX / "h200_real_cli_report.json").read_text())
+    again = pv.report(rec["probe"], pv.limits(), box=rec["box"], host=rec["box"]).to_dict()
+    assert [(s["name"], s["status"], s["detail"]) for s in again["steps"]] == \
+        [(s["name"], s["status"], s["detail"]) for s in rec["steps"]]
+    assert again["gpus"] == rec["gpus"] and rec["ok"] is True
+
+
+def test_same_gpu_pair_from_the_one_gpu_run_is_not_judged_as_p2p():
+    doc = json.loads((FIX / "h200_real_p2p_self.json").read_text())
+    c = by_name(pv.judge(doc))["p2p gpu0->gpu0"]
+    assert c.status == SKIPPED and "code-path exercise" in c.detail
+    assert pv.report(doc).ok
