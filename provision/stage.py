@@ -45,7 +45,7 @@ except ImportError:  # standalone: payload() registers the module first, or it s
 SCHEMA = "gpubox.stage/1"
 MANIFEST = ".gpubox-manifest.json"
 JOURNAL = ".gpubox-journal.jsonl"
-LOCK = ".gpubox-stage.lock"
+LOCK = ".gpubox-stage.lock"  # as .NAME.gpubox-stage.lock beside the destination
 PARTIAL = ".partial"
 CHUNK = 64 << 20
 BUF = 1 << 20
@@ -443,10 +443,13 @@ def check_room(dest: str, need: int, *, tmpfs: bool, cgroup_dir: str | None, fre
 
 # -- lock ------------------------------------------------------------------------------------
 class Lock:
-    """flock on DEST/.gpubox-stage.lock; a second stager is refused, not queued."""
+    """flock on .NAME.gpubox-stage.lock beside DEST (so a refused run need not create DEST);
+    a second stager is refused, not queued."""
 
     def __init__(self, dest: str):
-        self.path = os.path.join(dest, LOCK)
+        dest = os.path.abspath(dest)
+        self.dest = dest
+        self.path = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}{LOCK}")
         self.fd = None
 
     def __enter__(self):
@@ -459,7 +462,7 @@ class Lock:
                 raise
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise StageError(f"another stager (pid {holder}) is staging into {os.path.dirname(self.path)}",
+            raise StageError(f"another stager (pid {holder}) is staging into {self.dest}",
                              "wait for it to finish, then re-run") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -554,7 +557,7 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
                       verified=a["verified"], removed=a["stale"], source_changed=a["source_changed"],
                       manifest=a["manifest"], room=room, room_problem=room_problem)
 
-    os.makedirs(dest, exist_ok=True)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
     with Lock(dest):
         for rel in _partials(dest):
             os.unlink(os.path.join(dest, rel))
@@ -569,6 +572,7 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         if not force:
             room = check_room(dest, need, tmpfs=tmpfs, cgroup_dir=cgroup_dir, free_space=free_space,
                               margin=margin, mem_margin=mem_margin)
+        os.makedirs(dest, exist_ok=True)
         sync = not tmpfs  # fsync buys nothing on tmpfs (a reboot empties it anyway)
         # From here the directory must not look complete: the manifest goes first, its entries
         # move into the journal so an interruption resumes instead of starting over.
@@ -670,7 +674,9 @@ def payload() -> str:
         stc_src = f.read()
     with open(os.path.abspath(__file__)) as f:
         me = f.read()
-    return ("import sys as _s, types as _t\n"
+    me = me.replace("from __future__ import annotations\n", "", 1)
+    return ("from __future__ import annotations\n"
+            "import sys as _s, types as _t\n"
             "_m = _t.ModuleType('safetensors_check')\n"
             f"exec(compile({stc_src!r}, 'safetensors_check.py', 'exec'), _m.__dict__)\n"
             "_s.modules['safetensors_check'] = _m\n"
@@ -681,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     """`stage.py SRC DEST [--verify] [--force] [--dry-run] [--check]` or `--request JSON`; prints JSON.
     Exit 0 done/staged, 1 not staged (--check), 2 could not run."""
     import argparse
-    ap = argparse.ArgumentParser(prog="stage.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="stage.py", description="Stage a model directory into tmpfs: fast, hash-verified, atomic, resumable.")
     ap.add_argument("src", nargs="?")
     ap.add_argument("dest", nargs="?")
     ap.add_argument("--request", help="the operation as JSON (used by gpubox)")

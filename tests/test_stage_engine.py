@@ -1,0 +1,308 @@
+"""The copy engine (provision.stage) and the integrity check on real files in tmp dirs."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpubox.simbox.model import make_model
+from provision import safetensors_check as stc
+from provision import stage as st
+
+SHARDS = [300_000, 200_000, 120_000]
+
+
+@pytest.fixture
+def model(tmp_path):
+    src = tmp_path / "persistent" / "M"
+    make_model(src, SHARDS, seed=7)
+    return src
+
+
+def _stage(src, dest, **kw):
+    kw.setdefault("workers", 2)
+    return st.stage(str(src), str(dest), **kw)
+
+
+def _files(d: Path):
+    return sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
+
+
+def test_stage_copies_everything_and_writes_manifest_last(model, tmp_path):
+    dest = tmp_path / "shm" / "M"
+    out = _stage(model, dest)
+    assert out["copied"] == len(_files(model)) and out["skipped"] == 0
+    assert out["copied_bytes"] == sum(p.stat().st_size for p in model.iterdir())
+    for rel in _files(model):
+        assert (dest / rel).read_bytes() == (model / rel).read_bytes()
+        assert (dest / rel).stat().st_mtime_ns == (model / rel).stat().st_mtime_ns
+    man = json.loads((dest / st.MANIFEST).read_text())
+    assert set(man["files"]) == set(_files(model))
+    assert man["source"]["fingerprint"] == st.fingerprint(st.scan(str(model)))
+    assert not (dest / st.JOURNAL).exists()
+    assert not list(dest.rglob("*.partial"))
+    assert st.check(str(model), str(dest))["staged"] is True
+
+
+def test_tree_hash_is_sha256_of_chunk_digests(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "CHUNK", 64 << 10)   # several chunks in a small file
+    src = tmp_path / "s"
+    make_model(src, [400_000], seed=3)
+    dest = tmp_path / "d"
+    _stage(src, dest)
+    man = json.loads((dest / st.MANIFEST).read_text())
+    data = (src / "model.safetensors").read_bytes()
+    chunks = [hashlib.sha256(data[i:i + st.CHUNK]).digest() for i in range(0, len(data), st.CHUNK)]
+    assert len(chunks) > 5
+    assert man["files"]["model.safetensors"]["hash"] == hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+def test_second_run_copies_nothing(model, tmp_path):
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    before = {r: (dest / r).stat().st_ino for r in _files(dest)}
+    out = _stage(model, dest)
+    assert out["copied"] == 0 and out["skipped"] == len(_files(model)) and out["reasons"] == {}
+    assert {r: (dest / r).stat().st_ino for r in _files(dest)} == before
+
+
+def test_manifest_absent_means_not_staged(model, tmp_path):
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    (dest / st.MANIFEST).unlink()
+    c = st.check(str(model), str(dest))
+    assert c["staged"] is False and c["problems"][0] == "manifest absent: not staged"
+    out = _stage(model, dest)   # without manifest or journal nothing is trusted
+    assert out["copied"] == len(_files(model))
+    assert st.check(str(model), str(dest))["staged"]
+
+
+def test_truncated_staged_shard_found_and_repaired(model, tmp_path):
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    shard = dest / "model-00002-of-00003.safetensors"
+    os.truncate(shard, shard.stat().st_size - 1000)
+    c = st.check(str(model), str(dest))
+    assert not c["staged"]
+    assert any("truncated" in p for p in c["problems"])
+    out = _stage(model, dest)
+    assert out["copied"] == 1 and list(out["reasons"]) == [shard.name]
+    assert shard.read_bytes() == (model / shard.name).read_bytes()
+
+
+def test_truncated_source_shard_refused_before_copying(model, tmp_path):
+    shard = model / "model-00001-of-00003.safetensors"
+    os.truncate(shard, shard.stat().st_size - 10)
+    dest = tmp_path / "d"
+    with pytest.raises(st.StageError, match="not a complete model: model-00001-of-00003.safetensors: truncated"):
+        _stage(model, dest)
+    assert not dest.exists()
+
+
+def test_missing_shard_named_in_index(model, tmp_path):
+    (model / "model-00003-of-00003.safetensors").unlink()
+    assert stc.check_model(str(model)) == [
+        "shard model-00003-of-00003.safetensors named in model.safetensors.index.json is missing"]
+    with pytest.raises(st.StageError, match="model-00003-of-00003.safetensors named in"):
+        _stage(model, tmp_path / "d")
+
+
+def test_missing_staged_shard_is_recopied(model, tmp_path):
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    (dest / "model-00003-of-00003.safetensors").unlink()
+    c = st.check(str(model), str(dest))
+    assert "model-00003-of-00003.safetensors: missing in the destination" in c["problems"]
+    assert _stage(model, dest)["copied"] == 1
+
+
+def test_corrupted_byte_found_only_by_verify(model, tmp_path):
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    shard = dest / "model-00001-of-00003.safetensors"
+    st0 = shard.stat()
+    with open(shard, "r+b") as f:   # flip one tensor byte, keep size and mtime
+        f.seek(st0.st_size - 5)
+        b = f.read(1)
+        f.seek(st0.st_size - 5)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(shard, ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    assert st.check(str(model), str(dest))["staged"] is True       # stat and headers cannot see it
+    v = st.check(str(model), str(dest), verify=True)
+    assert v["staged"] is False and v["mismatched"] == [shard.name]
+    assert v["verified"] == len(_files(model)) - 1
+    out = _stage(model, dest, verify=True)
+    assert out["copied"] == 1 and "hash mismatch" in out["reasons"][shard.name]
+    assert st.check(str(model), str(dest), verify=True)["staged"]
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_copy_resumes(model, tmp_path):
+    dest = tmp_path / "d"
+    landed = []
+
+    def boom(rel):
+        landed.append(rel)
+        if len(landed) == 2:
+            raise Interrupt("simulated kill after 2 files")
+
+    with pytest.raises(Interrupt):
+        _stage(model, dest, on_file=boom, workers=1)
+    assert not (dest / st.MANIFEST).exists()          # never looks complete
+    journal = [json.loads(x) for x in (dest / st.JOURNAL).read_text().splitlines()]
+    assert [e["rel"] for e in journal] == landed
+    (dest / "model-00003-of-00003.safetensors.partial").write_bytes(b"half a file")
+    c = st.check(str(model), str(dest))
+    # a worker may land one more queued file before the cancel reaches it; all landed are journaled
+    n = len(landed)
+    assert 2 <= n < len(_files(model))
+    assert c["problems"][0] == f"manifest absent: staging was interrupted ({n} of {len(_files(model))} files done)"
+    out = _stage(model, dest)
+    assert out["copied"] == len(_files(model)) - n and out["skipped"] == n
+    assert set(out["reasons"]).isdisjoint(landed)
+    assert not list(dest.rglob("*.partial")) and st.check(str(model), str(dest))["staged"]
+
+
+def test_second_stager_refused(model, tmp_path):
+    dest = tmp_path / "d"
+    dest.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from provision.stage import Lock\n"
+         f"with Lock({str(dest)!r}):\n print('held', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(st.StageError, match=rf"another stager \(pid {holder.pid}\) is staging into"):
+            _stage(model, dest)
+    finally:
+        holder.communicate("go\n", timeout=10)
+    assert _stage(model, dest)["copied"] == len(_files(model))   # free again once it is gone
+
+
+def test_too_small_refused_with_figures(model, tmp_path):
+    dest = tmp_path / "d"
+    with pytest.raises(st.StageError) as ei:
+        _stage(model, dest, free_space=lambda p: 2 << 30, margin=(2 << 30) - 100_000)
+    assert "needs 0.6 MB but its filesystem has 2.1 GB free (keeping a 2.1 GB margin)" in ei.value.problem
+    assert "--force" in ei.value.fix
+    assert not dest.exists()                        # nothing half-written
+    out = _stage(model, dest, free_space=lambda p: 2 << 30, margin=(2 << 30) - 100_000, force=True)
+    assert out["copied"] == len(_files(model))
+
+
+def test_container_memory_limit_refused_with_figures(model, tmp_path):
+    cg = tmp_path / "cgroup"
+    cg.mkdir()
+    (cg / "memory.max").write_text(f"{64 << 30}\n")
+    (cg / "memory.current").write_text(f"{62 << 30}\n")
+    with pytest.raises(st.StageError, match=r"limit 68.7 GB, 66.6 GB in use, 2.1 GB left; staging 0.6 MB "
+                       r"would leave 2.1 GB \(< 4.3 GB margin\)"):
+        _stage(model, tmp_path / "d", tmpfs=True, cgroup_dir=str(cg))
+    # not tmpfs: the memory cgroup does not pay for the pages
+    assert _stage(model, tmp_path / "d", tmpfs=False, cgroup_dir=str(cg))["copied"] > 0
+    (cg / "memory.max").write_text("max\n")
+    assert _stage(model, tmp_path / "d2", tmpfs=True, cgroup_dir=str(cg))["room"].get("mem_limit") is None
+
+
+def test_changed_source_detected_and_only_that_file_recopied(model, tmp_path):
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    cfg = model / "config.json"
+    cfg.write_text(cfg.read_text().replace('"hidden_size": 1024', '"hidden_size": 1025'))
+    c = st.check(str(model), str(dest))
+    assert c["source_changed"] and "the source changed since it was staged" in c["problems"]
+    assert "config.json: changed in the source" in c["problems"]
+    out = _stage(model, dest)
+    assert out["source_changed"] and out["copied"] == 1
+    assert (dest / "config.json").read_text() == cfg.read_text()
+    (model / "generation_config.json").unlink()
+    out = _stage(model, dest)
+    assert out["removed"] == ["generation_config.json"] and not (dest / "generation_config.json").exists()
+
+
+def test_dry_run_changes_nothing(model, tmp_path):
+    dest = tmp_path / "d"
+    out = _stage(model, dest, dry_run=True)
+    assert out["would_copy"] == _files(model) and out["would_copy_bytes"] == out["bytes"]
+    assert not dest.exists()
+
+
+def test_hf_cache_sha256_checked(tmp_path):
+    """A hub cache layout: snapshots/<rev>/<name> -> ../../blobs/<sha256> for LFS files."""
+    plain = tmp_path / "plain"
+    make_model(plain, [100_000, 80_000], seed=5)
+    repo = tmp_path / "hub" / "models--org--M"
+    snap = repo / "snapshots" / ("a" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for p in plain.iterdir():
+        data = p.read_bytes()
+        blob = hashlib.sha256(data).hexdigest() if p.suffix == ".safetensors" else hashlib.sha1(data).hexdigest()
+        (repo / "blobs" / blob).write_bytes(data)
+        (snap / p.name).symlink_to(f"../../blobs/{blob}")
+    dest = tmp_path / "d"
+    _stage(snap, dest)
+    man = json.loads((dest / st.MANIFEST).read_text())
+    shard = "model-00001-of-00002.safetensors"
+    assert man["files"][shard]["sha256"] == hashlib.sha256((plain / shard).read_bytes()).hexdigest()
+    assert "sha256" not in man["files"]["config.json"]          # git sha1 blobs are not content sha256
+    # a blob whose content no longer matches its name is refused
+    target = (snap / shard).resolve()
+    with open(target, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(st.StageError, match="differs from the hub's"):
+        _stage(snap, tmp_path / "d2")
+    assert not (tmp_path / "d2" / st.MANIFEST).exists()
+
+
+def test_payload_runs_with_stdlib_only(model, tmp_path):
+    """What travels into a container without gpubox: `python3 - --request JSON`, no site-packages."""
+    dest = tmp_path / "d"
+    req = {"op": "stage", "src": str(model), "dest": str(dest), "workers": 2}
+    r = subprocess.run([sys.executable, "-I", "-S", "-", "--request", json.dumps(req)], input=st.payload(),
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["copied"] == len(_files(model))
+    r = subprocess.run([sys.executable, "-I", "-S", "-", "--request", json.dumps({**req, "op": "check"})],
+                       input=st.payload(), capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["staged"] is True
+    req["src"] = str(tmp_path / "nope")
+    r = subprocess.run([sys.executable, "-I", "-S", "-", "--request", json.dumps(req)], input=st.payload(),
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "is not a directory" in json.loads(r.stdout)["error"]
+
+
+def test_written_shards_are_real_safetensors(model):
+    from safetensors import safe_open
+    idx = json.loads((model / "model.safetensors.index.json").read_text())
+    for shard in sorted(set(idx["weight_map"].values())):
+        with safe_open(str(model / shard), framework="numpy") as f:
+            for name in f.keys():
+                assert idx["weight_map"][name] == shard
+                n_hdr, hdr = stc.read_header(str(model / shard))
+                assert f.get_slice(name).get_shape() == hdr[name]["shape"]
+
+
+def test_header_checks(tmp_path):
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(b"\x05\x00")
+    assert "too short" in stc.check_shard(str(p))[0][0]
+    p.write_bytes((10).to_bytes(8, "little") + b"{not json}")
+    assert "not JSON" in stc.check_shard(str(p))[0][0]
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}).encode()
+    p.write_bytes(len(hdr).to_bytes(8, "little") + hdr + b"\0" * 12)
+    assert "needs 16 bytes, offsets give 12" in stc.check_shard(str(p))[0][0]
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
+    p.write_bytes(len(hdr).to_bytes(8, "little") + hdr + b"\0" * 20)
+    assert "has trailing bytes" in stc.check_shard(str(p))[0][0]
