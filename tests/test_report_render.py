@@ -132,6 +132,7 @@ def test_latex_structure_with_hostile_strings(tmp_path, capsys):
     assert HOSTILE_BOX not in tex
     assert r"\VAR{" not in tex and r"\BLOCK{" not in tex
     assert tex.count(r"\begin{longtable}") == tex.count(r"\end{longtable}")
+    assert tex.count(r"\begin{tabular}") == tex.count(r"\end{tabular}") > 0
     for f in re.findall(r"\\includegraphics\[[^]]*\]\{([^}]*)\}", tex):
         data = (out / f).read_bytes()
         assert f.endswith(".pdf") and data[:5] == b"%PDF-" and len(data) > 5_000
