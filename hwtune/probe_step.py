@@ -83,6 +83,8 @@ class GpuProbe(Step):
         if status == OK:
             return Finding.ok(detail, **ev)
         if status == SKIPPED:
+            if ctx.box.var("gpubox_simulated"):  # say plainly that the sim has no GPU to probe
+                detail = f"simulated box, no GPU to probe: {detail}"
             return Finding(SKIPPED, detail, ev)
         bad = [c for c in checks if c.status not in (OK, SKIPPED)]
         return Finding(FAILED, detail, ev, cause=bad[0].cause, repair=bad[0].repair)
