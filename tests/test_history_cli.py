@@ -1,0 +1,69 @@
+"""`gpubox history BOX`: table, --last, --json, --plot, --on-box."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import history, regress
+from gpubox.cli import main
+
+FIX = Path(__file__).parent / "fixtures" / "history"
+
+
+def record_series(upto=11):
+    for n in range(1, upto + 1):
+        doc = json.loads((FIX / f"run{n:02d}.json").read_text())
+        history.record(regress.judge(doc, history.runs("ct200")))
+
+
+def gpubox(capsys, *argv):
+    with pytest.raises(SystemExit) as ei:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return ei.value.code, out, err
+
+
+def test_json_shows_tok_s_per_tp_and_method_over_time(capsys):
+    record_series()
+    rc, out, _ = gpubox(capsys, "history", "ct200", "--last", "5", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["keys"] == ["tp1/auto/decode/out1024", "tp1/ddtree:15/decode/out1024", "tp4/auto/decode/out1024",
+                           "tp4/ddtree:15/decode/out1024", "tp8/auto/decode/out1024", "tp8/ddtree:15/decode/out1024"]
+    assert [r["run_id"][-16:] for r in doc["runs"]] == [
+        "20261102T120000Z", "20261102T180000Z", "20261103T000000Z", "20261103T060000Z", "20261103T120000Z"]
+    assert [r["status"] for r in doc["runs"]] == ["degraded", "healthy", "degraded", "degraded", "degraded"]
+    assert doc["runs"][0]["values"]["tp8/ddtree:15/decode/out1024"] == pytest.approx(229.6)
+    assert doc["runs"][4]["flagged"] == ["tp4/ddtree:15/decode/out1024"]
+
+
+def test_table_and_plot(tmp_path, capsys):
+    record_series()
+    png = tmp_path / "hist.png"
+    rc, out, _ = gpubox(capsys, "history", "ct200", "--plot", str(png))
+    assert rc == 0
+    assert "11 run(s)" in out and "2026-11-02 12:00" in out and "229.6" in out and "degraded" in out
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_no_history_is_a_clear_error(capsys):
+    record_series(1)
+    rc, _, err = gpubox(capsys, "history", "ct999")
+    assert rc == 2 and "no runs recorded for ct999" in err and "ct200" in err
+
+
+def test_on_box_reads_the_scheduled_runs_store(tmp_path, capsys, monkeypatch):
+    from gpubox.simbox import build
+    sim = build(tmp_path / "box")
+    record_series(3)
+    dest = sim.cpath("/var/lib/gpubox/history")
+    dest.mkdir(parents=True)
+    shutil.copy(history.store_path("ct200"), dest / "ct200.jsonl")
+    history.store_path("ct200").unlink()
+    rc, out, _ = gpubox(capsys, "-i", str(sim.inventory_path), "history", "ct200", "--on-box", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["store"] == "ct200:/var/lib/gpubox/history/ct200.jsonl" and len(doc["runs"]) == 3
