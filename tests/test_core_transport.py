@@ -104,13 +104,27 @@ def test_local_stdin_rc_env_cwd(tmp_path):
     assert t.run(["pwd"], cwd=str(tmp_path)).stdout.strip() == str(tmp_path)
 
 
-def test_local_timeout_is_one_line_error_naming_host():
+def test_local_timeout_is_one_line_error_naming_host(tmp_path):
     t = LocalTransport("slowbox")
+    pidfile = tmp_path / "grandchild.pid"
     t0 = time.monotonic()
     with pytest.raises(TransportError) as ei:
-        t.run(["sleep", "20"], timeout=0.5)
+        t.run(["sh", "-c", f'sleep 30 & echo $! > {pidfile}; wait'], timeout=0.5)
     assert time.monotonic() - t0 < 5
     assert "timed out after 0.5 s on slowbox" in str(ei.value) and "\n" not in str(ei.value)
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 3  # the grandchild went with its process group
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_local_file_protocol(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat as _stat
 import subprocess
 import time
@@ -33,15 +34,24 @@ class LocalTransport(Transport):
         data = input.encode() if isinstance(input, str) else input
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(argv, input=data, capture_output=True, env=full_env, cwd=cwd,
-                                  timeout=timeout, start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=cwd,
+                                    start_new_session=True)
         except FileNotFoundError:
             return CmdResult(argv, 127, "", f"{argv[0]}: command not found", time.monotonic() - t0, self.name)
+        try:
+            out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired:
+            # Its own session: kill the whole process group, so no grandchild outlives the timeout.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
             raise TransportError(f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
                                  "raise the timeout or check what the command waits for") from None
-        return CmdResult(argv, proc.returncode, proc.stdout.decode(errors="replace"),
-                         proc.stderr.decode(errors="replace"), time.monotonic() - t0, self.name)
+        return CmdResult(argv, proc.returncode, out.decode(errors="replace"),
+                         err.decode(errors="replace"), time.monotonic() - t0, self.name)
 
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:
