@@ -203,10 +203,12 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
                + "; ".join(r.get("message", "") for r in doc.get("verdict", {}).get("reasons", [])[:3]),
         seconds=time.monotonic() - t0, title="verification benchmark"))
     try:
-        from bench.report import render_report
+        from bench.report import make_report
     except ImportError:
         return
+    fmt = {"md": "md", "html": "html", "latex": "latex"}[report_format]
     try:
-        outcome.report_path = str(render_report([outcome.bench_path], out, fmt=report_format))
+        rep = make_report([outcome.bench_path], fmt=fmt, outdir=out / f"report-{Path(outcome.bench_path).stem}")
+        outcome.report_path = str(rep.main)
     except Exception as exc:  # a report problem must not hide the verdict
         outcome.notes.append(f"report not written: {exc}")
