@@ -48,6 +48,14 @@ def _control(ctx):
     return sh["control"]
 
 
+def _status(ctx) -> dict:
+    """Container status, asked once per run until something acts on the container."""
+    sh = _shared(ctx)
+    if "status" not in sh:
+        sh["status"] = _control(ctx).status()
+    return sh["status"]
+
+
 def modprobe_argv(gpus: int) -> list[str]:
     return ["nvidia-modprobe", "-u", *[f"-c{i}" for i in range(max(gpus, 1))]]
 
@@ -190,7 +198,7 @@ class ContainerStep(Step):
 
     def check(self, ctx) -> Finding:
         ctl = _control(ctx)
-        st = ctl.status()
+        st = _status(ctx)
         ev = {"status": st["status"], "control": ctl.kind, "lock": st.get("lock")}
         if st.get("lock"):
             return Finding.failed(f"CT {ctl.vmid} is locked ({st['lock']})", cause=f"{st['lock']} in progress",
@@ -246,6 +254,7 @@ class ContainerStep(Step):
     def apply(self, ctx, plan: Plan) -> None:
         ctl = _control(ctx)
         action = plan.data["action"]
+        _shared(ctx).pop("status", None)
         if action == "live":
             for argv in plan.commands:
                 ctx.host.run(argv, become=True, timeout=30).check()
@@ -269,7 +278,7 @@ class CudaStep(Step):
     requires = ("container",)
 
     def check(self, ctx) -> Finding:
-        st = _control(ctx).status()
+        st = _status(ctx)
         if st["status"] != "running":
             return Finding.failed(f"cannot probe CUDA: CT {ctx.box.vmid} is {st['status']}",
                                   cause="the container is not running",

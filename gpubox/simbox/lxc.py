@@ -153,4 +153,5 @@ def build(sim: SimBox, faults: set[str]) -> None:
     sim.inventory_extra["container"].setdefault("gpubox_gpus", sim.gpus)
     sim.inventory_extra["host"].setdefault("gpubox_proxmox_node", sim.host)
     if "container_stopped" not in faults:
-        pct.start(sim, sim.vmid, record_boot=False)  # it was started after the (faulty) reboot
+        # It was started after the (faulty) reboot, before any backup took the lock.
+        pct.start(sim, sim.vmid, record_boot=False, ignore_lock=True)

@@ -69,12 +69,12 @@ def _bind_node(sim: SimBox, host_path: str, ct_rel: str) -> None:
     mknod(sim.cpath("/" + ct_rel.strip("/")), os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
 
 
-def start(sim: SimBox, vmid: int, record_boot: bool = True) -> None:
+def start(sim: SimBox, vmid: int, record_boot: bool = True, ignore_lock: bool = False) -> None:
     conf = main_section(sim, vmid)
     lock = next((v for k, v in conf if k == "lock"), None)
     with sim.state() as st:
         ct = _ct(st, vmid)
-        if lock:
+        if lock and not ignore_lock:
             raise StandinError(f"CT is locked ({lock})", 255)
         if ct["status"] == "running":
             raise StandinError(f"CT {vmid} already running", 255)

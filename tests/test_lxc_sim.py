@@ -1,0 +1,193 @@
+"""`gpubox lxc check/fix` against the simulated box: the issue's Done-when and each fault."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from gpubox.simbox import SimBox, build
+from gpubox.simbox.cmds import pct
+from gpubox.simbox.core import StandinError
+from tests.clirun import gpubox
+
+
+def _box(tmp_path, *faults, gpus=2, **inv_extra):
+    sim = build(tmp_path / "box", faults, gpus=gpus)
+    if inv_extra:
+        inv = yaml.safe_load(sim.inventory_path.read_text())
+        inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"].update(inv_extra)
+        sim.inventory_path.write_text(yaml.safe_dump(inv))
+    return sim
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # table cells unwrapped, so phrases can be matched
+
+
+def _lxc(capsys, sim, *args):
+    return gpubox(capsys, "-i", sim.inventory_path, "lxc", *args)
+
+
+def _json(capsys, sim, *args):
+    rc, out, err = _lxc(capsys, sim, *args, "--json")
+    return rc, json.loads(out)
+
+
+def _steps(doc):
+    return {s["name"]: s for s in doc["steps"]}
+
+
+def _conf(sim):
+    return sim.hpath("/etc/pve/lxc/200.conf").read_bytes()
+
+
+def _boots(sim):
+    return sim.read_state()["containers"]["200"]["boots"]
+
+
+def test_done_when_stale_major_and_missing_uvm(tmp_path, capsys):
+    sim = _box(tmp_path, "uvm_stale_major", "uvm_missing")
+    rc, out, err = _lxc(capsys, sim, "check", "ct200")
+    assert rc == 1
+    assert "nvidia-uvm is not loaded" in out and "/dev/nvidia-uvm missing" in out  # cause 1: host nodes
+    assert "508" in out and "stale" in out  # cause 2: stale major in the cgroup rule
+    snapshot_before = _conf(sim).split(b"\n[pre-driver-580]")[1]
+
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0 and doc["ok"] and doc["changed"]
+    st = _steps(doc)
+    assert st["host-devices"]["commands"] == [["nvidia-modprobe", "-u", "-c0", "-c1"]]
+    assert "-lxc.cgroup2.devices.allow: c 508:* rwm\n+lxc.cgroup2.devices.allow: c 511:* rwm" in st["container-config"]["diff"]
+    assert st["container"]["commands"] == [["pct", "reboot", "200"]] and st["cuda"]["status"] == "ok"
+    assert _conf(sim).split(b"\n[pre-driver-580]")[1] == snapshot_before  # snapshot untouched
+    assert os.stat(sim.hpath("/dev/nvidia-uvm")).st_rdev == os.makedev(511, 0)
+
+    rc, out, err = _lxc(capsys, sim, "check", "ct200")
+    assert rc == 0, out
+    conf_after, calls_after = _conf(sim), len(sim.calls())
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0 and doc["changed"] is False
+    assert all(s["status"] == "ok" for s in doc["steps"])
+    assert _conf(sim) == conf_after
+    assert not [c for c in sim.calls()[calls_after:] if c["argv"][:1] in (["start"], ["reboot"], ["stop"])
+                or c["cmd"] in ("nvidia-modprobe", "lxc-cgroup")]
+
+
+def test_healthy_box_passes_every_check(tmp_path, capsys):
+    sim = _box(tmp_path)
+    rc, doc = _json(capsys, sim, "check", "ct200")
+    assert rc == 0 and [s["status"] for s in doc["steps"]] == ["ok"] * 4
+
+
+def test_stale_major_alone_is_live_applied_without_restart(tmp_path, capsys):
+    sim = _box(tmp_path, "uvm_stale_major")
+    rc, doc = _json(capsys, sim, "check", "ct200")
+    assert rc == 1
+    assert _steps(doc)["container"]["evidence"]["nodes"]["/dev/nvidia-uvm"] == "EPERM"
+    assert _steps(doc)["cuda"]["evidence"]["cuinit"] == 999
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--restart", "never")
+    assert rc == 0, doc
+    assert _steps(doc)["container"]["commands"] == [["lxc-cgroup", "-n", "200", "devices.allow", "c 511:* rwm"]]
+    assert _boots(sim) == 0 and "c 511:* rwm" in sim.read_state()["containers"]["200"]["cgroup_allow"]
+
+
+def test_restart_needed_but_refused(tmp_path, capsys):
+    sim = _box(tmp_path, "uvm_missing")
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--restart", "never")
+    assert rc == 1
+    assert "--restart never" in _steps(doc)["container"]["detail"] and _boots(sim) == 0
+    assert _steps(doc)["host-devices"]["status"] == "fixed"
+    sim2 = _box(tmp_path / "2", "uvm_missing")
+    rc, doc = _json(capsys, sim2, "fix", "ct200")  # auto, no --yes, no terminal: no restart
+    assert rc == 1 and "without consent" in _steps(doc)["container"]["detail"] and _boots(sim2) == 0
+
+
+def test_dry_run_changes_nothing_and_shows_diff_and_argv(tmp_path, capsys):
+    sim = _box(tmp_path, "uvm_stale_major", "uvm_missing")
+    before = _conf(sim)
+    rc, out, err = _lxc(capsys, sim, "fix", "ct200", "--dry-run", "--persist")
+    assert rc == 1
+    assert "nvidia-modprobe -u -c0 -c1" in out and "+nvidia-uvm" in out and "70-nvidia-uvm.rules" in out
+    assert "-lxc.cgroup2.devices.allow: c 508:* rwm" in out
+    assert _conf(sim) == before and not sim.hpath("/dev/nvidia-uvm").exists()
+    assert not sim.hpath("/etc/modules-load.d/nvidia-uvm.conf").exists()
+    assert not [c for c in sim.calls() if c["cmd"] in ("nvidia-modprobe", "lxc-cgroup")
+                or c["argv"][:1] in (["start"], ["reboot"])]
+
+
+def test_stopped_container_is_started(tmp_path, capsys):
+    sim = _box(tmp_path, "container_stopped")
+    rc, doc = _json(capsys, sim, "check", "ct200")
+    assert rc == 1 and _steps(doc)["container"]["status"] == "drift"
+    rc, doc = _json(capsys, sim, "fix", "ct200")
+    assert rc == 0 and _steps(doc)["container"]["commands"] == [["pct", "start", "200"]]
+    assert sim.read_state()["containers"]["200"]["status"] == "running"
+
+
+def test_locked_config_is_not_touched(tmp_path, capsys):
+    sim = _box(tmp_path, "conf_locked", "uvm_stale_major")
+    before = _conf(sim)
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 1
+    st = _steps(doc)
+    assert st["container-config"]["status"] == "failed" and "locked (backup)" in st["container-config"]["detail"]
+    assert st["container"]["status"] == "skipped"
+    assert _conf(sim) == before and _boots(sim) == 0
+
+
+def test_pending_section_survives_and_is_named(tmp_path, capsys):
+    sim = _box(tmp_path, "conf_pending", "uvm_missing")
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0
+    assert b"\n[pve:pending]\nmemory: 524288\ndelete: swap\n" in _conf(sim)
+    assert "pending" in _steps(doc)["container"]["detail"]
+
+
+def test_cgroup_v1_lines_are_converted(tmp_path, capsys):
+    sim = _box(tmp_path, "conf_v1")
+    rc, doc = _json(capsys, sim, "check", "ct200")
+    assert rc == 1 and "cgroup v1" in _steps(doc)["container-config"]["detail"]
+    assert _steps(doc)["cuda"]["evidence"]["cuinit"] == 100  # nvidiactl denied too
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0 and b"lxc.cgroup.devices" not in _conf(sim).split(b"\n[")[0]
+
+
+def test_persist_writes_boot_files_once(tmp_path, capsys):
+    sim = _box(tmp_path, "uvm_missing")
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes", "--persist")
+    assert rc == 0
+    assert sim.hpath("/etc/modules-load.d/nvidia-uvm.conf").read_text().endswith("nvidia-uvm\n")
+    rule = sim.hpath("/etc/udev/rules.d/70-nvidia-uvm.rules").read_text()
+    assert 'KERNEL=="nvidia_uvm", RUN+="/usr/bin/nvidia-modprobe -u -c0 -c1"' in rule
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes", "--persist")
+    assert rc == 0 and doc["changed"] is False
+
+
+def test_devn_mode_rewrites_to_devn_and_starts(tmp_path, capsys):
+    sim = _box(tmp_path, "uvm_stale_major", gpubox_device_mode="devN")
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0, doc
+    main = _conf(sim).decode().split("\n[")[0]
+    assert "dev3: /dev/nvidia-uvm\n" in main and "lxc.cgroup2.devices.allow: c 195" not in main
+    assert "lxc.mount.entry: /dev/nvidia" not in main
+    assert _boots(sim) == 0  # the running container only needed the live rule
+    pct.main(SimBox.load(sim.dest), ["reboot", "200"])  # the next start uses the devN entries
+    assert "c 511:0 rwm" in sim.read_state()["containers"]["200"]["cgroup_allow"]
+    rc, doc = _json(capsys, sim, "check", "ct200")
+    assert rc == 0
+
+
+def test_pct_standin_fails_like_pct(tmp_path):
+    sim = _box(tmp_path, "container_stopped")
+    with pytest.raises(StandinError, match="container '200' not running!"):
+        pct.main(sim, ["exec", "200", "--", "true"])
+    conf = sim.hpath("/etc/pve/lxc/200.conf")
+    conf.write_text("arch: amd64\ndev0: /dev/nvidia-uvm\n")
+    sim.hpath("/dev/nvidia-uvm").unlink()  # nvidia-uvm not loaded after boot
+    with pytest.raises(StandinError, match="Device /dev/nvidia-uvm does not exist") as ei:
+        pct.start(SimBox.load(sim.dest), 200)
+    assert ei.value.rc == 255
