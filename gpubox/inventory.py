@@ -10,6 +10,8 @@ merely warns and carries on with an empty inventory).
 from __future__ import annotations
 
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,7 +148,12 @@ class Inventory:
             from ansible.cli import CLI
             loader.set_vault_secrets(CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[vault_file]))
         try:
-            im = InventoryManager(loader=loader, sources=[str(self.path)])
+            with _strict_ansible_parse() as failures:
+                try:
+                    im = InventoryManager(loader=loader, sources=[str(self.path)])
+                except AnsibleError as exc:
+                    raise InventoryError(f"cannot read inventory {self.path}: {_parse_failure(failures, exc)}",
+                                         "check the file against Ansible's YAML inventory format") from None
             vm = VariableManager(loader=loader, inventory=im)
             for h in im.get_hosts():
                 raw = vm.get_vars(host=h, include_hostvars=False)
@@ -155,7 +162,7 @@ class Inventory:
                 for k, v in raw.items():
                     if k in _ANSIBLE_MAGIC:
                         continue
-                    resolved[k] = _plain(templar.template(v))
+                    resolved[k] = _plain(_template(templar, h.name, k, v, AnsibleError))
                 groups = sorted(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
                 self._hosts[h.name] = HostEntry(h.name, resolved, groups)
         except AnsibleError as exc:
@@ -198,6 +205,75 @@ class Inventory:
             raise InventoryError(f"box {name}: gpubox_proxmox_host {hostname!r} is not in the inventory",
                                  f"add it, or name one of: {known}")
         return Box(container=ct, host=self._hosts[hostname])
+
+
+def _template(templar, host: str, key: str, value: Any, error_cls) -> Any:
+    """Resolve `{{ }}` like Ansible does at run time.
+
+    Ansible templates lazily, so an inventory may hold variables that only resolve inside a play
+    (facts, play vars): those stay as written. The variables gpubox itself reads must resolve."""
+    try:
+        return templar.template(value)
+    except error_cls as exc:
+        if key.startswith(("gpubox_", "ansible_")):
+            msg = " ".join(str(exc).split("\n")[0].split())[:200]
+            raise InventoryError(f"{host}: variable {key} cannot be resolved: {msg}",
+                                 "define what it refers to in the inventory, or write the value directly") from None
+        return value
+
+
+@contextmanager
+def _strict_ansible_parse():
+    """Make an unparseable inventory source an error, not Ansible's warnings + empty inventory.
+
+    Ansible tries every inventory plugin, prints each failure as a warning and carries on with
+    only localhost; we turn INVENTORY_ANY_UNPARSED_IS_FAILED on for this parse and collect the
+    warnings so the error can name the real cause in one line. Warnings of a parse that
+    succeeds are passed on as Ansible would print them."""
+    from ansible import constants as C
+    from ansible.utils.display import Display
+
+    display = Display()  # a singleton: the one the inventory plugins print through
+    seen: list[str] = []
+    saved = C.INVENTORY_ANY_UNPARSED_IS_FAILED
+    orig_warning = display.warning
+    orig_eaw = getattr(display, "error_as_warning", None)
+
+    def warning(msg, *a, **kw):
+        seen.append(str(msg))
+
+    def error_as_warning(msg, exception=None, *a, **kw):
+        seen.append(f"{msg} {exception}" if exception is not None else str(msg))
+
+    C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
+    display.warning = warning
+    if orig_eaw is not None:
+        display.error_as_warning = error_as_warning
+    ok = False
+    try:
+        yield seen
+        ok = True
+    finally:
+        C.INVENTORY_ANY_UNPARSED_IS_FAILED = saved
+        del display.warning
+        if orig_eaw is not None:
+            del display.error_as_warning
+        if ok:
+            for w in seen:
+                orig_warning(w)
+
+
+def _parse_failure(seen: list[str], exc: Exception) -> str:
+    """The most telling reason among Ansible's per-plugin failures (the YAML plugin's, if any)."""
+    pick = next((w for w in seen if "'yaml'" in w or "yaml plugin" in w), None) or str(exc)
+    text = " ".join(pick.split())
+    text = re.sub(r"^.*?Failed to parse inventory with '?yaml'? plugin\.?:? ?", "", text)
+    text = re.sub(r"<<< caused by >>> ", "", text)
+    text = text.split(" Origin: ")[0]
+    # Ansible's tagged container types read as plain ones: "<class '..._AnsibleTaggedList'>" -> list
+    text = re.sub(r"\"?<class '(?:[\w.]*\.)?_?(?:AnsibleTagged)?(\w+)'>\"?",
+                  lambda m: m.group(1).lower(), text)
+    return text[:300]
 
 
 def _plain(value: Any) -> Any:

@@ -169,6 +169,41 @@ def test_malformed_yaml_line_number_is_the_bad_line(tmp_path):
     assert line in (5, 6)  # the unclosed list opens on line 5; YAML notices on line 6
 
 
+def test_wrong_structure_is_an_error_not_an_empty_inventory(tmp_path, capsys):
+    """Ansible alone would warn per plugin and go on with no hosts; gpubox stops with the cause."""
+    f = tmp_path / "inv.yml"
+    f.write_text("all:\n  hosts:\n    - pve1\n    - ct200\n")
+    rc, out, err = gpubox(capsys, "-i", f, "inventory", "list")
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"gpubox: error: cannot read inventory {f}: Invalid \"hosts\" entry for \"all\" group")
+    assert "requires a dictionary, found list" in err and "WARNING" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InventoryError, match="cannot read inventory"):
+        Inventory(empty)
+
+
+def test_templates_resolve_or_stay_as_ansible_would(tmp_path):
+    f = tmp_path / "inv.yml"
+    f.write_text(textwrap.dedent("""\
+        all:
+          vars: {models: /mnt/models}
+          hosts:
+            pve1: {}
+            ct200:
+              gpubox_vmid: 200
+              gpubox_proxmox_host: pve1
+              gpubox_model: {source: "{{ models }}/Q", dest: "/dev/shm/{{ inventory_hostname }}"}
+              play_only: "{{ ansible_default_ipv4.address }}"
+        """))
+    ct = Inventory(f).host("ct200")
+    assert ct.get("gpubox_model") == {"source": "/mnt/models/Q", "dest": "/dev/shm/ct200"}
+    assert ct.get("play_only") == "{{ ansible_default_ipv4.address }}"  # facts exist only in a play
+    f.write_text(f.read_text().replace("pve1: {}", "pve1: {ansible_host: '{{ nowhere }}'}"))
+    with pytest.raises(InventoryError, match="pve1: variable ansible_host cannot be resolved: 'nowhere' is undefined"):
+        Inventory(f)
+
+
 def test_not_a_mapping(tmp_path):
     f = tmp_path / "inv.yml"
     f.write_text("- pve1\n- ct200\n")
