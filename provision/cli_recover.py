@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -107,6 +108,8 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     con = console(stderr=as_json)
     t0 = time.monotonic()
     sim = build(dest, chosen)
+    # The demo keeps its state (backups, history, results) inside its own directory.
+    os.environ["GPUBOX_STATE_DIR"] = str(sim.dest / "state")
     con.print(f"[bold]simulated box[/] in {sim.dest} with faults: {', '.join(sorted(chosen))}")
     inv = Inventory(sim.inventory_path)
     box = inv.box(sim.box)

@@ -23,10 +23,11 @@ from gpubox.steps import RunReport, Step, StepResult
 # Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order.
 PROVIDERS = [
     "provision.lxc",          # host-devices, container-config, container, cuda
-    "hwtune.steps",           # pcie-mrrs, pcie-link, numa-balancing, nccl-env
+    "hwtune",                 # pcie-mrrs, pcie-link, numa-balancing, nccl-env
     "provision.stage_step",   # model-stage, drafter-stage
     "hwtune.probe_step",      # gpu-probe (checks only)
-    "bench.step",             # server (health of a running server; checks only)
+    "bench.step",             # bench: server health + latest verdict (doctor only; recover
+                              # runs the benchmark itself after the repairs)
 ]
 
 # What a step needs before it may run (by name; prefix match for "model-stage*" style names).
@@ -36,7 +37,7 @@ REQUIRES = {
     "cuda": ("container",),
     "nccl-env": ("container",),
     "gpu-probe": ("cuda",),
-    "server": ("cuda",),
+    "bench": ("cuda",),
 }
 STAGE_REQUIRES = ("container",)
 
@@ -48,12 +49,28 @@ GROUPS = {
     "nccl": ("nccl-env",),
     "stage": ("stage",),   # prefix: every *-stage step
     "probe": ("gpu-probe",),
-    "server": ("server",),
     "bench": ("bench",),
 }
 
 
-def collect_steps(ctx) -> list[Step]:
+class _DoctorBench(Step):
+    """The bench step as doctor sees it: a missing or old result is no fault of the box."""
+
+    def __init__(self, inner: Step):
+        self.inner = inner
+        self.name, self.title, self.where = inner.name, inner.title, inner.where
+
+    def check(self, ctx):
+        f = self.inner.check(ctx)
+        if f.status == "drift" and "verdict" not in f.evidence:
+            f.status = "ok"
+            f.detail += " (run `gpubox bench BOX` or `gpubox recover BOX` to measure)"
+        return f
+
+
+def collect_steps(ctx, *, for_recover: bool = False) -> list[Step]:
+    """Every area's steps in pipeline order. Recover leaves the bench step out: it runs the
+    benchmark itself once the repairs are done (a benchmark is a measurement, not a change)."""
     out: list[Step] = []
     for mod_name in PROVIDERS:
         try:
@@ -64,7 +81,12 @@ def collect_steps(ctx) -> list[Step]:
             raise
         fn = getattr(mod, "steps", None)
         if fn is not None:
-            out.extend(fn(ctx))
+            for st in fn(ctx):
+                if st.name == "bench":
+                    if for_recover:
+                        continue
+                    st = _DoctorBench(st)
+                out.append(st)
     return out
 
 
@@ -164,12 +186,13 @@ def recover(ctx, *, dry_run: bool = False, skip=(), only=(), bench: bool = True,
     if last.exists() and not dry_run:
         try:
             prev = json.loads(last.read_text())
-            bad = [s["name"] for s in prev.get("steps", []) if s["status"] in ("failed", "drift", "skipped")]
+            bad = [s["name"] for s in prev.get("steps", [])
+                   if s["status"] in ("failed", "drift") or (s.get("evidence") or {}).get("blocked_by")]
             if bad:
                 notes.append(f"previous run stopped at {bad[0]}; picking up from a fresh check of every step")
         except (ValueError, KeyError):
             pass
-    nodes = build_nodes(collect_steps(ctx), skip, only)
+    nodes = build_nodes(collect_steps(ctx, for_recover=True), skip, only)
     start, done = _progress(ctx)
     report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
@@ -195,7 +218,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     t0 = time.monotonic()
     doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
     outcome.bench = doc
-    outcome.bench_path = doc.get("_path") or str(out)
+    outcome.bench_path = doc.get("path") or str(out)
     outcome.report.steps.append(StepResult(
         "bench", ctx.box.container.name,
         "ok" if doc.get("verdict", {}).get("status") == "healthy" else "drift",
