@@ -155,3 +155,23 @@ def test_overlapping_runs_are_refused(tmp_path):
     assert [r["run_id"] for r in history.runs("ct200")] == ["ct200-20261102T120000Z"]
     third = subprocess.run(base + [str(FIX / "run01.json")], env=env, capture_output=True, text=True, timeout=60)
     assert third.returncode == 0, third.stderr
+
+
+def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, capsys):
+    """run-once runs `gpubox bench` (child process) against the simulated vLLM server, TP1 only."""
+    import yaml
+    sim = build(tmp_path / "box")
+    inv = yaml.safe_load(sim.inventory_path.read_text())
+    inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]["tp"] = [1]
+    sim.inventory_path.write_text(yaml.safe_dump(inv))
+    with pytest.raises(SystemExit) as ei:
+        main(["-i", str(sim.inventory_path), "schedule", "run-once", "ct200", "--no-doctor", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert ei.value.code == 0 and res["status"] == "healthy", res
+    (run,) = history.runs("ct200")
+    assert run["run_id"] == res["run_id"] and run["simulated"] is True
+    keys = {m["key"] for m in run["measurements"] if m["status"] == "ok"}
+    assert {"tp1/auto/decode/out1024", "tp1/ddtree:15/decode/out1024"} <= keys
+    fams = {f.name: f for f in text_string_to_metric_families(sim.cpath(PROM).read_text())}
+    assert {s.labels["key"] for s in fams["gpubox_bench_tokens_per_second"].samples} >= keys
+    assert fams["gpubox_health"].samples[0].value == 0
