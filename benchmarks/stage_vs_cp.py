@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Staging a model into tmpfs: `gpubox stage` (hash-verified) vs `cp -r` and `rsync -a`.
+
+Generates a model-like directory on disk (safetensors shards of varying size + config/tokenizer
+files), then times, alternating within each round so drift hits all tools alike:
+
+    cp -r SRC DEST        rsync -a SRC/ DEST/        gpubox stage SRC DEST --json
+
+from disk into a tmpfs directory (default /dev/shm), deleting DEST after every run. The page cache
+is EQUALISED, not dropped: dropping it needs a write to /proc/sys/vm/drop_caches, which this project
+never does on the machine it runs on; instead the whole source is read before every run, so every
+tool starts with a warm cache (the common case right after the model was written, and the fair one).
+Then it times the no-op re-stage of an already staged model (what `gpubox recover` pays when nothing
+changed), and `gpubox stage --verify` (re-hash everything).
+
+    python benchmarks/stage_vs_cp.py                 # ~4 GB, 3 rounds
+    python benchmarks/stage_vs_cp.py --size 1 --rounds 5 --json
+
+Prints medians, GB/s and the ratio gpubox/cp (goal: <= 1.0) and the no-op time (goal: < 1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpubox.simbox.model import make_model  # noqa: E402
+
+GB = 1e9
+
+
+def shard_sizes(total_gb: float) -> list[int]:
+    """Shards of varying size like a real checkpoint's (last one small), adding up to total_gb."""
+    weights = [1.0, 1.0, 0.95, 0.9, 0.85, 0.8, 0.5, 0.2]
+    s = sum(weights)
+    return [max(1 << 20, int(total_gb * GB * w / s)) for w in weights]
+
+
+def generate(dest: Path, total_gb: float) -> int:
+    block = bytearray(os.urandom(16 << 20))
+    counter = [0]
+
+    def fill(n: int) -> bytes:  # fresh bytes per block without paying os.urandom for every GB
+        counter[0] += 1
+        block[:8] = counter[0].to_bytes(8, "little")
+        return bytes(block[:n])
+
+    files = make_model(dest, shard_sizes(total_gb), name="bench/Model-4G", fill=fill)
+    return sum(files.values())
+
+
+def warm(src: Path) -> float:
+    """Read every source file once so each run starts with the same (warm) page cache."""
+    t0 = time.perf_counter()
+    buf = bytearray(8 << 20)
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            with open(p, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+    return time.perf_counter() - t0
+
+
+def timed(argv: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed ({r.returncode}): {r.stderr.strip()[-300:]}")
+    return dt, r.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=float, default=4.0, help="model size in GB (default 4)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each tool (default 3)")
+    ap.add_argument("--workdir", default=None, help="disk directory for the source (default: a temp dir in /var/tmp)")
+    ap.add_argument("--tmpfs", default="/dev/shm", help="tmpfs directory to stage into (default /dev/shm)")
+    ap.add_argument("--noop-rounds", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args()
+
+    gpubox = [shutil.which("gpubox") or sys.executable, *([] if shutil.which("gpubox") else ["-m", "gpubox.cli"])]
+    need = args.size * GB * 1.1
+    if shutil.disk_usage(args.tmpfs).free < need:
+        raise SystemExit(f"{args.tmpfs} has {shutil.disk_usage(args.tmpfs).free / GB:.1f} GB free, needs {need / GB:.1f} GB: "
+                         "use --size smaller")
+    work = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.workdir or "/var/tmp"))
+    shm = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.tmpfs))
+    src = work / "Model"
+    log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    try:
+        t0 = time.perf_counter()
+        total = generate(src, args.size)
+        log(f"generated {src}: {len(list(src.iterdir()))} files, {total / GB:.2f} GB in {time.perf_counter() - t0:.1f} s")
+        log("page cache: equalised (source re-read before every run; dropping caches is not done here)")
+        tools = {
+            "cp -r": lambda d: ["cp", "-r", str(src), str(d)],
+            "rsync -a": lambda d: ["rsync", "-a", f"{src}/", f"{d}/"],
+            "gpubox stage": lambda d: [*gpubox, "stage", str(src), str(d), "--json"],
+        }
+        times: dict[str, list[float]] = {k: [] for k in tools}
+        for rnd in range(args.rounds):
+            for name, argv in tools.items():
+                dest = shm / "Model"
+                warm(src)
+                dt, out = timed(argv(dest))
+                if name == "gpubox stage":
+                    doc = json.loads(out)
+                    assert doc["copied_bytes"] == total, doc
+                times[name].append(dt)
+                log(f"round {rnd + 1}: {name:13} {dt:6.2f} s  {total / dt / GB:5.2f} GB/s")
+                if not (rnd == args.rounds - 1 and name == "gpubox stage"):
+                    shutil.rmtree(dest)
+        # the last gpubox copy stays: re-stage it with nothing to do, then verify every hash
+        dest = shm / "Model"
+        noop = []
+        for _ in range(args.noop_rounds):
+            dt, out = timed([*gpubox, "stage", str(src), str(dest), "--json"])
+            assert json.loads(out)["copied"] == 0
+            noop.append(dt)
+        verify_dt, out = timed([*gpubox, "stage", str(src), str(dest), "--verify", "--json"])
+        assert json.loads(out)["verified"] == len(list(src.iterdir()))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        res = {
+            "bytes": total, "files": len(list(src.iterdir())), "rounds": args.rounds, "cpus": os.cpu_count(),
+            "cache": "equalised: source fully read before every run",
+            "median_s": {k: round(v, 3) for k, v in med.items()},
+            "gb_s": {k: round(total / v / GB, 3) for k, v in med.items()},
+            "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+            "ratio_gpubox_cp": round(med["gpubox stage"] / med["cp -r"], 3),
+            "ratio_gpubox_rsync": round(med["gpubox stage"] / med["rsync -a"], 3),
+            "noop_restage_s": round(statistics.median(noop), 3),
+            "verify_s": round(verify_dt, 3),
+        }
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"\n{res['files']} files, {total / GB:.2f} GB, disk -> tmpfs, {args.rounds} rounds, {os.cpu_count()} CPUs, "
+          f"page cache equalised (warm)")
+    print(f"{'tool':14} {'median s':>9} {'GB/s':>6}   runs")
+    for k in tools:
+        print(f"{k:14} {med[k]:9.2f} {total / med[k] / GB:6.2f}   {', '.join(f'{x:.2f}' for x in times[k])}")
+    print(f"\nratio gpubox/cp    = {res['ratio_gpubox_cp']:.2f}  (goal <= 1.0; gpubox also hashes every byte)")
+    print(f"ratio gpubox/rsync = {res['ratio_gpubox_rsync']:.2f}")
+    print(f"no-op re-stage     = {res['noop_restage_s']:.2f} s (median of {args.noop_rounds}, CLI start included; goal < 1 s)")
+    print(f"--verify re-hash   = {res['verify_s']:.2f} s ({total / res['verify_s'] / GB:.2f} GB/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
