@@ -209,3 +209,18 @@ def test_gpus_cli_json_on_simulated_box(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "gpus", "ct200"],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0 and "TP4: 0,1,2,3" in r.stdout and "SYS" in r.stdout
+
+
+def test_recorded_real_h200_probe_output():
+    """nvml_probe.py's output recorded on a real H200 VM (driver 580.159.04) by the GPU-probe work."""
+    from pathlib import Path
+
+    from hwtune.topology import from_nvml_doc
+    p = Path(__file__).parent / "fixtures" / "topology" / "h200_nvml_probe.json"
+    if not p.exists():
+        pytest.skip("recorded H200 fixture not present")
+    topo = from_nvml_doc(json.loads(p.read_text()))
+    g = topo.gpus[0]
+    assert (g.name, g.bus_id, g.numa_node, g.link, g.memory_mib) == ("NVIDIA H200", "0000:00:06.0", None, "Gen5 x16", 143771)
+    assert topo.driver == "580.159.04" and any("NotSupported" in n for n in topo.notes)
+    assert gpus_for_tp(topo, 1).gpus == [0] and not gpus_for_tp(topo, 4).fits
