@@ -111,7 +111,7 @@ def test_server_dying_mid_run_fails_the_rest_clearly(tmp_path):
 
 
 def test_concurrency_and_spec_metrics(tmp_path):
-    with simserver(tmp_path, "--method", "ddtree", "--budget", "15", "--tp", "4", *FAST) as s:
+    with simserver(tmp_path, "--method", "ddtree", "--budget", "15", "--tp", "4", "--speed", "5") as s:
         async def go():
             async with Client(s.url, timeout=5) as c:
                 before = metrics.scrape(s.url)
@@ -120,7 +120,8 @@ def test_concurrency_and_spec_metrics(tmp_path):
         smp, wall, acc = run(go())
     assert all(x.ok for x in smp)
     agg = sum(x.output_tokens for x in smp) / wall
-    assert agg > 3 * max(x.tok_s for x in smp)  # 8 streams really ran at once
+    per_request = sorted(x.tok_s for x in smp)[4]
+    assert agg > 4 * per_request  # 8 streams really ran at once
     assert 5.0 < acc["mean_length"] < 8.0 and len(acc["per_position"]) == 15
     assert acc["per_position"] == sorted(acc["per_position"], reverse=True)
 
