@@ -22,12 +22,14 @@ only_option = click.option("--only", multiple=True, metavar="STEP", help="Run on
 @click.argument("box")
 @skip_option
 @only_option
+@click.option("--persist/--no-persist", default=True, show_default=True,
+              help="Also check that host repairs survive the next reboot (as recover makes them).")
 @json_option
 @click.pass_context
-def doctor(ctx: click.Context, box: str, skip, only, as_json: bool) -> None:
+def doctor(ctx: click.Context, box: str, skip, only, persist: bool, as_json: bool) -> None:
     """Check everything on BOX, read-only: one table with the cause and repair of each problem."""
     from .recover import doctor as run_doctor
-    c = box_context(ctx, box, as_json=as_json)
+    c = box_context(ctx, box, as_json=as_json, persist=persist)
     try:
         report = run_doctor(c, skip, only)
     finally:
@@ -116,12 +118,12 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     c = Context(box=box, inventory=inv, console=None if as_json else con,
                 options={"yes": True, "restart": "auto", "persist": True})
     try:
-        before = run_doctor(Context(box=box, inventory=inv, options={}))
+        before = run_doctor(Context(box=box, inventory=inv, options={"persist": True}))
         if not as_json:
             render_report(before, con, title=f"before: gpubox doctor {sim.box}", show_changes=False)
             con.print(f"[bold]gpubox recover {sim.box} --yes[/]")
         outcome = run_recover(c, bench=not no_bench, out_dir=str(sim.dest / "results"))
-        after = run_doctor(Context(box=box, inventory=inv, options={}))
+        after = run_doctor(Context(box=box, inventory=inv, options={"persist": True}))
     finally:
         c.close()
     secs = time.monotonic() - t0

@@ -28,7 +28,7 @@ from typing import Iterable
 
 from .core import SimBox, StandinError  # noqa: F401
 
-PIECES = ["base", "lxc", "pci", "nccl", "model", "server"]
+PIECES = ["base", "lxc", "pci", "nccl", "model", "server", "persist"]
 
 
 def _piece_modules():

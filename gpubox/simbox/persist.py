@@ -1,0 +1,36 @@
+"""Boot persistence of a box that gpubox already set up once: the modules-load/udev files for
+nvidia-uvm, the PCIe MaxReadReq oneshot unit (enabled) and the NUMA sysctl.d file.
+
+A healthy simulated box has them, so `doctor`/`recover` (which check persistence by default) find
+nothing to do there. The reboot faults mean the matching repair was never persisted — that is
+why the reboot undid it — so each of those faults leaves its persistence out.
+"""
+
+from __future__ import annotations
+
+from .core import SimBox
+
+FAULTS: dict[str, str] = {}
+
+
+def build(sim: SimBox, faults: set[str]) -> None:
+    from ..host import Host
+    from ..inventory import HostEntry
+    from ..transport.local import LocalTransport
+
+    if not faults & {"uvm_missing"}:
+        from provision.lxc import persist_files
+        for path, text in persist_files(sim.gpus).items():
+            p = sim.hpath(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+    if not faults & {"numa_balancing", "no_numa_balancing"}:
+        from hwtune.numa import CONF, conf_text
+        sim.hpath(CONF).write_text(conf_text(0))
+    if not faults & {"mrrs_512", "lockdown"}:
+        from hwtune.pcie import UNIT, UNIT_PATH, parse_mrrs, read_states, unit_text
+        host = Host(HostEntry(sim.host, {"gpubox_root": str(sim.host_root)}), LocalTransport(sim.host))
+        bdfs = [s.bdf for s in read_states(host) if s.devctl is not None]
+        sim.hpath(UNIT_PATH).write_text(unit_text(bdfs, parse_mrrs(4096)))
+        with sim.state() as st:
+            st.setdefault("units", {}).setdefault("host", {})[UNIT] = {"enabled": True, "active": True, "starts": 1}
