@@ -16,11 +16,12 @@ def lxc() -> None:
 
 
 def _run(click_ctx, box: str, mode: str, **options) -> None:
-    from .lxc import steps
+    from .lxc import _control, steps
 
     ctx = box_context(click_ctx, box, **options)
     con = ctx.console
     try:
+        _control(ctx)  # bad API settings are bad input (exit 2), found before anything runs
         if con is not None:
             with con.status(f"{box}: {mode}...") as status:
                 report = run_steps(ctx, steps(ctx), mode,

@@ -123,11 +123,30 @@ def gpu_count(host, default: int | None = None) -> int:
     return 0
 
 
-def _node(host, path: str, want) -> Node:
-    st = host.stat(path)
+def _stat_many(host, paths: list[str]) -> dict[str, tuple[bool, tuple[int, int]] | None]:
+    """path -> (is_char, (major, minor)) or None. Remote hosts: one `stat` for all paths, since
+    SFTP carries no st_rdev and one round trip per node adds up over SSH."""
+    if host.transport.is_local:
+        out = {}
+        for p in paths:
+            st = host.stat(p)
+            out[p] = None if st is None else (st.is_char_device, st.rdev or (0, 0))
+        return out
+    real = {host.path(p): p for p in paths}
+    r = host.run(["stat", "-L", "-c", "%n|%F|%t|%T", "--", *real], timeout=30)
+    out = {p: None for p in paths}
+    for line in r.stdout.splitlines():
+        name, kind, ma, mi = line.rsplit("|", 3)
+        if name in real:
+            out[real[name]] = (kind == "character special file", (int(ma, 16), int(mi, 16)))
+    return out
+
+
+def _node(stats, path: str, want) -> Node:
+    st = stats.get(path)
     if st is None:
         return Node(path, want)
-    return Node(path, want, st.rdev if st.rdev else (0, 0), st.is_char_device)
+    return Node(path, want, st[1], st[0])
 
 
 def read_host_devices(host, gpus: int | None = None) -> HostDevices:
@@ -144,9 +163,10 @@ def read_host_devices(host, gpus: int | None = None) -> HostDevices:
     extra = ["/dev/nvidia-modeset"]
     if host.exists("/dev/nvidia-caps"):
         extra += [f"/dev/nvidia-caps/{x}" for x in host.listdir("/dev/nvidia-caps")]
-    hd.nodes = [_node(host, p, w) for p, w in paths]
+    stats = _stat_many(host, [p for p, _ in paths] + extra)
+    hd.nodes = [_node(stats, p, w) for p, w in paths]
     for p in extra:
-        n = _node(host, p, None)
+        n = _node(stats, p, None)
         if n.present and n.is_char:
             n.want, n.required = n.have, False
             hd.nodes.append(n)

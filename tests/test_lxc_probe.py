@@ -1,0 +1,101 @@
+"""The in-container CUDA probe: errno classification, cuInit/driver causes and their repairs, the
+real (non-simulated) branch on this machine, and the SSH path to the Proxmox host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from gpubox.simbox import build
+from gpubox.simbox.lxc import mknod
+from provision import cuda_probe
+from tests.clirun import gpubox
+
+PROBE = cuda_probe.__file__
+
+
+def _run_probe(env, *nodes):
+    r = subprocess.run([sys.executable, "-", *nodes], input=open(PROBE).read(), capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _sim_env(sim):
+    return dict(os.environ, GPUBOX_SIM=str(sim.dest), GPUBOX_SIM_SIDE="container")
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia-uvm") or os.path.exists("/dev/nvidiactl"),
+                    reason="this machine has NVIDIA nodes")
+def test_real_branch_on_a_machine_without_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "GPUBOX_SIM"}
+    res = _run_probe(env)
+    assert res["simulated"] is False
+    assert res["nodes"]["/dev/nvidia-uvm"] == "ENOENT" and res["nodes"]["/dev/nvidiactl"] == "ENOENT"
+    codes = [c for c, _, _ in cuda_probe.diagnose(res, "ct200")]
+    assert "ENOENT" in codes
+    if res["cuda_error"]:
+        assert "no-libcuda" in codes
+
+
+def test_sim_classifies_enxio_eperm_enoent(tmp_path):
+    sim = build(tmp_path / "box", [], gpus=1)
+    with sim.state() as st:  # a node bound before the module reload: 508:0, and a rule for 508
+        st["containers"]["200"]["cgroup_allow"].append("c 508:* rwm")
+    mknod(sim.cpath("/dev/nvidia-uvm"), 508, 0)
+    mknod(sim.cpath("/dev/nvidia-uvm-tools"), 509, 1)  # no rule for 509
+    os.unlink(sim.cpath("/dev/nvidia-modeset"))
+    res = _run_probe(_sim_env(sim), "/dev/nvidia-modeset")
+    assert res["nodes"] == {"/dev/nvidiactl": "ok", "/dev/nvidia0": "ok", "/dev/nvidia-uvm": "ENXIO",
+                            "/dev/nvidia-uvm-tools": "EPERM", "/dev/nvidia-modeset": "ENOENT"}
+    assert res["cuinit"] == 999 and res["cuinit_name"] == "CUDA_ERROR_UNKNOWN"
+    found = {c: (why, fix) for c, why, fix in cuda_probe.diagnose(res, "ct200")}
+    assert "--restart always" in found["ENXIO"][1]
+    assert "lxc-cgroup" in found["EPERM"][1] and "nvidia-modprobe" in found["ENOENT"][1]
+    assert "cuInit-999" in found
+
+
+def test_driver_mismatch_is_803_with_its_repair(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    sim = build(tmp_path / "box", [], gpus=1)
+    lib = sim.cpath("/usr/lib/x86_64-linux-gnu")
+    os.unlink(lib / "libcuda.so.1")
+    (lib / "libcuda.so.575.57.08").write_bytes(b"")
+    os.symlink("libcuda.so.575.57.08", lib / "libcuda.so.1")
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "check", "ct200", "--json")
+    cuda = json.loads(out)["steps"][-1]
+    assert rc == 1 and cuda["evidence"]["cuinit"] == 803
+    assert "580.95.05" in cuda["cause"] and "575.57.08" in cuda["cause"]
+    assert "--no-kernel-module" in cuda["repair"]
+
+
+def test_diagnose_maps_each_cuinit_code():
+    base = {"nodes": {"/dev/nvidia0": "ok"}, "kernel_driver": "580.95.05", "user_driver": "580.95.05"}
+    assert cuda_probe.diagnose({**base, "cuinit": 0}) == []
+    assert cuda_probe.diagnose({**base, "cuinit": 100})[0][0] == "cuInit-100"
+    assert cuda_probe.diagnose({**base, "cuinit": None, "cuda_error": "libcuda.so.1 not found"})[0][0] == "no-libcuda"
+    assert cuda_probe.diagnose({"error": "probe exited 127: python3: not found"})[0][0] == "probe-failed"
+
+
+def test_fix_over_real_ssh_to_the_proxmox_host(tmp_path, capsys, sshd, monkeypatch):
+    """The Proxmox host reached through the real local sshd: SFTP reads/stat of device nodes, the
+    remote commit (flock + sha1sum + mv), and commands (`nvidia-modprobe`, `pct`) over SSH."""
+    monkeypatch.setenv("COLUMNS", "400")
+    sim = build(tmp_path / "box", ["uvm_stale_major", "uvm_missing"], gpus=2)
+    inv = yaml.safe_load(sim.inventory_path.read_text())
+    pve1 = inv["all"]["children"]["proxmox_hosts"]["hosts"]["pve1"]
+    pve1.update(sshd.vars())
+    pve1["ansible_connection"] = "ssh"
+    sim.inventory_path.write_text(yaml.safe_dump(inv))
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "fix", "ct200", "--yes", "--json")
+    assert rc == 0, out + err
+    steps = {s["name"]: s for s in json.loads(out)["steps"]}
+    assert "508" in steps["container-config"]["detail"] and "not loaded" in steps["host-devices"]["detail"]
+    assert "c 511:* rwm" in sim.hpath("/etc/pve/lxc/200.conf").read_text()
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "fix", "ct200", "--yes", "--json")
+    assert rc == 0 and json.loads(out)["changed"] is False
