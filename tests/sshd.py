@@ -36,6 +36,9 @@ Example:
         inv = sshd.write_inventory(tmp_path / "inv.yml", name="pve1", gpubox_root=str(tmp_path / "root"))
         ...  # gpubox -i inv ... reaches "pve1" over real SSH
 
+Commands run through the user's login shell without ~/.bashrc (SetEnv SHLVL=1), so PATH is
+sshd's default: call Python as sys.executable (the vars() set ansible_python_interpreter to it).
+
 Requires openssh-server (sshd, ssh-keygen); tests using it are skipped with a clear reason when
 sshd is not installed. /run/sshd (privilege-separation directory) is created when running as root.
 """
@@ -182,6 +185,9 @@ def start_sshd(base: Path, addr: str = "127.0.0.1", attempts: int = 3) -> SSHSer
             "UsePAM no",
             "UseDNS no",
             "PrintMotd no",
+            # bash sources ~/.bashrc for SSH commands only at SHLVL < 2: skip it (a pyenv init
+            # there costs ~0.2 s per command), like a non-interactive login on a plain server.
+            "SetEnv SHLVL=1",
             "MaxStartups 100:30:200",
             "MaxSessions 100",
             "LogLevel VERBOSE",
