@@ -204,24 +204,46 @@ def nccl_check(file, use_env, fmt, as_json):
 
 # -- gpubox gpus ---------------------------------------------------------------------------------
 @click.command("gpus")
-@click.argument("box")
-@click.option("--tp", "tps", multiple=True, type=int, help="TP size(s) to place [default: gpubox_bench.tp or 1, 4, 8].")
+@click.argument("box", required=False)
+@click.option("--local", is_flag=True, help="This machine's GPUs, through NVML here (no inventory needed).")
+@click.option("--input", "input_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Show a topology recorded earlier (nvml_probe.py or `gpubox gpus --json` output).")
+@click.option("--tp", "tps", multiple=True, type=int,
+              help="TP size(s) to place [default: gpubox_bench.tp or 1, 4, 8; with --local/--input 1, 2, 4, 8].")
 @json_option
 @click.pass_context
-def gpus(ctx, box, tps, as_json):
-    """GPU topology of BOX (NVML, else sysfs, else the inventory hint) and TP placements."""
-    from .topology import discover, gpus_for_tp
-    c = box_context(ctx, box, as_json=as_json)
-    try:
-        topo = discover(c)
-    finally:
-        c.close()
-    if not tps:
-        bench = c.box.var("gpubox_bench") or {}
-        tps = tuple(bench.get("tp") or (1, 4, 8)) if isinstance(bench, dict) else (1, 4, 8)
+def gpus(ctx, box, local, input_path, tps, as_json):
+    """GPU topology of BOX (NVML, else sysfs, else the inventory hint) and TP placements.
+
+    \b
+      gpubox gpus ct200 --tp 4 --tp 8
+      gpubox gpus --local --json > topology.json    # record this machine (a test fixture)
+      gpubox gpus --input topology.json             # show a recorded one
+    """
+    import socket
+
+    from .topology import discover, discover_local, from_file, gpus_for_tp
+    if sum(map(bool, (box, local, input_path))) != 1:
+        raise GpuboxError("give exactly one of BOX, --local or --input FILE",
+                          "e.g. gpubox gpus ct200, gpubox gpus --local, gpubox gpus --input topology.json")
+    if box:
+        c = box_context(ctx, box, as_json=as_json)
+        try:
+            topo = discover(c)
+        finally:
+            c.close()
+        if not tps:
+            bench = c.box.var("gpubox_bench") or {}
+            tps = tuple(bench.get("tp") or (1, 4, 8)) if isinstance(bench, dict) else (1, 4, 8)
+    else:
+        topo = discover_local() if local else from_file(input_path)
+        box = socket.gethostname() if local else Path(input_path).name
+        tps = tps or (1, 2, 4, 8)
     choices = [gpus_for_tp(topo, n) for n in tps]
+    links = {"nvlink": sorted(k for k, p in topo.pairs.items() if (p.get("nvlinks") or 0) > 0),
+             "pcie": sorted(k for k, p in topo.pairs.items() if not (p.get("nvlinks") or 0))}
     if as_json:
-        print_json({"box": box, **topo.to_dict(), "tp": [ch.to_dict() for ch in choices]})
+        print_json({"box": box, **topo.to_dict(), "links": links, "tp": [ch.to_dict() for ch in choices]})
         sys.exit(0 if topo.gpus else 1)
     con = console()
     t = Table(title=f"{box}: GPUs ({topo.source})")
@@ -247,6 +269,7 @@ def gpus(ctx, box, tps, as_json):
                 row.append(rel.get("relation", "?") if rel.get("relation") != "PCIe" else (rel.get("level") or "PCIe"))
             m.add_row(f"GPU{a.index}", *row)
         con.print(m)
+        con.print(f"pairs: {len(links['nvlink'])} NVLink, {len(links['pcie'])} PCIe only")
     for ch in choices:
         style = "green" if ch.fits and not ch.crosses_numa else ("yellow" if ch.fits else "red")
         gp = ",".join(map(str, ch.gpus)) or "-"

@@ -27,10 +27,21 @@ from .probe_verdict import limits, parse, report
 @click.option("--no-bandwidth", is_flag=True, help="NVML facts only; no torch copy probes.")
 @click.option("--quick", is_flag=True, help="Smaller buffers and fewer repetitions.")
 @click.option("--no-p2p", is_flag=True, help="Skip the GPU-pair copies.")
+@click.option("--p2p-pairs", metavar="PAIRS", help="GPU pairs to copy between, e.g. 0-1,0-4 [default: every ordered pair].")
+@click.option("--allreduce-sets", metavar="SETS",
+              help="GPU sets for the all-reduce, e.g. '0,1,2,3;4,5,6,7' [default: gpubox_probe.allreduce_sets, "
+                   "else the TP sets].")
+@click.option("--nccl-compare", "compare_profile", metavar="PROFILE",
+              help="With --local: all-reduce busbw over the gpus_for_tp sets, current environment vs + PROFILE, "
+                   "in separate child processes, side by side (NVLink multicast kept off in both).")
+@click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="With --nccl-compare: alternate the two arms this many times; medians are compared.")
+@click.option("--sizes", metavar="SIZES", help="With --nccl-compare: all-reduce sizes [default: 1M,256M].")
 @json_option
 @click.pass_context
 def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | None, no_bandwidth: bool,
-          quick: bool, no_p2p: bool, as_json: bool) -> None:
+          quick: bool, no_p2p: bool, p2p_pairs: str | None, allreduce_sets: str | None,
+          compare_profile: str | None, rounds: int, sizes: str | None, as_json: bool) -> None:
     """Probe the GPUs of BOX's container (or this machine with --local).
 
     \b
@@ -44,11 +55,19 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
       gpubox probe ct200 --quick --json
       gpubox probe --local             # this machine
       gpubox probe --input run.json    # judge a recorded probe
+      gpubox probe --local --nccl-compare pcie-2numa --rounds 2
     """
     if local and input_path:
         raise GpuboxError("--local and --input exclude each other", "probe now (--local) or judge a file (--input)")
     if not (box or local or input_path):
         raise GpuboxError("nothing to probe", "give a BOX, --local, or --input FILE")
+    sets_arg, pairs_arg = _parse_sets(allreduce_sets), _parse_pairs(p2p_pairs)
+    if compare_profile or sizes:
+        if not local or not compare_profile:
+            raise GpuboxError("--nccl-compare (and --sizes) run on this machine only",
+                              "use: gpubox probe --local --nccl-compare PROFILE")
+        _compare(compare_profile, sets_arg, rounds=rounds, quick=quick, sizes=sizes, as_json=as_json)
+        return
     flags = dict(quick=quick, bandwidth=not no_bandwidth, p2p=not no_p2p)
     expect = None
     if box:
@@ -71,9 +90,12 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
             spin.start()
         try:
             if local:
-                doc = probe_script.collect(allreduce_sets=lim["allreduce_sets"], **flags)
+                doc = probe_script.collect(allreduce_sets=sets_arg if sets_arg is not None else lim["allreduce_sets"],
+                                           p2p_pairs=pairs_arg, **flags)
             else:
-                doc = run_remote(gctx.container, lim, **flags)
+                if sets_arg is not None:
+                    lim["allreduce_sets"] = sets_arg
+                doc = run_remote(gctx.container, lim, p2p_pairs=pairs_arg, **flags)
         finally:
             if spin:
                 spin.stop()
@@ -87,6 +109,7 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
     else:
         con = console()
         _gpu_table(con, rep.extra["gpus"])
+        _p2p_table(con, doc)
         render_report(rep, con, show_changes=False, title=f"{name}: GPU probe")
     sys.exit(rep.exit_code)
 
@@ -110,4 +133,96 @@ def _gpu_table(con, rows) -> None:
         t.add_row(str(r["gpu"]), str(r["name"]), str(r["bus_id"]), r["link"],
                   pct(r.get("h2d_gbps"), r.get("link_gbps")), pct(r.get("d2h_gbps"), r.get("link_gbps")),
                   pct(r.get("d2d_gbps"), r.get("mem_spec_gbps"), 1000.0))
+    con.print(t)
+
+
+def _parse_sets(text: str | None):
+    if text is None:
+        return None
+    try:
+        sets = probe_script.parse_sets(text)
+    except ValueError:
+        sets = None
+    if sets is None or any(not s or min(s) < 0 for s in sets):
+        raise GpuboxError(f"--allreduce-sets {text!r} is not a list of GPU index sets", "e.g. '0,1,2,3;4,5,6,7'")
+    return sets
+
+
+def _parse_pairs(text: str | None):
+    if text is None:
+        return None
+    try:
+        pairs = probe_script.parse_pairs(text)
+    except ValueError:
+        pairs = None
+    if not pairs or any(a < 0 or b < 0 for a, b in pairs):
+        raise GpuboxError(f"--p2p-pairs {text!r} is not a list of GPU pairs", "e.g. 0-1,0-4")
+    return pairs
+
+
+def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: str | None, as_json: bool) -> None:
+    """`--local --nccl-compare PROFILE`: see hwtune/nccl_compare.py."""
+    from . import nccl_compare
+    from .nccl import load_profile
+    from .topology import discover_local
+
+    try:
+        size_list = probe_script.parse_bytes(sizes) if sizes else None
+    except (ValueError, IndexError):
+        size_list = None
+    if sizes and (not size_list or min(size_list) < 4):
+        raise GpuboxError(f"--sizes {sizes!r} is not a list of byte sizes", "e.g. 1M,256M or 1048576")
+    profile = load_profile(profile_name)
+    if sets_arg is not None:
+        sets = [{"tp": len(s), "gpus": s, "crosses_numa": None, "reason": "given with --allreduce-sets"}
+                for s in sets_arg if len(s) > 1]
+        topo_note = "sets given with --allreduce-sets"
+    else:
+        topo = discover_local()
+        sets = nccl_compare.tp_sets(topo)
+        nodes = ", ".join(f"{'?' if k is None else k}: {','.join(map(str, v))}" for k, v in topo.nodes().items())
+        topo_note = (f"topology ({topo.source}): {len(topo.gpus)} GPU(s), NUMA nodes {nodes or '-'}; "
+                     + "; ".join(topo.notes))
+    con = None if as_json else console(stderr=True)
+    spin = con.status(f"all-reduce: current environment vs + {profile.name} ({rounds} round(s)) …") if con else None
+    if spin:
+        spin.start()
+    try:
+        result = nccl_compare.run(profile, sets, sizes=size_list, rounds=rounds, quick=quick)
+    finally:
+        if spin:
+            spin.stop()
+    result["notes"].insert(0, topo_note)
+    if as_json:
+        print_json(result)
+    else:
+        nccl_compare.render(result, console())
+    sys.exit(nccl_compare.exit_code(result))
+
+
+def _p2p_table(con, doc) -> None:
+    """GPU-pair copy bandwidth as a matrix (rows: source, columns: destination)."""
+    from rich.table import Table
+
+    probes = [p for p in ((doc.get("bandwidth") or {}).get("probes") or [])
+              if p.get("name") == "p2p" and p.get("src") != p.get("dst")]
+    if not probes:
+        return
+    idx = sorted({p["src"] for p in probes} | {p["dst"] for p in probes})
+    cell = {(p["src"], p["dst"]): p for p in probes}
+    t = Table(title="P2P copy GB/s (row -> column; * = no peer access)")
+    t.add_column("src\\dst")
+    for j in idx:
+        t.add_column(f"GPU{j}", justify="right")
+    for i in idx:
+        row = []
+        for j in idx:
+            p = cell.get((i, j))
+            if i == j or p is None:
+                row.append("-")
+            elif p.get("status") != "ok":
+                row.append(str(p.get("status")))
+            else:
+                row.append(f"{p['gbps']:.1f}" + ("*" if p.get("peer_access") is False else ""))
+        t.add_row(f"GPU{i}", *row)
     con.print(t)

@@ -12,7 +12,8 @@ no NVML, no GPU or no torch makes a section "skipped" with the missing piece nam
 The probe is read-only: it changes no clock, MIG, persistence or PCIe setting.
 
     python3 hwtune/probe.py [--quick] [--no-bandwidth] [--no-p2p] [--p2p-pairs 0-1,0-4]
-                            [--allreduce-sets "0,1,2,3;4,5,6,7"]
+                            [--allreduce-sets "0,1,2,3;4,5,6,7"] [--no-copies]
+                            [--allreduce-bytes 1048576,268435456]
 """
 
 from __future__ import annotations
@@ -436,7 +437,14 @@ def p2p_probe(torch, a: int, b: int, sz: dict) -> dict:
             "iters": iters, **_fig(n * iters, secs)}
 
 
-def allreduce_probe(torch, devs: list[int], sz: dict) -> dict:
+def _ar_iters(sz: dict, nbytes: int) -> int:
+    """Small all-reduces need more repetitions to outlast launch overhead: scale the iteration
+    count with the ratio to the default size, capped so that a trial stays short."""
+    base = sz["ar_mib"] * MIB
+    return int(min(200, max(sz["ar_iters"], sz["ar_iters"] * base // max(nbytes, 1))))
+
+
+def allreduce_probe(torch, devs: list[int], sz: dict, nbytes: int | None = None) -> dict:
     """NCCL all-reduce over a TP GPU set; busbw = algbw * 2(n-1)/n (nccl-tests' definition).
 
     One process drives all GPUs through torch.cuda.nccl (ncclCommInitAll, as nccl-tests' -g mode)
@@ -445,7 +453,7 @@ def allreduce_probe(torch, devs: list[int], sz: dict) -> dict:
     from torch.cuda import nccl
 
     n = len(devs)
-    elems = sz["ar_mib"] * MIB // 4
+    elems = max(1, (nbytes or sz["ar_mib"] * MIB) // 4)
     ts = [torch.ones(elems, dtype=torch.float32, device=d) for d in devs]
     if not nccl.is_available(ts):
         return {"name": "allreduce", "gpus": devs, "status": "skipped",
@@ -459,7 +467,7 @@ def allreduce_probe(torch, devs: list[int], sz: dict) -> dict:
                 "reason": f"wrong sum: expected {n}, got {got}"}
     for t in ts:
         t.zero_()
-    iters = sz["ar_iters"]
+    iters = sz["ar_iters"] if nbytes is None else _ar_iters(sz, elems * 4)
 
     def once():
         for _ in range(iters):
@@ -495,11 +503,11 @@ def parse_pairs(text: str | None):
 
 
 def bandwidth_section(torch, nv, handles: dict, *, quick: bool, p2p: bool, allreduce_sets,
-                      p2p_pairs=None) -> dict:
+                      p2p_pairs=None, copies: bool = True, allreduce_bytes=None) -> dict:
     sz = SIZES["quick" if quick else "full"]
     n = torch.cuda.device_count()
     probes = []
-    for i in range(n):
+    for i in (range(n) if copies else ()):
         bdf = _torch_bdf(torch, i)
         h = handles.get(bdf)
         for direction in ("h2d", "d2h"):
@@ -526,7 +534,9 @@ def bandwidth_section(torch, nv, handles: dict, *, quick: bool, p2p: bool, allre
             probes.append({"name": "allreduce", "gpus": devs, "status": "skipped",
                            "reason": f"GPU index {bad} not present ({n} visible)"})
             continue
-        probes.append(_safe(allreduce_probe, {"name": "allreduce", "gpus": devs}, torch, devs, sz))
+        for nb in allreduce_bytes or [None]:
+            base = {"name": "allreduce", "gpus": devs, **({"bytes": nb} if nb else {})}
+            probes.append(_safe(allreduce_probe, base, torch, devs, sz, nb))
     return {"status": "ok", "mode": "quick" if quick else "full", "devices": n,
             "gpu_bus_ids": [_torch_bdf(torch, i) for i in range(n)], "probes": probes}
 
@@ -552,12 +562,31 @@ def parse_sets(text: str | None):
     return sets
 
 
+# Environment that shapes NCCL/collectives, recorded so a run shows what it ran under (and the
+# NCCL profile comparison can prove its children kept NVLink multicast off).
+ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_", "TORCH_NCCL_")
+
+
+def parse_bytes(text: str | None):
+    """'1048576,256M,1G' -> [1048576, 268435456, 1073741824]; None -> None (the default size)."""
+    if text is None:
+        return None
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("IB").removesuffix("B")
+        if part:
+            out.append(int(part[:-1]) * mult[part[-1]] if part[-1] in mult else int(part))
+    return out
+
+
 def collect(*, quick: bool = False, bandwidth: bool = True, p2p: bool = True, allreduce_sets=None,
-            p2p_pairs=None) -> dict:
+            p2p_pairs=None, copies: bool = True, allreduce_bytes=None) -> dict:
     t0 = time.monotonic()
     doc = {"schema": SCHEMA, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "host": socket.gethostname(), "python": sys.version.split()[0],
-           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
     try:
         nvml, nv, handles = nvml_section()
     except Exception as exc:
@@ -575,7 +604,8 @@ def collect(*, quick: bool = False, bandwidth: bool = True, p2p: bool = True, al
         else:
             try:
                 doc["bandwidth"] = bandwidth_section(torch, nv, handles, quick=quick, p2p=p2p,
-                                                     allreduce_sets=allreduce_sets, p2p_pairs=p2p_pairs)
+                                                     allreduce_sets=allreduce_sets, p2p_pairs=p2p_pairs,
+                                                     copies=copies, allreduce_bytes=allreduce_bytes)
             except Exception as exc:
                 doc["bandwidth"] = {"status": "failed", "reason": _err(exc)}
     doc["xid"] = watch.finish()
@@ -597,10 +627,19 @@ def main(argv=None) -> int:
                     help="GPU sets for the all-reduce, e.g. '0,1,2,3;4,5,6,7' ('' for none)")
     ap.add_argument("--p2p-pairs", default=None, metavar="PAIRS",
                     help="GPU pairs to copy between, e.g. '0-1,0-4' (default: every ordered pair)")
+    ap.add_argument("--no-copies", action="store_true",
+                    help="skip the per-GPU H2D/D2H/D2D copies (e.g. all-reduce only)")
+    ap.add_argument("--allreduce-bytes", default=None, metavar="SIZES",
+                    help="all-reduce buffer sizes, e.g. '1M,256M' (default: one size, 256 MiB; quick 64 MiB)")
     ap.add_argument("--indent", type=int, default=None)
     a = ap.parse_args(argv)
+    try:
+        ar_bytes = parse_bytes(a.allreduce_bytes)
+    except (ValueError, IndexError):
+        ap.error(f"--allreduce-bytes {a.allreduce_bytes!r}: give sizes like 1048576 or 1M,256M")
     doc = collect(quick=a.quick, bandwidth=not a.no_bandwidth, p2p=not a.no_p2p,
-                  allreduce_sets=parse_sets(a.allreduce_sets), p2p_pairs=parse_pairs(a.p2p_pairs))
+                  allreduce_sets=parse_sets(a.allreduce_sets), p2p_pairs=parse_pairs(a.p2p_pairs),
+                  copies=not a.no_copies, allreduce_bytes=ar_bytes)
     sys.stdout.write(json.dumps(doc, indent=a.indent) + "\n")
     return 0
 

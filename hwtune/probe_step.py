@@ -35,7 +35,7 @@ def _int(v) -> int | None:
         return None
 
 
-def probe_args(*, quick: bool, bandwidth: bool, p2p: bool = True, sets=None) -> list[str]:
+def probe_args(*, quick: bool, bandwidth: bool, p2p: bool = True, sets=None, p2p_pairs=None) -> list[str]:
     args = []
     if quick:
         args.append("--quick")
@@ -45,13 +45,17 @@ def probe_args(*, quick: bool, bandwidth: bool, p2p: bool = True, sets=None) -> 
         args.append("--no-p2p")
     if sets is not None:
         args += ["--allreduce-sets", ";".join(",".join(map(str, s)) for s in sets)]
+    if p2p_pairs is not None:
+        args += ["--p2p-pairs", ",".join(f"{a}-{b}" for a, b in p2p_pairs)]
     return args
 
 
-def run_remote(host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True) -> dict:
+def run_remote(host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True,
+               p2p_pairs=None) -> dict:
     """Run the probe on `host` (a gpubox Host, normally the container) and return its document."""
     script = Path(probe_script.__file__).read_text()
-    argv = [lim["python"], "-", *probe_args(quick=quick, bandwidth=bandwidth, p2p=p2p, sets=lim["allreduce_sets"])]
+    argv = [lim["python"], "-", *probe_args(quick=quick, bandwidth=bandwidth, p2p=p2p, sets=lim["allreduce_sets"],
+                                           p2p_pairs=p2p_pairs)]
     r = host.run(argv, input=script, timeout=float(lim["timeout_s"]))
     if r.rc == 127:
         raise GpuboxError(f"{lim['python']} not found on {host.name}",

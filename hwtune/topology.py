@@ -227,3 +227,40 @@ def gpus_for_tp(topology: Topology, n: int) -> TpChoice:
                     f"TP{n} must cross NUMA nodes {', '.join(map(str, used))}: no node has {n} GPUs "
                     f"(largest has {max(len(v) for k, v in nodes.items() if k is not None)}); "
                     "expect cross-socket traffic")
+
+
+def discover_local() -> Topology:
+    """This machine's GPUs, read directly (no inventory, no transport): NVML in this process,
+    NUMA nodes NVML cannot tell from this machine's sysfs. An empty Topology says why it is empty."""
+    import socket
+
+    try:
+        import pynvml
+    except ImportError as exc:
+        return Topology("none", [], notes=[f"pynvml not importable ({exc}): pip install nvidia-ml-py"])
+    from .nvml_probe import collect
+    try:
+        doc = collect(pynvml)
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded: no GPU stack here
+        return Topology("none", [], notes=[f"NVML not available: {type(exc).__name__}: {exc}"])
+    topo = from_nvml_doc(doc)
+    topo.notes.insert(0, f"NVML on {socket.gethostname()} (local)")
+    return topo
+
+
+def from_file(path: str) -> Topology:
+    """A topology recorded earlier: nvml_probe.py output or `gpubox gpus --json` output."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise GpuboxError(f"cannot read {path}: {exc.strerror}", "give the path of a topology JSON file") from None
+    except ValueError:
+        raise GpuboxError(f"{path} is not JSON", "give nvml_probe.py output or `gpubox gpus --json` output") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list) or \
+            not all(isinstance(g, dict) and isinstance(g.get("index"), int) for g in doc["gpus"]):
+        raise GpuboxError(f"{path} has no list of GPUs with an index",
+                          "give nvml_probe.py output or `gpubox gpus --json` output")
+    topo = from_nvml_doc(doc)
+    topo.source = str(doc.get("source") or "file")
+    topo.notes = list(doc.get("notes") or topo.notes) + [f"recorded: {Path(path).name}"]
+    return topo

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Multi-GPU verification run (issue 12), in one go, on a machine of several GPUs:
+#   system.txt               nvidia-smi -L / topo -m, torch/NCCL versions, the safety variables
+#   topology.json            gpubox gpus --local --json (NUMA nodes, NVLink vs PCIe pairs, gpus_for_tp 1,2,4,8)
+#   probe.json               hwtune/probe.py: NVML facts, H2D/D2H/D2D per GPU, P2P every ordered pair,
+#                            all-reduce busbw over each TP set
+#   probe_report.json        gpubox probe --input probe.json --json (the verdict on it)
+#   nccl_compare_<P>.json    gpubox probe --local --nccl-compare P (current env vs + profile, side by side;
+#                            nccl-defaults adds nothing that changes NCCL's choices: an A/A noise floor)
+#   run.log                  what ran, how long, exit codes
+#
+# Read-only on the GPUs: no clock, MIG, persistence or PCIe config-space change anywhere.
+# NVLink multicast stays off in every process (a program using it can take a shared host's GPUs
+# out of service): the three variables are exported here, and the comparison force-sets them again
+# in each child after applying the profile (hwtune/nccl_compare.py).
+#
+#   OUT=/some/dir bash benchmarks/multigpu_run.sh        # from the repository root
+#   PROFILES="pcie-2numa" ROUNDS=1 QUICK=1 ...           # knobs (defaults below)
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/multigpu-out}
+PY=${PYTHON:-python3}
+PROFILES=${PROFILES:-"pcie-2numa nccl-defaults"}
+ROUNDS=${ROUNDS:-2}
+QUICK=${QUICK:-}
+mkdir -p "$OUT" || exit 2
+LOG=$OUT/run.log
+: > "$LOG"
+say() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
+
+# Refuse to start without the safety, whatever the caller's environment did to it.
+for kv in NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; do
+    [ "$(printenv "${kv%%=*}")" = "${kv#*=}" ] || { say "safety variable ${kv%%=*} is not ${kv#*=}: stop"; exit 2; }
+done
+
+# run NAME LIMIT_S OUTFILE CMD...: stdout to OUTFILE, stderr to the log, never past LIMIT_S.
+run() {
+    local name=$1 limit=$2 out=$3; shift 3
+    say "start $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout -k 10 "$limit" "$@" > "$out" 2>> "$LOG"
+    local rc=$?
+    say "end $name rc=$rc in $((SECONDS - t0))s -> $(basename "$out") ($(wc -c < "$out") bytes)"
+    return $rc
+}
+
+say "multigpu_run: out=$OUT python=$($PY -c 'import sys; print(sys.executable, sys.version.split()[0])' 2>&1)"
+say "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown); profiles: $PROFILES; rounds: $ROUNDS; quick: ${QUICK:-no}"
+$PY -c 'import click, rich, yaml' 2>> "$LOG" || say "WARNING: click/rich/yaml missing: gpubox commands will fail, probe.py still runs"
+
+{
+    echo "== date"; date -u
+    echo "== safety"; env | grep -E '^(NCCL_|NVSHMEM_|TORCH_SYMM_MEM_)' | sort
+    echo "== nvidia-smi -L"; timeout 30 nvidia-smi -L 2>&1
+    echo "== nvidia-smi topo -m"; timeout 30 nvidia-smi topo -m 2>&1
+    echo "== nvidia-smi nvlink --status"; timeout 30 nvidia-smi nvlink --status 2>&1 | head -200
+    echo "== numa"; for f in /sys/bus/pci/devices/*/numa_node; do d=${f%/numa_node}; \
+        [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] && echo "${d##*/} class=$(cat "$d/class") numa=$(cat "$f")"; done
+    echo "== lscpu"; lscpu 2>&1 | grep -iE 'numa|socket|model name'
+    echo "== torch"; timeout 60 $PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count(), torch.cuda.nccl.version())' 2>&1
+} > "$OUT/system.txt" 2>&1
+say "system.txt written"
+
+run topology 60 "$OUT/topology.json" $PY -m gpubox.cli gpus --local --json
+
+# All-reduce sets: the gpus_for_tp pick for each TP size, plus the contiguous TP groups the probe
+# uses by default (TP4 on 8 GPUs: 0-3 and 4-7), without duplicates.
+SETS=$($PY - "$OUT/topology.json" <<'EOF' 2>> "$LOG"
+import json, sys
+from hwtune.probe import default_sets
+try:
+    doc = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    doc = {}
+n = len(doc.get("gpus") or [])
+sets = [t["gpus"] for t in doc.get("tp") or [] if t.get("fits") and len(t["gpus"]) > 1]
+for s in default_sets(n):
+    if s not in sets:
+        sets.append(s)
+print(";".join(",".join(map(str, s)) for s in sets))
+EOF
+)
+say "all-reduce sets: ${SETS:-(default)}"
+if [ -n "$SETS" ]; then
+    run probe 200 "$OUT/probe.json" $PY hwtune/probe.py ${QUICK:+--quick} --allreduce-sets "$SETS" --indent 1
+else
+    run probe 200 "$OUT/probe.json" $PY hwtune/probe.py ${QUICK:+--quick} --indent 1
+fi
+run verdict 30 "$OUT/probe_report.json" $PY -m gpubox.cli probe --input "$OUT/probe.json" --json
+
+for p in $PROFILES; do
+    run "nccl-compare $p" 150 "$OUT/nccl_compare_$p.json" \
+        $PY -m gpubox.cli probe --local --nccl-compare "$p" --rounds "$ROUNDS" ${QUICK:+--quick} --json
+done
+
+# A short summary in the log (the figures the closing note needs).
+$PY - "$OUT" <<'EOF' 2>&1 | tee -a "$LOG"
+import glob, json, os, sys
+out = sys.argv[1]
+def load(n):
+    try:
+        return json.load(open(os.path.join(out, n)))
+    except (OSError, ValueError):
+        return None
+t = load("topology.json") or {}
+print("topology:", len(t.get("gpus") or []), "GPUs; NUMA", t.get("numa_nodes"), "; NVLink pairs",
+      len((t.get("links") or {}).get("nvlink") or []), "/ PCIe-only", len((t.get("links") or {}).get("pcie") or []))
+for c in t.get("tp") or []:
+    print(f"  TP{c['tp']}: {c['cuda_visible_devices'] or '-'}  {c['reason']}")
+r = load("probe_report.json") or {}
+for s in r.get("steps") or []:
+    if s["name"].startswith(("p2p", "allreduce")) or s["status"] != "ok":
+        print(f"  {s['status']:7} {s['name']}: {s['detail']}")
+for f in sorted(glob.glob(os.path.join(out, "nccl_compare_*.json"))):
+    c = load(os.path.basename(f)) or {}
+    print("compare", c.get("profile"), "errors:", c.get("errors"))
+    for row in c.get("rows") or []:
+        print(f"  TP{row['tp']} {row['gpus']} {row['bytes']} B: {row['baseline']} -> {row['profile']} GB/s  x{row['ratio']}")
+EOF
+say "done in ${SECONDS}s"
