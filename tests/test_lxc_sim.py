@@ -191,3 +191,11 @@ def test_pct_standin_fails_like_pct(tmp_path):
     with pytest.raises(StandinError, match="Device /dev/nvidia-uvm does not exist") as ei:
         pct.start(SimBox.load(sim.dest), 200)
     assert ei.value.rc == 255
+
+
+def test_unknown_device_mode_is_bad_input(tmp_path, capsys):
+    sim = _box(tmp_path, gpubox_device_mode="cdi")
+    before = _conf(sim)
+    rc, out, err = _lxc(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 2 and "gpubox_device_mode 'cdi'" in err and "cgroup2 or devN" in err
+    assert _conf(sim) == before
