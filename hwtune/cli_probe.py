@@ -37,11 +37,14 @@ from .probe_verdict import limits, parse, report
 @click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
               help="With --nccl-compare: alternate the two arms this many times; medians are compared.")
 @click.option("--sizes", metavar="SIZES", help="With --nccl-compare: all-reduce sizes [default: 1M,256M].")
+@click.option("--child-timeout", type=click.FloatRange(1, 3600), default=300.0, show_default=True,
+              help="With --nccl-compare: seconds one child (one arm of one round) may run.")
 @json_option
 @click.pass_context
 def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | None, no_bandwidth: bool,
           quick: bool, no_p2p: bool, p2p_pairs: str | None, allreduce_sets: str | None,
-          compare_profile: str | None, rounds: int, sizes: str | None, as_json: bool) -> None:
+          compare_profile: str | None, rounds: int, sizes: str | None, child_timeout: float,
+          as_json: bool) -> None:
     """Probe the GPUs of BOX's container (or this machine with --local).
 
     \b
@@ -66,7 +69,8 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
         if not local or not compare_profile:
             raise GpuboxError("--nccl-compare (and --sizes) run on this machine only",
                               "use: gpubox probe --local --nccl-compare PROFILE")
-        _compare(compare_profile, sets_arg, rounds=rounds, quick=quick, sizes=sizes, as_json=as_json)
+        _compare(compare_profile, sets_arg, rounds=rounds, quick=quick, sizes=sizes, as_json=as_json,
+                 timeout=child_timeout)
         return
     flags = dict(quick=quick, bandwidth=not no_bandwidth, p2p=not no_p2p)
     expect = None
@@ -160,7 +164,8 @@ def _parse_pairs(text: str | None):
     return pairs
 
 
-def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: str | None, as_json: bool) -> None:
+def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: str | None, as_json: bool,
+             timeout: float = 300.0) -> None:
     """`--local --nccl-compare PROFILE`: see hwtune/nccl_compare.py."""
     from . import nccl_compare
     from .nccl import load_profile
@@ -188,7 +193,7 @@ def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: st
     if spin:
         spin.start()
     try:
-        result = nccl_compare.run(profile, sets, sizes=size_list, rounds=rounds, quick=quick)
+        result = nccl_compare.run(profile, sets, sizes=size_list, rounds=rounds, quick=quick, timeout=timeout)
     finally:
         if spin:
             spin.stop()

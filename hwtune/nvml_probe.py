@@ -41,6 +41,17 @@ def _read_numa_sysfs(bus_id: str):
         return None
 
 
+def _nvlink_p2p(nvml, a, b) -> bool:
+    """NVML's own answer to "can these two GPUs talk P2P over NVLink" (False when it cannot tell)."""
+    fn = getattr(nvml, "nvmlDeviceGetP2PStatus", None)
+    if fn is None:
+        return False
+    try:
+        return fn(a, b, getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", 2)) == getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+    except Exception:
+        return False
+
+
 def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
     """Topology from a pynvml-like module (already importable; nvmlInit is called here)."""
     nvml.nvmlInit()
@@ -71,9 +82,12 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
                 "max_link_width": _try(errors, f"gpu{i} max link width", nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
                 "memory_mib": int(mem.total) // (1 << 20) if mem is not None else None,
             })
-        # NVLink: count active links whose remote end is another GPU of this box.
+        # NVLink: count active links whose remote end is another GPU of this box. Links whose
+        # remote end is not one of our GPUs go to an NVSwitch (HGX boards): counted per GPU, and a
+        # pair is NVLink-connected through the switches when NVML says P2P over NVLink works.
         by_bus = {g["bus_id"]: g["index"] for g in gpus}
         nvlinks: dict[tuple[int, int], int] = {}
+        switch_links: dict[int, int] = {}
         max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)
         for i, h in enumerate(handles):
             for link in range(max_links):
@@ -84,16 +98,22 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
                 except Exception:
                     break       # no NVLink on this GPU (NotSupported) or past its last link
                 j = by_bus.get(remote)
-                if j is not None and j > i:      # count each link once, from its lower-index end
+                if j is None:
+                    switch_links[i] = switch_links.get(i, 0) + 1
+                elif j > i:      # count each link once, from its lower-index end
                     nvlinks[(i, j)] = nvlinks.get((i, j), 0) + 1
         pairs = {}
         for i in range(count):
             for j in range(i + 1, count):
                 lvl = _try(errors, f"topology {i}-{j}", nvml.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
                 n = nvlinks.get((i, j), 0)
+                pair = {}
+                if not n and switch_links.get(i) and switch_links.get(j) and _nvlink_p2p(nvml, handles[i], handles[j]):
+                    n = min(switch_links[i], switch_links[j])
+                    pair["via"] = "NVSwitch"
                 pairs[f"{i}-{j}"] = {"relation": f"NV{n}" if n else "PCIe",
                                      "level": LEVELS.get(int(lvl), str(lvl)) if lvl is not None else None,
-                                     "nvlinks": n}
+                                     "nvlinks": n, **pair}
         return {"source": "nvml", "driver": driver, "gpus": gpus, "pairs": pairs, "errors": errors}
     finally:
         try:

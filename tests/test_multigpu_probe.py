@@ -254,3 +254,32 @@ def test_multigpu_run_script_end_to_end_without_gpus(tmp_path):
     assert cmp_["schema"] == "gpubox.nccl-compare/1" and cmp_["safety_env"]["NCCL_NVLS_ENABLE"] == "0"
     log = (out / "run.log").read_text()
     assert "end topology rc=" in log and "end probe rc=0" in log and "done in" in log
+
+
+def test_nvswitch_links_make_every_pair_nvlink(tmp_path, monkeypatch):
+    """HGX boards: each GPU's 18 NVLinks go to NVSwitches, not to another GPU. The pairs are
+    NVLink-connected when NVML's P2P status over NVLink says OK; without that answer they stay PCIe."""
+    spec = importlib.util.spec_from_file_location("topo_tests2", ROOT / "tests" / "test_hwtune_topology.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = mod.eight_gpu_doc(nvlink=False)
+    switches = [f"00000000:{0x05 + k:02X}:00.0" for k in range(4)]       # 4 NVSwitch chips
+    for i, d in enumerate(doc["devices"]):
+        d.update(name="NVIDIA H200", numa="NotSupported", nvlinks=[switches[k % 4] for k in range(18)])
+    doc["p2p_nvlink_ok"] = [0, 1, 2, 3, 4, 5]                              # GPUs 6, 7: fabric not up
+    src = mod.FAKE_PYNVML + (
+        "\nNVML_P2P_CAPS_INDEX_NVLINK = 2\nNVML_P2P_STATUS_OK = 0\n"
+        "def nvmlDeviceGetP2PStatus(a, b, idx):\n"
+        "    ok = _d()['p2p_nvlink_ok']\n"
+        "    return 0 if idx == 2 and a in ok and b in ok else 5\n")
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    (tmp_path / "pynvml_sw.py").write_text(src)
+    monkeypatch.setenv("FAKE_NVML_DOC", str(tmp_path / "doc.json"))
+    spec = importlib.util.spec_from_file_location("pynvml_sw", tmp_path / "pynvml_sw.py")
+    nv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nv)
+    from hwtune.topology import from_nvml
+    topo = from_nvml(nv, read_numa=lambda bus: None)
+    assert topo.relation(0, 5) == {"relation": "NV18", "level": "SYS", "nvlinks": 18, "via": "NVSwitch"}
+    assert topo.relation(5, 6)["relation"] == "PCIe" and topo.relation(6, 7)["nvlinks"] == 0
+    assert sum(p["nvlinks"] > 0 for p in topo.pairs.values()) == 15      # C(6, 2)
