@@ -61,6 +61,7 @@ def test_persist_writes_sysctl_d(tmp_path):
 
 def test_persist_when_live_already_off(tmp_path):
     sim, ctx = make(tmp_path, persist=True)
+    sim.hpath(CONF).unlink()  # live value right, but nothing makes it survive a reboot
     chk = numa(ctx, "check").steps[0]
     assert chk.status == "drift" and "at boot: kernel default" in chk.detail
     rep = numa(ctx, "apply").steps[0]
