@@ -60,8 +60,12 @@ def recover(ctx: click.Context, box: str, dry_run, yes, skip, only, no_bench, pr
             out_dir, report_format, as_json) -> None:
     """Diagnose and repair BOX after a reboot, then prove it with the verification benchmark."""
     from .recover import recover as run_recover
+    confirm = None
+    if not yes and not dry_run and sys.stdin.isatty():
+        def confirm(question: str) -> bool:  # the container restart asks first unless --yes
+            return click.confirm(question, default=False, err=True)
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run, yes=yes, restart=restart,
-                    persist=persist, profile=profile)
+                    persist=persist, profile=profile, confirm=confirm)
     try:
         outcome = run_recover(c, dry_run=dry_run, skip=skip, only=only, bench=not no_bench,
                               profile=profile, out_dir=out_dir, report_format=report_format)
