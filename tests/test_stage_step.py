@@ -4,7 +4,6 @@ import hashlib
 import json
 import os
 
-import pytest
 import yaml
 
 from gpubox.context import Context
