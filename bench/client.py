@@ -9,7 +9,9 @@ one-line reason; nothing here can hang past its deadline.
 
 httpx (already a dependency) rather than aiohttp; lines are split by hand from raw bytes and only
 the chunks that matter (the first content chunk, the usage chunk) are JSON-parsed, which keeps the
-client's CPU per streamed token low.
+client's CPU per streamed token low. Under httpx's pool sits bench.clientnet's socket layer, which
+stamps bytes when they leave the socket: TTFT and E2E are those stamps, not the time the task got
+round to parsing them (at 64 streams that was 13 ms late; see docs/bench.md "Measurement quality").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from bench.clientnet import arrival, timed_transport
 from gpubox.errors import GpuboxError
 
 WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be "
@@ -128,10 +131,10 @@ class Client:
                  max_connections: int = 256):
         self.base = base_url.rstrip("/")
         self.timeout = timeout
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(
-            base_url=self.base,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+            base_url=self.base, timeout=httpx.Timeout(timeout, connect=connect_timeout), limits=limits,
+            transport=timed_transport(limits) if self.base.startswith("http://") else None)
         self.info: ServerInfo | None = None
 
     async def __aenter__(self) -> "Client":
@@ -234,6 +237,7 @@ class Client:
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         done = True
+                        end = arrival(r)
                         continue
                     if b'"usage":{' in data or b'"usage": {' in data:
                         d = json.loads(data)
@@ -247,9 +251,8 @@ class Client:
                         reasoning = (ch.get("delta") or {}).get("reasoning_content")
                         if not (text or reasoning):
                             continue  # role-only / empty deltas carry no token yet
-                        first = time.perf_counter()
+                        first = arrival(r)  # when these bytes left the socket, not now
                     s.chunks += 1
-        end = time.perf_counter()
         if not done or usage is None:
             what = "no usage chunk" if usage is None else "no [DONE]"
             s.error = f"stream ended early after {s.chunks} chunks ({what})"

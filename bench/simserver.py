@@ -320,7 +320,7 @@ class Handler:
             loop = asyncio.get_running_loop()
             # absolute deadlines so pacing never drifts: first token after prefill, then n/rate
             t_next = t_recv + s.ttft(prompt_tokens)
-            t_first = None
+            t_first = t_last = None
             first = True
             while emitted < n_target:
                 if first:
@@ -345,22 +345,25 @@ class Handler:
                 finish = None
                 if emitted + n >= n_target:
                     finish = "length" if n_target == max_tokens else "stop"
-                w.write(chunk(piece, finish))
-                await w.drain()
+                data = chunk(piece, finish)
+                # truth = the moment the token is handed to the socket (transport.write sends at
+                # once), stamped before the write so a preemption after it cannot make it late
                 now = time.perf_counter()
+                w.write(data)
+                await w.drain()
                 if first:
                     t_first = now
+                t_last = now
                 emitted += n
                 s.total_tokens += n
                 first = False
-            t_last = time.perf_counter()
             if usage_on:
                 w.write(chunk(None, usage={"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
                                            "total_tokens": prompt_tokens + emitted}))
             done = b"data: [DONE]\n\n"
             w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
             await w.drain()
-            s.truth.append({"id": cid, "t_recv": t_recv, "t_first": t_first, "t_last": t_last, "ttft_s": t_first - t_recv, "e2e_s": t_last - t_recv,
+            s.truth.append({"id": cid, "user": req.get("user"), "t_recv": t_recv, "t_first": t_first, "t_last": t_last, "ttft_s": t_first - t_recv, "e2e_s": t_last - t_recv,
                             "output_tokens": emitted, "prompt_tokens": prompt_tokens})
             del loop
             return True
