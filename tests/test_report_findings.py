@@ -122,3 +122,12 @@ def test_empty_run_has_no_findings():
     d = copy.deepcopy(doc("seed-after"))
     d["measurements"] = []
     assert findings([run_of(d)]) == []
+
+
+def test_simulated_runs_say_so_first_and_real_runs_do_not():
+    d = doc("seed-after")
+    d["simulated"], d["sim_speed"] = True, 20
+    fs = findings([run_of(d)])
+    assert fs[0].id == "simulated" and "simulator paced at 20" in fs[0].text
+    d["simulated"] = False
+    assert "simulated" not in by_id(findings([run_of(d)]))

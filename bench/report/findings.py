@@ -359,9 +359,19 @@ def before_after(base: Run, new: Run, top: int = 3) -> list[Finding]:
                      "largest": [{"key": m.key, "pct": round(d, 1)} for _, m, d in ranked]})]
 
 
+def simulated(run: Run) -> list[Finding]:
+    """Say first when the figures are the simulator's, so nobody reads them as a GPU's."""
+    if not run.doc.get("simulated"):
+        return []
+    k = run.doc.get("sim_speed")
+    pace = f" paced at {f1(float(k))}x the seed box's real-time rates" if k else ""
+    return [Finding("simulated", "warn", f"figures come from gpubox's server simulator{pace}, not from GPUs: "
+                    "they test the pipeline, not the box", run.name, {"sim_speed": k})]
+
+
 def findings(runs: list[Run], compare: bool = False) -> list[Finding]:
     """All findings: before/after first when comparing, then each run's own."""
-    out: list[Finding] = []
+    out: list[Finding] = [f for r in runs for f in simulated(r)]
     if compare and len(runs) >= 2:
         for r in runs[1:]:
             out += before_after(runs[0], r)
