@@ -15,7 +15,8 @@ description:
   - V(failed) - the run could not complete (unreachable host, bad input, gpubox error), a step
     failed or was blocked, or the benchmark verdict is failed.
   - V(degraded) - nothing failed, but problems remain (a step in drift, e.g. found by doctor or
-    planned in check mode) or the benchmark verdict is degraded.
+    planned in check mode; in check mode also steps that fail behind a planned repair) or the
+    benchmark verdict is degraded.
   - V(healthy) - every step ok or fixed, and the benchmark (when run) healthy.
   - Writes O(dest) (JSON) when given. C(changed) is always false: the summary is a report on the
     control node, not a change to any box.
@@ -43,26 +44,21 @@ options:
 EXAMPLES = r"""
 - name: Summarise the fleet
   gpubox_fleet:
-    boxes: "{{ boxes }}"
-    results: "{{ dict(boxes | zip(boxes | map('extract', hostvars, 'gpubox_box_result'))) }}"
+    boxes: "{{ ansible_play_hosts_all }}"
+    results: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars, 'gpubox_box_result'))) }}"
+  delegate_to: localhost
+  run_once: true
     dest: "{{ gpubox_results_dir }}/summary.json"
 """
 
 RETURN = r"""
-healthy:
-  description: Boxes that are healthy.
-  type: list
-  returned: always
-degraded:
-  description: Boxes with problems that remain but nothing failed.
-  type: list
-  returned: always
-failed:
-  description: Boxes that failed.
-  type: list
+by_status:
+  description: healthy / degraded / failed -> the boxes in that state. (Not top-level keys, since
+    Ansible reads a result's C(failed) key as the task's own status.)
+  type: dict
   returned: always
 boxes:
-  description: Box -> {status, reason, changed, rc}.
+  description: Box -> {status, reason, changed, exit_code}.
   type: dict
   returned: always
 lines:
@@ -100,11 +96,15 @@ def classify(result):
             return "healthy", result.get("msg") or "skipped"
         return "failed", str(result.get("msg") or "no steps ran")
     failed = _bad_steps(steps or [], "failed")
+    drift = _bad_steps(steps or [], "drift")
+    if failed and drift and result.get("mode") == "plan":
+        # Check mode: what fails now may be the consequence of what the plan repairs.
+        return "degraded", "would repair " + "; ".join(drift[:3]) + " (then re-check: " + \
+            ", ".join(f.split(":")[0] for f in failed) + ")"
     if failed:
         return "failed", "; ".join(failed[:3])
     if verdict.get("status") == "failed":
         return "failed", "benchmark failed: " + "; ".join(r.get("message", "") for r in verdict.get("reasons", [])[:2])
-    drift = _bad_steps(steps or [], "drift")
     if drift:
         return "degraded", "; ".join(drift[:3])
     if verdict.get("status") == "degraded":
@@ -136,7 +136,7 @@ def main():
         res = (p["results"] or {}).get(name)
         status, reason = classify(res)
         boxes[name] = {"status": status, "reason": " ".join(reason.split()),
-                       "changed": bool((res or {}).get("changed")), "rc": (res or {}).get("rc")}
+                       "changed": bool((res or {}).get("changed")), "exit_code": (res or {}).get("exit_code")}
     groups = {k: [b for b, r in boxes.items() if r["status"] == k] for k in ("healthy", "degraded", "failed")}
     lines = table(list(boxes.items()), f"gpubox {p['action']}: {len(groups['healthy'])} healthy, "
                                        f"{len(groups['degraded'])} degraded, {len(groups['failed'])} failed")
@@ -149,7 +149,8 @@ def main():
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=2)
         os.replace(tmp, p["dest"])
-    module.exit_json(changed=False, lines=lines, summary_path=p["dest"], **{k: v for k, v in doc.items() if k != "time"})
+    module.exit_json(changed=False, lines=lines, summary_path=p["dest"], boxes=boxes, by_status=groups,
+                     action=p["action"])
 
 
 if __name__ == "__main__":
