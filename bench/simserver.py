@@ -363,7 +363,8 @@ class Handler:
             done = b"data: [DONE]\n\n"
             w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
             await w.drain()
-            s.truth.append({"id": cid, "user": req.get("user"), "t_recv": t_recv, "t_first": t_first, "t_last": t_last, "ttft_s": t_first - t_recv, "e2e_s": t_last - t_recv,
+            s.truth.append({"id": cid, "user": req.get("user"), "t_recv": t_recv, "t_first": t_first,
+                            "t_last": t_last, "ttft_s": t_first - t_recv, "e2e_s": t_last - t_recv,
                             "output_tokens": emitted, "prompt_tokens": prompt_tokens})
             del loop
             return True

@@ -15,8 +15,10 @@ for a client), at 1..64 concurrent streams carrying 2,000 tok/s in all:
 - "sim late" = true TTFT - configured TTFT: the simulator's own lateness (accepting, pacing) plus
   the client's send ramp; not a client error, because both sides of the comparison include it.
 
-Figures compared: the median over requests of the client's figure vs the median of the truth
-(what a report shows), and the 95th percentile of the per-request error.
+Error = per request |client - truth| / truth; the table shows its median over all requests of a
+level (--reps rounds, default 3; the goal) and its 95th percentile, next to the medians of the
+client's and the true figures. (Comparing the two medians instead mixes in how the requests are
+ordered; it is in the --json output as median_vs_median_err_pct.)
 
 Then the client's CPU (getrusage of this process only; the simulator is another process) while it
 streams ~2,000 tok/s for several seconds, next to a plain httpx client as someone would write it
@@ -50,7 +52,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.client import Client, Request, run_concurrent  # noqa: E402
+from bench.client import WORDS, Client, Request, run_concurrent  # noqa: E402
 from bench.launcher import Server, free_port  # noqa: E402
 
 TTFT = 0.050
@@ -93,36 +95,40 @@ def cpu_pct(ru0, ru1, wall: float) -> float:
     return (ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime) / wall * 100
 
 
-async def measure(url: str, conc: int, out: int) -> dict:
-    """One concurrency level: client samples matched with the simulator's truth."""
+async def measure(url: str, conc: int, out: int, reps: int) -> dict:
+    """One concurrency level, `reps` rounds: client samples matched with the simulator's truth."""
+    rows, cpu = [], []
     async with Client(url, timeout=30) as c:
         await c.stream(Request(8, prompt="warm up"))
-        async with httpx.AsyncClient() as h:
-            before = len((await h.get(url + "/sim/truth")).json())
-        reqs = [Request(out, prompt="a b c d", extra={"user": f"acc-{i}"}) for i in range(conc)]
-        ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        samples, wall = await run_concurrent(c, reqs, conc)
-        ru1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        async with httpx.AsyncClient() as h:
-            truth = {t["user"]: t for t in (await h.get(url + "/sim/truth")).json()[before:]}
-    bad = [x.error for x in samples if not x.ok]
-    if bad:
-        return {"C": conc, "error": bad[0]}
-    rows = []
-    for i, s in enumerate(samples):
-        t = truth[f"acc-{i}"]
-        tpot = (t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1)
-        rows.append({"ttft": (s.ttft_s, t["t_first"] - s.started), "tpot": (s.tpot_s, tpot),
-                     "tok_s": (s.tok_s, 1 / tpot), "stamp": s.started + s.ttft_s - t["t_first"],
-                     "late": t["t_first"] - s.started - TTFT})
-    res: dict = {"C": conc, "rate_per_stream": per_stream(conc),
-                 "client_cpu_pct": round(cpu_pct(ru0, ru1, t1 - t0), 1)}
+        for rep in range(reps):
+            async with httpx.AsyncClient() as h:
+                before = len((await h.get(url + "/sim/truth")).json())
+            reqs = [Request(out, prompt="a b c d", extra={"user": f"acc-{rep}-{i}"}) for i in range(conc)]
+            ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            samples, _ = await run_concurrent(c, reqs, conc)
+            ru1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            cpu.append(cpu_pct(ru0, ru1, t1 - t0))
+            async with httpx.AsyncClient() as h:
+                truth = {t["user"]: t for t in (await h.get(url + "/sim/truth")).json()[before:]}
+            bad = [x.error for x in samples if not x.ok]
+            if bad:
+                return {"C": conc, "error": bad[0]}
+            for i, s in enumerate(samples):
+                t = truth[f"acc-{rep}-{i}"]
+                tpot = (t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1)
+                rows.append({"ttft": (s.ttft_s, t["t_first"] - s.started), "tpot": (s.tpot_s, tpot),
+                             "tok_s": (s.tok_s, 1 / tpot), "stamp": s.started + s.ttft_s - t["t_first"],
+                             "late": t["t_first"] - s.started - TTFT})
+    res: dict = {"C": conc, "rate_per_stream": per_stream(conc), "requests": len(rows),
+                 "client_cpu_pct": round(statistics.median(cpu), 1)}
     for k in ("ttft", "tpot", "tok_s"):
         cl = statistics.median(r[k][0] for r in rows)
         tr = statistics.median(r[k][1] for r in rows)
-        res[k] = {"truth": tr, "client": cl, "err_pct": rel(cl, tr),
-                  "p95_err_pct": p95([rel(r[k][0], r[k][1]) for r in rows])}
+        errs = [rel(r[k][0], r[k][1]) for r in rows]
+        res[k] = {"truth": tr, "client": cl, "err_pct": statistics.median(errs), "p95_err_pct": p95(errs),
+                  "median_vs_median_err_pct": rel(cl, tr)}
     res["stamp_delay_ms"] = statistics.median(r["stamp"] for r in rows) * 1000
+    res["stamp_delay_p95_ms"] = p95([r["stamp"] for r in rows]) * 1000
     res["sim_late_ms"] = statistics.median(r["late"] for r in rows) * 1000
     return res
 
@@ -187,34 +193,74 @@ def _pick(d: dict, *path):
     return d
 
 
-def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT) -> dict:
+def word_tokenizer(dest: Path) -> str:
+    """A local Hugging Face tokenizer with the simulator's rule (one word = one token), so GuideLLM
+    can size prompts without downloading a model's tokenizer (nothing can be fetched from a hub here)."""
+    code = (
+        "import sys\n"
+        "from tokenizers import Tokenizer, models, pre_tokenizers, decoders\n"
+        "from transformers import PreTrainedTokenizerFast\n"
+        f"words = {WORDS!r}\n"
+        "vocab = {'[UNK]': 0, '[EOS]': 1, **{w: i + 2 for i, w in enumerate(words)}}\n"
+        "t = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))\n"
+        "t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()\n"
+        "t.decoder = decoders.WordPiece(prefix='##')\n"
+        "PreTrainedTokenizerFast(tokenizer_object=t, unk_token='[UNK]', eos_token='[EOS]').save_pretrained(sys.argv[1])\n")
+    return code
+
+
+def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT, n: int = 24) -> dict:
+    """GuideLLM and this client on one simulator (conc streams, n requests each), with the truth."""
     exe = os.environ.get("GUIDELLM") or shutil.which("guidellm")
     if not exe:
         return {"status": "not installed (set GUIDELLM=/path/to/guidellm); skipped"}
+    py = Path(exe).with_name("python")  # GuideLLM's own interpreter has tokenizers + transformers
+    if not py.exists():
+        py = Path(sys.executable)
+    tok = tmp / "wordtok"
+    r = subprocess.run([str(py), "-c", word_tokenizer(tok), str(tok)], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return {"status": "could not build the word tokenizer", "tail": r.stderr.strip().splitlines()[-2:]}
     s = start(TOTAL_RATE / conc, tmp, pin)
     try:
+        truth_url = s.url + "/sim/truth"
         outp = tmp / "guidellm.json"
-        # GuideLLM >= 0.8 CLI; the simulator's tokenizer is one word per token, so prompts are words
+        # GuideLLM >= 0.8 CLI (`guidellm run --backend kind=...`)
         cmd = [exe, "run", "--backend", f"kind=openai_http,target={s.url}",
-               "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={conc * 3}",
+               "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={n}",
                "--data", f"kind=synthetic_text,prompt_tokens=16,output_tokens={out}",
-               "--output", f"kind=json,path={outp}", "--disable-progress"]
+               "--tokenizer", f"kind=hf_auto,model={tok}", "--output", f"kind=json,path={outp}", "--disable-progress"]
+        before = len(httpx.get(truth_url).json())
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
         except subprocess.TimeoutExpired:
             return {"status": "timed out after 300 s", "cmd": cmd}
         if r.returncode != 0 or not outp.exists():
-            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-            return {"status": f"failed rc={r.returncode}", "tail": tail, "cmd": cmd}
-        doc = json.loads(outp.read_text())
-        b = (doc.get("benchmarks") or [{}])[0]
-        m = b.get("metrics") or {}
+            return {"status": f"failed rc={r.returncode}", "tail": (r.stderr or r.stdout).strip().splitlines()[-3:]}
+        g_truth = httpx.get(truth_url).json()[before:]
+        m = json.loads(outp.read_text())["benchmarks"][0]["metrics"]
 
         def med(name):
             return _pick(m, name, "successful", "median")
-        return {"status": "ok", "ttft_ms": med("time_to_first_token_ms"), "itl_ms": med("inter_token_latency_ms"),
-                "tpot_ms": med("time_per_output_token_ms"), "tok_s_per_stream": None, "cmd": cmd,
-                "output_tok_s": _pick(m, "output_tokens_per_second", "successful", "mean")}
+
+        async def ours():
+            async with Client(s.url, timeout=30) as c:
+                await c.stream(Request(8, prompt="warm up"))
+                smp, _ = await run_concurrent(c, [Request(out, prompt="a b c d") for _ in range(n)], conc)
+                return smp
+        before = len(httpx.get(truth_url).json())
+        smp = asyncio.run(ours())
+        o_truth = httpx.get(truth_url).json()[before:]
+
+        def truth(ts):
+            return {"server_ttft_ms": statistics.median(t["ttft_s"] for t in ts) * 1000,
+                    "tpot_ms": statistics.median((t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1) for t in ts) * 1000}
+        return {"status": "ok", "cmd": cmd,
+                "guidellm": {"ttft_ms": med("time_to_first_token_ms"), "itl_ms": med("inter_token_latency_ms"),
+                             "tpot_ms": med("time_per_output_token_ms"), "truth": truth(g_truth),
+                             "output_tok_s": _pick(m, "output_tokens_per_second", "successful", "mean")},
+                "gpubox": {"ttft_ms": statistics.median(x.ttft_s for x in smp) * 1000,
+                           "tpot_ms": statistics.median(x.tpot_s for x in smp) * 1000, "truth": truth(o_truth)}}
     finally:
         s.stop()
 
@@ -222,6 +268,7 @@ def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT) -
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer concurrency levels")
+    ap.add_argument("--reps", type=int, default=3, help="rounds per concurrency level (medians over all requests)")
     ap.add_argument("--pin", action="store_true", help="pin simulator and client to separate cores")
     ap.add_argument("--nice", type=int, default=-10,
                     help="nice value for simulator and client (default -10: on a shared machine they stand in "
@@ -244,7 +291,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     say = (lambda *x, **k: None) if a.json else print
     say(f"client accuracy vs the simulator's own write times: TTFT {TTFT * 1000:.0f} ms, {TOTAL_RATE:.0f} tok/s "
-        f"spread over C streams (at most 500 per stream), {OUT} output tokens, 1 token per chunk; pinned={pin}, nice={PRIO}, load avg {load0:.1f} "
+        f"spread over C streams (at most 500 per stream), {OUT} output tokens, 1 token per chunk; {a.reps} rounds per level; pinned={pin}, nice={PRIO}, load avg {load0:.1f} "
         f"on {os.cpu_count()} CPUs")
     say(f"{'C':>3} | {'tok/s true':>10} {'client':>8} {'err%':>5} | {'TPOT true ms':>12} {'client':>8} {'err%':>5} | "
         f"{'TTFT true ms':>12} {'client':>8} {'err%':>5} {'p95%':>5} | {'stamp ms':>8} {'sim late':>8} {'CPU%':>5}")
@@ -252,7 +299,7 @@ def main() -> int:
     for conc in levels:
         s = start(per_stream(conc), tmp, pin)
         try:
-            r = asyncio.run(measure(s.url, conc, OUT))
+            r = asyncio.run(measure(s.url, conc, OUT, a.reps))
         finally:
             s.stop()
         levels_out.append(r)
@@ -271,9 +318,15 @@ def main() -> int:
         f"{plain['tok_s']:.0f} tok/s; ratio {plain['cpu_pct'] / max(ours['cpu_pct'], 0.1):.2f}x")
     gl = guidellm_side_by_side(tmp, pin)
     if gl["status"] == "ok":
-        say(f"GuideLLM, same server, 8 streams x {TOTAL_RATE / 8:.0f} tok/s (true TPOT {8000 / TOTAL_RATE:.1f} ms, "
-            f"true TTFT ~{TTFT * 1000:.0f} ms + send): TTFT {gl['ttft_ms']} ms, ITL {gl['itl_ms']} ms, "
-            f"TPOT {gl['tpot_ms']} ms, output {gl['output_tok_s']} tok/s")
+        g, o = gl["guidellm"], gl["gpubox"]
+        say(f"side by side, one simulator, 8 streams x {TOTAL_RATE / 8:.0f} tok/s, 24 requests each "
+            f"(server-side TTFT excludes the send, so a client's TTFT is a little above it):")
+        say(f"  {'client':<10} {'TTFT ms':>8} {'srv TTFT':>8} | {'ITL/TPOT ms':>11} {'true TPOT':>9} {'err%':>5}")
+        for name, x, itl in (("GuideLLM", g, g["itl_ms"]), ("gpubox", o, o["tpot_ms"])):
+            say(f"  {name:<10} {x['ttft_ms']:>8.2f} {x['truth']['server_ttft_ms']:>8.2f} | {itl:>11.3f} "
+                f"{x['truth']['tpot_ms']:>9.3f} {rel(itl, x['truth']['tpot_ms']):>5.2f}")
+        say(f"  GuideLLM output {g['output_tok_s']:.0f} tok/s; its 'TPOT' {g['tpot_ms']:.3f} ms is E2E / tokens "
+            f"(includes TTFT), so its ITL is the figure comparable with gpubox's TPOT")
     else:
         say(f"GuideLLM: {gl['status']} {gl.get('tail', '')}")
     ok = [r for r in levels_out if "error" not in r]
