@@ -216,7 +216,14 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     out = Path(out_dir or (state_dir() / "results" / ctx.box.name))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
+    try:
+        doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
+    except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
+        outcome.report.steps.append(StepResult(
+            "bench", ctx.box.container.name, "failed", detail=f"benchmark could not run: {exc}",
+            repair="fix that, or re-run with --no-bench and measure with `gpubox bench run --url URL`",
+            seconds=time.monotonic() - t0, title="verification benchmark"))
+        return
     outcome.bench = doc
     outcome.bench_path = doc.get("path") or str(out)
     outcome.report.steps.append(StepResult(

@@ -167,3 +167,16 @@ def test_matrix_over_ssh(sshd, tmp_path, capsys):
     path.write_text(yaml.safe_dump(inv))
     want = {"container-config", "host-devices", "pcie-mrrs", "numa-balancing", "nccl-env", "model-stage"}
     _run_matrix(capsys, str(path), want)
+
+
+def test_benchmark_that_cannot_run_keeps_the_repair_summary(tmp_path, capsys):
+    """A bad benchmark setting fails the bench row (exit 1), not the whole run (exit 2)."""
+    sim = build(tmp_path / "box", ["numa_balancing"])
+    inv = yaml.safe_load(sim.inventory_path.read_text())
+    inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]["tp"] = [16]
+    sim.inventory_path.write_text(yaml.safe_dump(inv))
+    rc, rec = _recover(capsys, str(sim.inventory_path))
+    assert rc == 1
+    steps = {s["name"]: s for s in rec["steps"]}
+    assert steps["numa-balancing"]["status"] == "fixed"
+    assert steps["bench"]["status"] == "failed" and "TP 16" in steps["bench"]["detail"]
