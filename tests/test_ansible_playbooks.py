@@ -266,6 +266,37 @@ def test_bench_playbook_runs_the_short_simulated_benchmark(fleet):
     assert json.loads(fetched[0].read_text())["verdict"] == res["verdict"]
 
 
+def test_recover_with_bench_adds_the_verdict(fleet):
+    """recover.yml with gpubox_bench_enabled: repair on the host, then the benchmark in the container."""
+    p = fleet.play("recover.yml", "-l", "ct-a", "-e", json.dumps({"gpubox_bench_enabled": True,
+                                                                  "gpubox_bench_tp": [1],
+                                                                  "gpubox_bench_methods": ["auto"]}))
+    assert p.returncode == 0, _explain(p)
+    res = json.loads((fleet.results / "recover" / "ct-a.json").read_text())
+    assert res["mode"] == "apply" and res["ok"] is True
+    assert res["benchmark"]["verdict"]["status"] == "healthy"
+    assert Path(res["benchmark"]["result"]).name in {f.name for f in (fleet.results / "bench" / "ct-a").glob("*.json")}
+
+
+def test_tune_and_stage_playbooks_repair_only_their_part(fleet):
+    sim = fleet.sims["ct-a"]
+    sim.hpath("/proc/sys/kernel/numa_balancing").write_text("1\n")        # a reboot turned it back on
+    shutil.rmtree(sim.cpath("/dev/shm"))                                   # and emptied the tmpfs
+    sim.cpath("/dev/shm").mkdir()
+    t = fleet.play("tune.yml", "-l", "ct-a")
+    assert t.returncode == 0, _explain(t)
+    tuned = json.loads((fleet.results / "tune" / "ct-a.json").read_text())
+    assert {s["name"]: s["status"] for s in tuned["steps"]}["numa-balancing"] == "fixed"
+    assert not any(s["name"].endswith("-stage") for s in tuned["steps"])
+    assert sim.hpath("/proc/sys/kernel/numa_balancing").read_text().strip() == "0"
+    assert not fleet.doctor_ok("ct-a")                                     # weights still missing
+    st = fleet.play("stage.yml", "-l", "ct-a")
+    assert st.returncode == 0, _explain(st)
+    staged = json.loads((fleet.results / "stage" / "ct-a.json").read_text())
+    assert {s["name"]: s["status"] for s in staged["steps"]} == {"model-stage": "fixed", "drafter-stage": "fixed"}
+    assert fleet.doctor_ok("ct-a")
+
+
 # -- one box fails, the others carry on ------------------------------------------------------------
 def _closed_port(addr: str) -> int:
     with socket.socket() as s:
