@@ -1,7 +1,9 @@
 """Run a benchmark: for each TP x method, launch the server, measure the profile's workloads, tear
 down; then the verdict, the result document and the history entry.
 
-`run_box(ctx, ...)` is what `gpubox bench BOX` and the recover pipeline's bench step call;
+`run_box(ctx, ...)` is what `gpubox bench BOX` and the recover pipeline's bench step call; it
+measures here when the container is local and inside the container (bench.remote, the same
+`measure_box`) when gpubox reaches it over SSH or `pct exec`.
 `run_url(url, ...)` measures a server that is already running (`gpubox bench run --url`).
 """
 
@@ -121,7 +123,11 @@ def _finish(doc: dict[str, Any], expect: dict | None, box: str, out_dir, baselin
 
 def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, *, tps: list[int] | None = None,
             methods: list[str] | None = None, baseline=None) -> dict[str, Any]:
-    """Benchmark the box's server at each TP x method; returns the (written) result document."""
+    """Benchmark the box's server at each TP x method; returns the (written) result document.
+
+    With the container reached locally the measuring happens in this process. Over SSH or
+    `pct exec` the same `measure_box` runs inside the container (bench.remote) and this side
+    keeps what belongs to the control node: host facts, the verdict, the result file, history."""
     settings = dict(ctx.box.var("gpubox_bench", {}) or {})
     name = profile or settings.get("profile", "health")
     prof = resolve_profile(name, settings)
@@ -129,24 +135,35 @@ def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, 
     methods = [str(m) for m in (methods or prof["methods"])]
     for m in methods:
         parse_method(m)  # bad input fails before anything starts
-    if not getattr(ctx.container.transport, "is_local", False):
-        raise GpuboxError(f"{ctx.box.name}: launching the server needs gpubox to run inside the container "
-                          "(gpubox_connection: local there)",
-                          f"run gpubox in {ctx.box.name}, or start the server yourself and use "
-                          "`gpubox bench run --url http://...`")
     gpus_total = int(ctx.box.var("gpubox_gpus", 0) or 0)
     for tp in tps:
         if tp < 1 or (gpus_total and tp > gpus_total):
             raise GpuboxError(f"TP {tp} needs {tp} GPUs but {ctx.box.name} has {gpus_total}",
                               f"use --tp with values 1..{gpus_total}")
-    doc = results.new_document(ctx.box.name, name, simulated=bool(settings.get("simulated")),
-                               sim_speed=settings.get("sim_speed"), facts=box_facts(ctx, settings))
     out = Path(out_dir) if out_dir else results.default_out_dir()
-    log_dir = out / "logs" / doc["run_id"]
+    if getattr(ctx.container.transport, "is_local", False):
+        doc = measure_box(ctx, name, prof, tps, methods, settings, box_facts(ctx, settings), out / "logs")
+    else:
+        from .remote import run_remote
+        doc = run_remote(ctx, name, prof, tps, methods, settings, out)
+    return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
+
+
+def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: list[str],
+                settings: dict[str, Any], facts: dict[str, Any], log_root: Path,
+                step: Callable[..., None] | None = None) -> dict[str, Any]:
+    """Launch, measure and tear down each TP x method on this machine: the one measuring loop,
+    run by `run_box` locally and by bench.remote inside the container. The document it returns
+    has no verdict yet (`_finish` adds it where the history lives)."""
+    doc = results.new_document(ctx.box.name, name, simulated=bool(settings.get("simulated")),
+                               sim_speed=settings.get("sim_speed"), facts=facts)
+    log_dir = Path(log_root) / doc["run_id"]
     points = plan(prof)
     timeout = float(settings.get("request_timeout", 120))
     ready_timeout = float(settings.get("ready_timeout", 900))
-    prog, step = _progress(ctx.console, len(tps) * len(methods) * len(points))
+    prog = None
+    if step is None:
+        prog, step = _progress(ctx.console, len(tps) * len(methods) * len(points))
     if prog:
         prog.start()
     try:
@@ -194,7 +211,7 @@ def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, 
     finally:
         if prog:
             prog.stop()
-    return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
+    return doc
 
 
 def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = None, tp: int = 1,
