@@ -18,11 +18,14 @@ from gpubox.output import console, print_json
 @click.option("--verify", is_flag=True, help="Re-hash every staged file against the manifest (re-copies mismatches).")
 @click.option("--force", is_flag=True, help="Stage even when space/memory is short or the source fails its check.")
 @click.option("--workers", type=click.IntRange(1, 64), help="Copy threads (default: CPU count, 2..16).")
+@click.option("--hash", "hash_name", type=click.Choice(["crc32", "sha256"]), default=None,
+              help="Chunk hash for the files copied: crc32 (default; catches accidental corruption, fast) or "
+                   "sha256. BOX: also gpubox_stage_hash. Staged files keep theirs for checks and --verify.")
 @click.option("--drafter", is_flag=True, help="SRC DEST only: a drafter model (no tokenizer required).")
 @json_option
 @click.pass_context
 def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, verify: bool, force: bool,
-          workers: int | None, drafter: bool, as_json: bool) -> None:
+          workers: int | None, hash_name: str | None, drafter: bool, as_json: bool) -> None:
     """Stage a model into tmpfs: parallel, hash-verified, atomic (manifest last), resumable.
 
     \b
@@ -35,7 +38,8 @@ def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, veri
     if dest is None:
         from .stage_step import steps
         from gpubox.steps import run_steps
-        c = box_context(ctx, target, dry_run=dry_run, verify=verify, force=force, workers=workers, as_json=as_json)
+        c = box_context(ctx, target, dry_run=dry_run, verify=verify, force=force, workers=workers, as_json=as_json,
+                        hash=hash_name)
         todo = steps(c)
         if not todo:
             raise GpuboxError(f"box {target} sets neither gpubox_model nor gpubox_drafter",
@@ -50,7 +54,7 @@ def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, veri
         emit(report, as_json, title=f"{target}: stage" + (" (dry run)" if dry_run else ""))
         return
     _local(target, dest, dry_run=dry_run, verify=verify, force=force, workers=workers,
-           require_tokenizer=not drafter, as_json=as_json)
+           require_tokenizer=not drafter, as_json=as_json, hash=hash_name)
 
 
 def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
@@ -82,7 +86,7 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
             con.print(f"verified {out['verified']} staged file(s)")
     else:
         from rich.table import Table
-        t = Table(title=f"staged {out['dest']}")
+        t = Table(title=f"staged {out['dest']} ({out['hash']})")
         for col in ("files", "copied", "skipped", "verified", "bytes copied", "seconds", "GB/s"):
             t.add_column(col, justify="right")
         t.add_row(str(out["files"]), str(out["copied"]), str(out["skipped"]), str(out["verified"]),

@@ -12,6 +12,10 @@ Inventory (`gpubox_model` / `gpubox_drafter` on the container):
     cache_dir: /mnt/models/hf            # repo ids only: persistent HF cache (default: HF's own)
     offline: false                       # repo ids only: never download (also $HF_HUB_OFFLINE)
 
+Chunk hash (box-level, both models): `gpubox_stage_hash: crc32` (default) or `sha256`; the CLI's
+`--hash` wins. It applies to the files a run copies; a staged directory keeps the algorithm its
+manifest records, and checks/--verify use that one (see provision.stage for why crc32).
+
 The copier runs where the container's files are: in-process for a local transport (paths under
 the container's root prefix), else as `python3 - --request JSON` with the stdlib-only copier on
 stdin, so the container needs python3 but no gpubox.
@@ -65,7 +69,20 @@ def model_spec(ctx, var: str) -> dict | None:
                           "e.g. dest: /dev/shm/Qwen3.6-27B")
     offline = bool(v.get("offline")) or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     return {"var": var, "source": source, "dest": dest, "repo": source if repo else None,
-            "revision": v.get("revision"), "cache_dir": v.get("cache_dir"), "offline": offline}
+            "revision": v.get("revision"), "cache_dir": v.get("cache_dir"), "offline": offline,
+            "hash": stage_hash(ctx)}
+
+
+def stage_hash(ctx) -> str | None:
+    """The requested chunk hash: --hash, else the box's gpubox_stage_hash, else None (the copier's
+    default, crc32). Checked here so a typo is exit 2 before anything runs."""
+    name = ctx.opt("hash") or ctx.box.var("gpubox_stage_hash")
+    if name is None:
+        return None
+    if str(name) not in engine.HASHES:
+        raise GpuboxError(f"gpubox_stage_hash {name!r} is not a hash the stager knows",
+                          f"use one of: {', '.join(engine.HASHES)} (default {engine.DEFAULT_HASH})")
+    return str(name)
 
 
 class StageStep(Step):
@@ -129,7 +146,7 @@ class StageStep(Step):
     def _request(self, ctx, spec: dict, src: str, op: str) -> dict:
         host = ctx.container
         return {"op": op, "src": host.path(src), "dest": host.path(spec["dest"]),
-                "verify": bool(ctx.opt("verify")),
+                "verify": bool(ctx.opt("verify")), "hash": spec["hash"],
                 "tmpfs": True if spec["dest"].startswith("/dev/shm/") else None,
                 "source_info": {k: v for k, v in (("path", src), ("repo", spec["repo"]),
                                                   ("revision", spec["revision"])) if v}}
@@ -146,7 +163,7 @@ class StageStep(Step):
         if "error" in out:
             return Finding.failed(out["error"], repair=out.get("fix"), source=src, dest=spec["dest"])
         ev = {"source": src, "dest": spec["dest"], "files": out["files"], "bytes": out["bytes"],
-              "verified": out["verified"], "problems": out["problems"]}
+              "verified": out["verified"], "problems": out["problems"], "hashes": out.get("hashes", [])}
         if out["staged"]:
             how = f", {out['verified']} hashes verified" if ctx.opt("verify") else ""
             return Finding.ok(f"{spec['dest']}: staged, {out['files']} files, {_gb(out['bytes'])}{how}", **ev)
@@ -177,6 +194,8 @@ class StageStep(Step):
             desc += f" - refused: {out['room_problem']}"
         listing = "\n".join(f"+ {r}  ({why})" for r, why in sorted(out["reasons"].items()))
         argv = ["gpubox", "stage", src, spec["dest"]] + (["--verify"] if ctx.opt("verify") else [])
+        if spec["hash"] and spec["hash"] != engine.DEFAULT_HASH:
+            argv += ["--hash", spec["hash"]]
         return Plan(desc, diff=listing, commands=[argv], data={"spec": spec, "src": src})
 
     def apply(self, ctx, plan: Plan) -> None:

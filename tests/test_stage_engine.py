@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -48,17 +49,27 @@ def test_stage_copies_everything_and_writes_manifest_last(model, tmp_path):
     assert st.check(str(model), str(dest))["staged"] is True
 
 
-def test_tree_hash_is_sha256_of_chunk_digests(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", [None, "crc32", "sha256"])
+def test_tree_hash_is_sha256_over_chunk_hashes(tmp_path, monkeypatch, name):
+    """crc32 (the default): 4 big-endian bytes per chunk; sha256: the chunk digests; file = sha256 of them."""
     monkeypatch.setattr(st, "CHUNK", 64 << 10)   # several chunks in a small file
     src = tmp_path / "s"
     make_model(src, [400_000], seed=3)
     dest = tmp_path / "d"
-    _stage(src, dest)
+    out = _stage(src, dest, hash=name)
+    algo = {None: "crc32-tree-64MiB", "crc32": "crc32-tree-64MiB", "sha256": "sha256-tree-64MiB"}[name]
     man = json.loads((dest / st.MANIFEST).read_text())
+    assert out["hash"] == man["hash"] == algo
     data = (src / "model.safetensors").read_bytes()
-    chunks = [hashlib.sha256(data[i:i + st.CHUNK]).digest() for i in range(0, len(data), st.CHUNK)]
+    parts = [data[i:i + st.CHUNK] for i in range(0, len(data), st.CHUNK)]
+    if algo.startswith("crc32"):
+        chunks = [zlib.crc32(p).to_bytes(4, "big") for p in parts]
+    else:
+        chunks = [hashlib.sha256(p).digest() for p in parts]
     assert len(chunks) > 5
-    assert man["files"]["model.safetensors"]["hash"] == hashlib.sha256(b"".join(chunks)).hexdigest()
+    entry = man["files"]["model.safetensors"]
+    assert entry["algo"] == algo and entry["hash"] == hashlib.sha256(b"".join(chunks)).hexdigest()
+    assert {e["algo"] for e in man["files"].values()} == {algo}
 
 
 def test_second_run_copies_nothing(model, tmp_path):
@@ -306,3 +317,133 @@ def test_header_checks(tmp_path):
     hdr = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
     p.write_bytes(len(hdr).to_bytes(8, "little") + hdr + b"\0" * 20)
     assert "has trailing bytes" in stc.check_shard(str(p))[0][0]
+
+
+# -- the hash choice (crc32 default, sha256 on request) and the mmap reader -------------------
+def _flip_byte(path: Path, back: int = 5) -> None:
+    """Flip one tensor byte near the end, keeping size and mtime (what stat cannot see)."""
+    s0 = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(s0.st_size - back)
+        b = f.read(1)
+        f.seek(s0.st_size - back)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.utime(path, ns=(s0.st_atime_ns, s0.st_mtime_ns))
+
+
+def test_crc32_default_finds_a_flipped_bit_with_verify(model, tmp_path):
+    dest = tmp_path / "d"
+    out = _stage(model, dest)
+    assert out["hash"] == "crc32-tree-64MiB"
+    shard = dest / "model-00002-of-00003.safetensors"
+    _flip_byte(shard)
+    assert st.check(str(model), str(dest))["staged"] is True
+    v = st.check(str(model), str(dest), verify=True)
+    assert v["staged"] is False and v["mismatched"] == [shard.name] and v["hashes"] == ["crc32-tree-64MiB"]
+    out = _stage(model, dest, verify=True)
+    assert out["copied"] == 1 and out["reasons"] == {shard.name: "hash mismatch (corrupted in the destination)"}
+    assert shard.read_bytes() == (model / shard.name).read_bytes()
+
+
+def test_sha256_staged_dir_stays_staged_and_verifies_under_crc32_default(model, tmp_path):
+    dest = tmp_path / "d"
+    assert _stage(model, dest, hash="sha256")["hash"] == "sha256-tree-64MiB"
+    n = len(_files(model))
+    c = st.check(str(model), str(dest), verify=True)
+    assert c["staged"] and c["verified"] == n and c["hashes"] == ["sha256-tree-64MiB"]
+    out = _stage(model, dest)                      # default crc32 requested: nothing to re-copy
+    assert out["copied"] == 0 and out["skipped"] == n
+    out = _stage(model, dest, verify=True)         # verified with the manifest's own sha256
+    assert out["copied"] == 0 and out["verified"] == n
+    _flip_byte(dest / "model-00001-of-00003.safetensors")
+    v = st.check(str(model), str(dest), verify=True)
+    assert v["mismatched"] == ["model-00001-of-00003.safetensors"] and v["verified"] == n - 1
+    # the repair copies that one file with the requested crc32; the others keep their sha256
+    out = _stage(model, dest, verify=True)
+    assert out["copied"] == 1 and out["hash"] == "crc32-tree-64MiB"
+    man = json.loads((dest / st.MANIFEST).read_text())
+    algos = {r: e["algo"] for r, e in man["files"].items()}
+    assert algos.pop("model-00001-of-00003.safetensors") == "crc32-tree-64MiB"
+    assert set(algos.values()) == {"sha256-tree-64MiB"}
+    c = st.check(str(model), str(dest), verify=True)
+    assert c["staged"] and c["verified"] == n and c["hashes"] == ["crc32-tree-64MiB", "sha256-tree-64MiB"]
+
+
+def test_manifest_from_before_the_hash_choice_still_verifies(model, tmp_path):
+    """Older manifests: "hash": "sha256-tree-64MiB" at the top, no per-file "algo"."""
+    dest = tmp_path / "d"
+    _stage(model, dest, hash="sha256")
+    mpath = dest / st.MANIFEST
+    man = json.loads(mpath.read_text())
+    for e in man["files"].values():
+        del e["algo"]
+    mpath.write_text(json.dumps(man))
+    c = st.check(str(model), str(dest), verify=True)
+    assert c["staged"] and c["verified"] == len(_files(model))
+    man["hash"] = "md5-tree-64MiB"                  # an algorithm this copier does not know
+    mpath.write_text(json.dumps(man))
+    c = st.check(str(model), str(dest), verify=True)
+    assert not c["staged"] and "config.json: staged with an unknown hash 'md5-tree-64MiB'" in c["problems"]
+
+
+def test_unknown_hash_is_refused(model, tmp_path):
+    with pytest.raises(st.StageError, match="unknown hash 'md5'") as ei:
+        _stage(model, tmp_path / "d", hash="md5")
+    assert "crc32, sha256" in ei.value.fix
+    assert not (tmp_path / "d").exists()
+
+
+def test_empty_file_staged_and_verified(model, tmp_path):
+    (model / "empty.txt").write_bytes(b"")
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    assert (dest / "empty.txt").read_bytes() == b""
+    assert st.check(str(model), str(dest), verify=True)["verified"] == len(_files(model))
+
+
+def test_source_without_mmap_falls_back_to_reads(model, tmp_path, monkeypatch):
+    """Filesystems that cannot mmap (ENODEV, e.g. some FUSE) are read with preadv instead."""
+    def no_mmap(*a, **kw):
+        raise OSError(19, "No such device")
+    monkeypatch.setattr(st.mmap, "mmap", no_mmap)
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    for rel in _files(model):
+        assert (dest / rel).read_bytes() == (model / rel).read_bytes()
+    monkeypatch.undo()
+    assert st.check(str(model), str(dest), verify=True)["verified"] == len(_files(model))
+
+
+SHRINK = r"""
+import os, sys
+from provision import stage as st
+src, dst, when = sys.argv[1:4]
+size = os.path.getsize(src)
+real_map = st._map
+def map_then_shrink(sfd, start, end):
+    m = real_map(sfd, start, end)
+    os.truncate(src, size // 3)          # the source shrinks under the mapping
+    return m
+if when == "after-map":
+    st._map = map_then_shrink
+else:
+    os.truncate(src, size // 3)          # shrinks before the chunk is mapped
+sfd, dfd = os.open(src, os.O_RDONLY), os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
+try:
+    st._chunk(sfd, dfd, 0, size)
+except st.StageError as exc:
+    print(exc.problem)
+"""
+
+
+@pytest.mark.parametrize("when", ["before-map", "after-map"])
+def test_source_shrinking_under_the_copy_is_an_error_not_sigbus(tmp_path, when):
+    """In a child process: a SIGBUS would kill it (rc -7) instead of failing the test politely."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    r = subprocess.run([sys.executable, "-c", SHRINK, str(src), str(tmp_path / "out"), when],
+                       capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert r.stdout.startswith("source shrank while reading (at byte "), r.stdout
+    at = int(r.stdout.split("at byte ")[1].split(")")[0])
+    assert at == (3 << 20) // 3 if when == "before-map" else at <= (3 << 20) // 3 + 4096

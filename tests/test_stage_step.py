@@ -204,3 +204,48 @@ def test_step_over_real_ssh_runs_the_stdlib_copier_remotely(tmp_path, sshd):
         ctx.close()
     shard = "model-00002-of-00003.safetensors"
     assert (sim.cpath(MODEL_DEST) / shard).read_bytes() == (sim.cpath(MODEL_SRC) / shard).read_bytes()
+
+
+def _set_ct(sim, **kv):
+    inv = yaml.safe_load(sim.inventory_path.read_text())
+    inv["all"]["children"]["gpu_containers"]["hosts"][sim.box].update(kv)
+    sim.inventory_path.write_text(yaml.safe_dump(inv))
+
+
+def test_hash_sha256_on_request_then_default_keeps_it(tmp_path, capsys):
+    sim = build(tmp_path / "box", ["shm_empty"])
+    code, out, err = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--hash", "sha256", "--json")
+    assert code == 0, err
+    assert {s["hash"] for s in json.loads(out)["staged"]} == {"sha256-tree-64MiB"}
+    man = json.loads((sim.cpath(MODEL_DEST) / engine.MANIFEST).read_text())
+    assert man["hash"] == "sha256-tree-64MiB" and {e["algo"] for e in man["files"].values()} == {"sha256-tree-64MiB"}
+    # the default (crc32) neither re-stages nor distrusts a sha256-staged directory
+    code, out, _ = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--verify", "--json")
+    doc = json.loads(out)
+    assert code == 0 and not doc["changed"]
+    m = doc["steps"][0]
+    assert m["detail"].endswith("8 hashes verified") and m["evidence"]["hashes"] == ["sha256-tree-64MiB"]
+
+
+def test_gpubox_stage_hash_inventory_setting(tmp_path, capsys):
+    sim = build(tmp_path / "box", ["shm_empty"])
+    _set_ct(sim, gpubox_stage_hash="sha256")
+    ctx = _ctx(sim)
+    plan = _by_name(run_steps(ctx, steps(ctx), "plan"))["model-stage"]
+    assert plan.commands == [["gpubox", "stage", MODEL_SRC, MODEL_DEST, "--hash", "sha256"]]
+    run_steps(ctx, steps(ctx), "apply")
+    assert json.loads((sim.cpath(DRAFTER_DEST) / engine.MANIFEST).read_text())["hash"] == "sha256-tree-64MiB"
+    _set_ct(sim, gpubox_stage_hash="md5")
+    code, _, err = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box)
+    assert code == 2 and "gpubox_stage_hash 'md5' is not a hash the stager knows (use one of: crc32, sha256" in err
+
+
+def test_local_cli_hash_option(tmp_path, capsys):
+    src = tmp_path / "M"
+    make_model(src, [200_000])
+    code, out, _ = gpubox(capsys, "stage", src, tmp_path / "a", "--hash", "sha256", "--json")
+    assert code == 0 and json.loads(out)["hash"] == "sha256-tree-64MiB"
+    code, out, _ = gpubox(capsys, "stage", src, tmp_path / "b", "--json")
+    assert code == 0 and json.loads(out)["hash"] == "crc32-tree-64MiB"
+    code, _, err = gpubox(capsys, "stage", src, tmp_path / "c", "--hash", "md5")
+    assert code == 2 and "md5" in err
