@@ -88,8 +88,12 @@ class Fleet:
                   gpubox_wheel_deps=False,
                   gpubox_state_dir=str(self.base / f"state-{host}"))
         self.inv["all"]["children"]["proxmox_hosts"]["hosts"][host] = hv
+        # The container is this machine too (bench runs "inside" it): same venv, never /opt/gpubox.
+        install = {k: hv[k] for k in ("gpubox_home", "gpubox_venv", "gpubox_venv_python",
+                                      "gpubox_venv_system_site_packages", "gpubox_wheel_deps")}
         self.inv["all"]["children"]["gpu_containers"]["hosts"][box] = {
-            **sim_inv["gpu_containers"]["hosts"][box], "ansible_python_interpreter": sys.executable}
+            **sim_inv["gpu_containers"]["hosts"][box], **install, "ansible_python_interpreter": sys.executable,
+            "gpubox_state_dir": str(self.base / f"state-{box}")}
 
     def add_raw(self, group: str, name: str, variables: dict) -> None:
         self.inv["all"]["children"][group]["hosts"][name] = variables
@@ -246,12 +250,6 @@ def test_second_run_changes_nothing(fleet):
 
 def test_bench_playbook_runs_the_short_simulated_benchmark(fleet):
     """bench.yml on the local box: gpubox in the container (here: this machine), one TP x method."""
-    box = fleet.inv["all"]["children"]["gpu_containers"]["hosts"]["ct-a"]
-    pve = fleet.inv["all"]["children"]["proxmox_hosts"]["hosts"]["pve-a"]
-    box.update(gpubox_home=pve["gpubox_home"], gpubox_venv=pve["gpubox_venv"])
-    box.update(gpubox_venv_system_site_packages=True, gpubox_wheel_deps=False, gpubox_venv_python=sys.executable,
-               gpubox_state_dir=str(fleet.base / "state-ct-a"))
-    fleet.write()
     p = fleet.play("bench.yml", "-l", "ct-a", "-e", json.dumps({"gpubox_bench_enabled": True,
                                                                 "gpubox_bench_tp": [1],
                                                                 "gpubox_bench_methods": ["auto"]}))
