@@ -102,9 +102,11 @@ def bench() -> None:
 def bench_box(ctx, box_name, profile, tp, methods, out, as_json):
     """Launch the server at each TP x method on BOX, measure, verdict."""
     from .runner import run_box
+    from .runonce import run_lock
     c = box_context(ctx, box_name, as_json=as_json)
     try:
-        doc = run_box(c, profile=profile, out_dir=out, tps=_csv(tp, int), methods=_csv(methods))
+        with run_lock(box_name):  # never overlap a scheduled health check of the same box
+            doc = run_box(c, profile=profile, out_dir=out, tps=_csv(tp, int), methods=_csv(methods))
     finally:
         c.close()
     _emit(doc, as_json)

@@ -216,8 +216,10 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     out = Path(out_dir or (state_dir() / "results" / ctx.box.name))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    from bench.runonce import run_lock
     try:
-        doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
+        with run_lock(ctx.box.name):  # never overlap a scheduled health check of the same box
+            doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
     except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
         outcome.report.steps.append(StepResult(
             "bench", ctx.box.container.name, "failed", detail=f"benchmark could not run: {exc}",

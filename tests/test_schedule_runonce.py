@@ -175,3 +175,15 @@ def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, ca
     fams = {f.name: f for f in text_string_to_metric_families(sim.cpath(PROM).read_text())}
     assert {s.labels["key"] for s in fams["gpubox_bench_tokens_per_second"].samples} >= keys
     assert fams["gpubox_health"].samples[0].value == 0
+
+
+def test_manual_bench_is_refused_while_a_health_check_holds_the_lock(tmp_path, capsys):
+    """`gpubox bench` takes the same per-box lock as the scheduled run."""
+    from bench.runonce import run_lock
+    from gpubox.simbox import build
+    from tests.clirun import gpubox
+
+    sim = build(tmp_path / "box", [])
+    with run_lock("ct200"):
+        rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", "--json")
+    assert rc == 2 and "already running" in err and len(err.strip().splitlines()) == 1
