@@ -9,8 +9,9 @@ Which hash, and why crc32 by default:
   had bits flipped (a bad disk/NFS read, a crash mid-copy), not an adversary who forges content.
   Storage systems check exactly this with fast non-cryptographic checksums: ZFS's default
   checksum is fletcher4, GCS and S3 use CRC32C per object/part. So the default chunk hash is
-  zlib.crc32 ("crc32-tree-64MiB"): 1.84 GB/s per core here vs sha256 (SHA-NI) 1.11, and zlib
-  releases the GIL for buffers > 5 KiB, so it scales over threads like hashlib does.
+  zlib.crc32 ("crc32-tree-64MiB"): per core on the 2-core dev machine 4.2 GB/s vs sha256 (SHA-NI)
+  1.8 (best of 3; 1.84 vs 1.11 under load), and zlib releases the GIL for buffers > 5 KiB, so it
+  scales over threads like hashlib does.
   `hash="sha256"` ("sha256-tree-64MiB") stays available for who wants a cryptographic digest.
 - A Hugging Face cache source is still checked against the hub's sha256 (the LFS blob name)
   whatever the chunk hash: that sequential whole-file sha256 is the hub's own identity check.
@@ -23,7 +24,8 @@ How it copies, and why:
   they are still in the CPU cache. The source chunk is read through mmap (MADV_SEQUENTIAL) and
   each slice handed straight to os.pwrite: one copy (page cache -> tmpfs) instead of two
   (preadv into a buffer, then pwrite out of it). Measured on this 2-core machine, 1 GiB warm,
-  disk -> tmpfs, crc32: mmap 0.69 vs preadv 0.74 CPU-s/GiB (cp -r: 0.45); benchmarks/stage_vs_cp.py.
+  disk -> tmpfs, crc32: mmap 0.73 vs preadv 0.78 CPU-s/GB, wall 0.67 vs 0.69 s/GB (cp -r: 0.46
+  CPU-s/GB); docs/stage.md "Performance" and benchmarks/stage_vs_cp.py.
   The slice is written first and hashed after: if the source shrinks under the mapping, the
   kernel's copy in pwrite faults and returns EFAULT (caught: "source shrank"), where a user-space
   read of the mapping would kill the process with SIGBUS. The size is also checked before each
