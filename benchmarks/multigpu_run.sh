@@ -52,7 +52,7 @@ run() {
 }
 
 say "multigpu_run: out=$OUT python=$($PY -c 'import sys; print(sys.executable, sys.version.split()[0])' 2>&1)"
-say "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown); profiles: $PROFILES; rounds: $ROUNDS; quick: ${QUICK:-no}"
+say "commit: $(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown); profiles: $PROFILES; rounds: $ROUNDS; quick: ${QUICK:-no}"
 $PY -c 'import click, rich, yaml' 2>> "$LOG" || say "WARNING: click/rich/yaml missing: gpubox commands will fail, probe.py still runs"
 
 {
