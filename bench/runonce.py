@@ -29,6 +29,9 @@ from gpubox.state import state_dir
 from . import alert, history, prom, regress
 
 
+HELD_ENV = "GPUBOX_LOCK_HELD"  # set by run-once for its `gpubox bench` child: the lock it holds
+
+
 @contextmanager
 def run_lock(box: str, base: Path | None = None):
     """Exclusive, non-blocking lock for BOX's health runs (flock(2) on a file in the state dir).
@@ -38,6 +41,9 @@ def run_lock(box: str, base: Path | None = None):
     d = (base or state_dir()) / "locks"
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"health-{history.store_path(box).stem}.lock"
+    if os.environ.get(HELD_ENV) == str(path):  # our parent (run-once) holds it for us
+        yield path
+        return
     f = open(path, "a+")
     try:
         try:
@@ -78,15 +84,20 @@ def _version() -> str:
     return __version__
 
 
-def run_benchmark(inventory: str | None, box: str, profile: str, timeout: float, simulated: bool) -> dict[str, Any]:
-    """`gpubox bench BOX --profile P --json` as a child process; its document, or a failed one."""
+def run_benchmark(inventory: str | None, box: str, profile: str, timeout: float, simulated: bool,
+                  lock_path: Path | None = None) -> dict[str, Any]:
+    """`gpubox bench BOX --profile P --json` as a child process; its document, or a failed one.
+
+    The child takes the same per-box lock as any `gpubox bench`; `lock_path` (held by us) tells
+    it that its parent already holds it."""
     t0 = time.time()
     argv = [sys.executable, "-m", "gpubox.cli"]
     if inventory:
         argv += ["-i", str(inventory)]
     argv += ["bench", box, "--profile", profile, "--json"]
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        env = dict(os.environ, **({HELD_ENV: str(lock_path)} if lock_path else {}))
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return failed_doc(box, profile, f"no result within the time limit of {timeout:g} s", t0, simulated)
     try:
@@ -136,7 +147,7 @@ def run_once(ctx, *, profile: str | None = None, from_json: str | None = None, w
                                   "give a result of this box")
         else:
             inv = str(ctx.inventory.path) if ctx.inventory is not None else None
-            doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated)
+            doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated, lock_path)
         doc = regress.judge(doc, history.runs(box.name), settings)
         history.record(doc)
         doctor = None
