@@ -86,12 +86,36 @@ def cli(ctx: click.Context, inventory: str | None, verbose: int) -> None:
     ctx.obj = State(inventory, verbose)
 
 
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Let `-i/--inventory PATH` and `-v` stand anywhere (`gpubox inventory list -i inv.yml`, as
+    with ansible-playbook): click only takes a group's options before the subcommand, so move
+    them there. No subcommand uses these spellings for anything else; `--` ends the scan."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            rest += args[i:]
+            break
+        if a in ("-i", "--inventory") and i + 1 < len(args):
+            front += [a, args[i + 1]]
+            i += 2
+            continue
+        if a.startswith("--inventory=") or a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}):
+            front.append(a)
+        else:
+            rest.append(a)
+        i += 1
+    return front + rest
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
-    args = argv if argv is not None else sys.argv[1:]
+    args = hoist_global_options(list(argv if argv is not None else sys.argv[1:]))
     verbose = any(a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     try:
-        rc = cli.main(args=argv, prog_name="gpubox", standalone_mode=False)
+        rc = cli.main(args=args, prog_name="gpubox", standalone_mode=False)
     except GpuboxError as exc:
         if verbose:
             import traceback

@@ -203,3 +203,18 @@ def test_healthy_sim_is_seen_healthy_and_inventory_round_trips(tmp_path, capsys)
     doc = json.loads(out)
     assert rc == 0 and doc["container"]["vars"]["gpubox_root"] == str(sim.ct_root)
     assert doc["proxmox_host"]["vars"]["ansible_connection"] == "local"
+
+
+def test_inventory_option_may_follow_the_subcommand(capsys):
+    """`gpubox inventory list -i FILE` works like `gpubox -i FILE inventory list` (issue 2's spelling)."""
+    from tests.clirun import gpubox
+    inv = str(Path(__file__).resolve().parent.parent / "inventory" / "example.yml")
+    a = gpubox(capsys, "inventory", "list", "-i", inv, "--json")
+    b = gpubox(capsys, "-i", inv, "inventory", "list", "--json")
+    assert a[0] == 0 and a[1] == b[1] and '"ct200"' in a[1]
+
+
+def test_hoist_keeps_everything_after_double_dash():
+    from gpubox.cli import hoist_global_options
+    assert hoist_global_options(["doctor", "ct200", "-i", "x.yml", "-v"]) == ["-i", "x.yml", "-v", "doctor", "ct200"]
+    assert hoist_global_options(["stage", "--", "-i", "y"]) == ["stage", "--", "-i", "y"]
