@@ -207,6 +207,22 @@ def recover(ctx, *, dry_run: bool = False, skip=(), only=(), bench: bool = True,
     return outcome
 
 
+def headline(doc: dict[str, Any]) -> str:
+    """Single-stream decode tok/s per method across TP sizes, e.g. 'decode@1024 tok/s TP1/4/8:
+    auto 26.6/37.8/37.6, ddtree:15 173.4/281.1/263.9' (the seed's comparison)."""
+    ms = [m for m in doc.get("measurements", []) if m.get("workload") == "decode" and m.get("status") == "ok"]
+    if not ms:
+        return "no decode measurement"
+    out_len = 1024 if any(m.get("output_len") == 1024 for m in ms) else max(m.get("output_len") or 0 for m in ms)
+    ms = [m for m in ms if m.get("output_len") == out_len]
+    tps = sorted({m["tp"] for m in ms})
+    parts = []
+    for label in dict.fromkeys(m["label"] for m in ms):
+        by_tp = {m["tp"]: m["tok_s"] for m in ms if m["label"] == label}
+        parts.append(f"{label} " + "/".join(f"{by_tp[t]:.1f}" if t in by_tp else "-" for t in tps))
+    return f"decode@{out_len} tok/s TP{'/'.join(map(str, tps))}: " + ", ".join(parts)
+
+
 def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
     try:
         from bench import runner
@@ -228,11 +244,12 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         return
     outcome.bench = doc
     outcome.bench_path = doc.get("path") or str(out)
+    verdict = doc.get("verdict", {})
+    reasons = "; ".join(r.get("message", "") for r in verdict.get("reasons", [])[:3])
     outcome.report.steps.append(StepResult(
         "bench", ctx.box.container.name,
-        "ok" if doc.get("verdict", {}).get("status") == "healthy" else "drift",
-        detail=f"verdict {doc.get('verdict', {}).get('status')}: "
-               + "; ".join(r.get("message", "") for r in doc.get("verdict", {}).get("reasons", [])[:3]),
+        "ok" if verdict.get("status") == "healthy" else "drift",
+        detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
         seconds=time.monotonic() - t0, title="verification benchmark"))
     try:
         from bench.report import make_report
