@@ -14,6 +14,10 @@ vLLM serving Qwen3.6-27B with DFlash/DDTree speculative decoding on the seed box
 - `--speed K` multiplies every simulated rate (and divides every delay) so tests finish quickly.
   Tokens really are paced in time: a client measures K x the seed's tok/s, and results record
   "simulated": true and "sim_speed": K so reports can divide it back out;
+- the box's tuning state (`--host-root`/`--root`): at start it reads the same files gpubox tunes
+  (the GPUs' PCIe MaxReadReq in sysfs config space, kernel.numa_balancing, the NCCL variables its
+  own environment and NCCL's config files give it) and slows decoding the way the untuned seed box
+  was slower (see "tuning state" below); `/sim/state` and the log say what it saw;
 - failure switches for tests: --fail-start, --die-after N, --hang-after N, --error-status CODE,
   --close-after N.
 
@@ -29,8 +33,11 @@ import json
 import math
 import os
 import random
+import struct
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 # -- the performance model (FACTS "Reference figures", Qwen3.6-27B, 8x RTX PRO 6000, PCIe) ------------
 # single-stream decode tok/s at 1024 output tokens, per TP size
@@ -85,6 +92,213 @@ def decode_rate(method: str, budget: int, tp: int, out_len: int, active: int, ct
     return r
 
 
+# -- the tuning state and its effect (FACTS "Reference figures") ---------------------------------------
+# On the seed box, tuning (NCCL variables + MaxReadReq 4096 + NUMA balancing off) gave +7.5% single
+# stream (DDTree b15, 256 tok) and +18.5% under concurrency. The seed measured the three together,
+# so there is no figure per knob: each gets an equal third of the log-gain (an assumption, stated in
+# docs/bench.md). NCCL and MRRS act only at TP>1 (TP1 has no collective traffic; at batch 1 MRRS
+# hardly touches host-device copies); NUMA balancing (page-migration faults on the threads that
+# drive the GPUs) acts at every TP, as stalls.
+TUNING_GAIN_SINGLE = 1.075
+TUNING_GAIN_C8 = 1.185
+TUNING_WEIGHT = {"nccl": 1 / 3, "mrrs": 1 / 3, "numa": 1 / 3}
+NUMA_STALL_P = 0.25          # share of decode steps that hit a NUMA-balancing stall
+MRRS_TUNED = 4096
+# What pays on the seed's PCIe 2-NUMA hardware (hwtune/profiles/pcie-2numa.yaml): the hardware's
+# truth, so the simulator does not read the profile it is judging.
+NCCL_TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MIN_CTAS": "8"}
+NCCL_ALIASES = {"NCCL_MIN_CTAS": ("NCCL_MIN_NCHANNELS",)}   # deprecated since 2.17 (FACTS NCCL)
+NCCL_TOKENS = {"NCCL_ALGO": {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"},
+               "NCCL_PROTO": {"ll", "ll128", "simple"}}
+PCI_DEVICES = "sys/bus/pci/devices"
+NUMA_SYSCTL = "proc/sys/kernel/numa_balancing"
+
+
+def read_devctl(config: bytes) -> int | None:
+    """DevCtl (CAP_EXP+8) from raw config space: walk the capability list from 0x34 to the PCI
+    Express capability (id 0x10). Parsed here rather than with hwtune.pcie so the simulator stays
+    a stdlib-only process that reads exactly the bytes the kernel would hand out."""
+    if len(config) < 0x40:
+        return None
+    ptr, seen = config[0x34] & 0xFC, set()
+    while ptr and ptr not in seen and ptr + 10 <= len(config):
+        seen.add(ptr)
+        if config[ptr] == 0x10:
+            return struct.unpack_from("<H", config, ptr + 8)[0]
+        ptr = config[ptr + 1] & 0xFC
+    return None
+
+
+def gpu_functions(host_root: Path) -> list[tuple[str, int | None]]:
+    """(BDF, MaxReadReq bytes or None) of the NVIDIA GPU functions (class 0300/0302, never the
+    audio function; FACTS "PCIe Device Control"), in nvidia-smi order (PCI bus id)."""
+    out = []
+    base = host_root / PCI_DEVICES
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            vendor = (d / "vendor").read_text().strip().lower()
+            klass = (d / "class").read_text().strip().lower().removeprefix("0x").rjust(6, "0")
+        except OSError:
+            continue
+        if vendor != "0x10de" or klass[:4] not in ("0300", "0302"):
+            continue
+        try:
+            word = read_devctl((d / "config").read_bytes())
+        except OSError:
+            word = None
+        code = None if word is None else (word & 0x7000) >> 12    # bits 14:12, 128 << n; 6, 7 reserved
+        out.append((d.name, 128 << code if code is not None and code <= 5 else None))
+    return out
+
+
+def _conf_file(path: Path) -> dict[str, str]:
+    """NCCL's KEY=VALUE config file (src/misc/param.cc): '#' comments, blank lines skipped."""
+    out: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return out
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        k, v = line.split("=", 1)
+        out.setdefault(k.strip(), v.strip())
+    return out
+
+
+def nccl_settings(env: dict[str, str], root: Path | None) -> dict[str, tuple[str, str]]:
+    """name -> (value, source) as NCCL itself sees them: the process environment wins, then
+    $NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf (FACTS "NCCL environment"); files are
+    read inside the server's root."""
+    out = {k: (v, "environment") for k, v in env.items() if k.startswith("NCCL_")}
+    if root is None:
+        return out
+    user = env.get("NCCL_CONF_FILE") or "/root/.nccl.conf"    # the server runs as root in the CT
+    for logical in (user, "/etc/nccl.conf"):
+        for k, v in _conf_file(root / logical.lstrip("/")).items():
+            if k.startswith("NCCL_") and k not in out:
+                out[k] = (v, logical)
+    return out
+
+
+def nccl_fatal(settings: dict[str, tuple[str, str]]) -> str | None:
+    """NCCL rejects bad NCCL_ALGO/NCCL_PROTO tokens at init (FACTS); a misspelled name is ignored."""
+    for name, allowed in NCCL_TOKENS.items():
+        if name not in settings:
+            continue
+        value, source = settings[name]
+        if ";" in value or ":" in value:      # per-collective syntax: not modelled, accepted
+            continue
+        for tok in value.split(","):
+            t = tok.strip().lstrip("^").lower()
+            if t and t not in allowed:
+                return f"{name}={value} (from {source}): unknown token {tok.strip()!r}"
+    return None
+
+
+def _nccl_tuned(name: str, settings: dict[str, tuple[str, str]]) -> bool:
+    want = NCCL_TUNED[name]
+    for n in (name, *NCCL_ALIASES.get(name, ())):
+        if n in settings:
+            value = settings[n][0].strip()
+            if name == "NCCL_MIN_CTAS":
+                try:
+                    return int(value, 0) >= int(want)
+                except ValueError:
+                    return False
+            return value.lower() == want.lower()
+    return False
+
+
+@dataclass
+class Tuning:
+    """What the simulator saw at start, and how untuned each knob is (0 = tuned, 1 = the seed's
+    untuned state; MRRS scales with log2(4096/MRRS) / 3, so 512 bytes = 1)."""
+    modelled: bool = False
+    tp: int = 1
+    gpus: list[dict] = field(default_factory=list)
+    numa_balancing: str | None = None
+    nccl: dict[str, dict] = field(default_factory=dict)
+    nccl_fatal: str | None = None
+    severity: dict[str, float] = field(default_factory=lambda: {"nccl": 0.0, "mrrs": 0.0, "numa": 0.0})
+    notes: list[str] = field(default_factory=list)
+
+    def weight(self, parts=("nccl", "mrrs", "numa")) -> float:
+        """Sum of the untuned knobs' shares; NCCL and MRRS count only at TP>1."""
+        w = 0.0
+        for k in parts:
+            if k in ("nccl", "mrrs") and self.tp <= 1:
+                continue
+            w += TUNING_WEIGHT[k] * self.severity[k]
+        return w
+
+    def factor(self, active: int, parts=("nccl", "mrrs", "numa")) -> float:
+        """Decode-rate multiplier with `active` concurrent streams: the seed's gain, log-interpolated
+        from single stream (1.075) to C=8 (1.185), raised to the untuned share."""
+        x = min(max(active - 1, 0), 7) / 7
+        ln_gain = math.log(TUNING_GAIN_SINGLE) + (math.log(TUNING_GAIN_C8) - math.log(TUNING_GAIN_SINGLE)) * x
+        return math.exp(-ln_gain * self.weight(parts))
+
+    def to_dict(self) -> dict:
+        return {"simulated": True, "modelled": self.modelled, "tp": self.tp, "gpus": self.gpus,
+                "numa_balancing": self.numa_balancing, "nccl": self.nccl, "nccl_fatal": self.nccl_fatal,
+                "severity": self.severity, "notes": self.notes,
+                "factor_single_stream": round(self.factor(1), 4), "factor_c8": round(self.factor(8), 4)}
+
+    def summary(self) -> str:
+        if not self.modelled:
+            return "not modelled (no --host-root): decode rates are the tuned seed's"
+        mrrs = ",".join(f"{g['index']}:{g['mrrs'] or '?'}" for g in self.gpus) or "no GPU functions"
+        nccl = " ".join(f"{k}={'ok' if v['tuned'] else 'untuned'}" for k, v in self.nccl.items())
+        return (f"tp={self.tp} MaxReadReq[{mrrs}] numa_balancing={self.numa_balancing} {nccl} -> decode "
+                f"x{self.factor(1):.3f} single stream, x{self.factor(8):.3f} at C=8")
+
+
+def read_tuning(tp: int, env: dict[str, str], host_root: str | None, root: str | None) -> Tuning:
+    """The tuning state from the files gpubox tunes: <host_root>/sys/bus/pci/devices/*/config
+    (MRRS of the GPUs in CUDA_VISIBLE_DEVICES), <host_root>/proc/sys/kernel/numa_balancing, and the
+    NCCL settings of this process (environment over <root>'s NCCL config files)."""
+    t = Tuning(tp=tp)
+    if not host_root:
+        return t
+    t.modelled = True
+    hroot = Path(host_root)
+    funcs = gpu_functions(hroot)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    try:
+        idx = [int(x) for x in visible.split(",") if x.strip()] if visible else list(range(tp))
+    except ValueError:
+        t.notes.append(f"CUDA_VISIBLE_DEVICES={visible!r} is not a list of indices; using 0..{tp - 1}")
+        idx = list(range(tp))
+    for i in idx[:max(tp, 1)]:
+        if i < len(funcs):
+            t.gpus.append({"index": i, "bdf": funcs[i][0], "mrrs": funcs[i][1]})
+        else:
+            t.notes.append(f"GPU {i} has no PCI function under {hroot / PCI_DEVICES}")
+    known = [g["mrrs"] for g in t.gpus if g["mrrs"]]
+    if known:   # a collective waits for the slowest member: the worst GPU of the group counts
+        t.severity["mrrs"] = max(0.0, math.log2(MRRS_TUNED / min(known)) / 3)
+    try:
+        t.numa_balancing = (hroot / NUMA_SYSCTL).read_text().strip()
+    except OSError:
+        t.numa_balancing = None          # kernel without CONFIG_NUMA_BALANCING: nothing scans
+    try:   # bit 0 = NUMA_BALANCING_NORMAL; 2 (memory tiering) only promotes from slow tiers
+        t.severity["numa"] = 1.0 if t.numa_balancing and int(t.numa_balancing) & 1 else 0.0
+    except ValueError:
+        t.notes.append(f"numa_balancing={t.numa_balancing!r} is not a number")
+    settings = nccl_settings(env, Path(root) if root else None)
+    t.nccl = {k: {"value": settings.get(k, (None, None))[0], "source": settings.get(k, (None, None))[1],
+                  "tuned": _nccl_tuned(k, settings)} for k in NCCL_TUNED}
+    for k in NCCL_TUNED:
+        for alias in NCCL_ALIASES.get(k, ()):
+            if k not in settings and alias in settings:
+                t.nccl[k].update(value=settings[alias][0], source=f"{settings[alias][1]} ({alias})")
+    t.severity["nccl"] = sum(not v["tuned"] for v in t.nccl.values()) / len(NCCL_TUNED)
+    t.nccl_fatal = nccl_fatal(settings)
+    return t
+
+
 def accept_prob(mean_len: float, budget: int) -> float:
     """p with sum_{i=1..B} p^i = mean_len - 1: each draft position accepted given the previous one."""
     target = mean_len - 1.0
@@ -109,6 +323,7 @@ class Sim:
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * max(self.budget, 1)
         self.spec = self.method in ("ddtree", "linear")
+        self.tuning = read_tuning(a.tp, dict(os.environ), a.host_root, a.root)
         if self.spec:
             mean_len = ACCEPT_LEN["linear"] if self.method == "linear" else ACCEPT_LEN["ddtree"].get(self.budget, 7.0)
             self.p = accept_prob(mean_len * a.accept_scale, self.budget)
@@ -131,7 +346,23 @@ class Sim:
         if self.a.rate:
             return float(self.a.rate) * self.speed
         active = 1 if self.a.no_contention else self.active
-        return decode_rate(self.method, self.budget, self.a.tp, out_len, active, ctx) * self.speed
+        # NCCL and MRRS slow every step evenly; NUMA balancing comes as stalls (numa_stall)
+        return (decode_rate(self.method, self.budget, self.a.tp, out_len, active, ctx) * self.speed
+                * self.tuning.factor(active, ("nccl", "mrrs")))
+
+    def mean_rate(self, out_len: int, ctx: int) -> float:
+        """rate() with NUMA balancing's stalls averaged in (the non-streaming path)."""
+        if self.a.rate:
+            return self.rate(out_len, ctx)
+        return self.rate(out_len, ctx) * self.tuning.factor(1 if self.a.no_contention else self.active, ("numa",))
+
+    def numa_stall(self, step_s: float, rng: random.Random) -> float:
+        """Extra seconds for one decode step under NUMA balancing: a stall on NUMA_STALL_P of the
+        steps, sized so the mean slowdown is the model's (jitter a client sees in its chunk gaps)."""
+        if self.a.rate or self.tuning.severity["numa"] <= 0 or rng.random() >= NUMA_STALL_P:
+            return 0.0
+        slow = 1.0 / self.tuning.factor(1 if self.a.no_contention else self.active, ("numa",)) - 1.0
+        return step_s * slow / NUMA_STALL_P
 
     def ttft(self, prompt_tokens: int) -> float:
         if self.a.ttft is not None:
@@ -229,6 +460,10 @@ class Handler:
                 "root": a.model, "max_model_len": a.max_model_len}]}).encode())
         elif path == "/metrics":
             await _send(w, 200, s.metrics().encode(), "text/plain; version=0.0.4")
+        elif path == "/sim/state":  # simulator only: the tuning state it saw at start and its effect
+            await _send(w, 200, json.dumps({"simulator": "gpubox bench.simserver", "method": s.method,
+                                            "budget": s.budget, "tp": a.tp, "speed": s.speed,
+                                            "tuning": s.tuning.to_dict()}).encode())
         elif path == "/sim/truth":  # simulator only: what the server itself timed, per request
             await _send(w, 200, json.dumps(s.truth).encode())
         elif path == "/tokenize" and method == "POST":
@@ -274,6 +509,7 @@ class Handler:
         s.requests += 1
         rid = s.requests
         rng = random.Random(rid * 7919 + a.seed)
+        stall_rng = random.Random(rid * 104729 + a.seed)   # own stream: stalls leave acceptance alone
         n_target = max_tokens
         if not req.get("ignore_eos") and int(req.get("min_tokens") or 0) < max_tokens:
             n_target = max(int(req.get("min_tokens") or 1), min(max_tokens, rng.randint(200, 600)))
@@ -301,7 +537,7 @@ class Handler:
         emitted = 0
         try:
             if not stream:  # non-streaming: wait the whole generation, answer once
-                await asyncio.sleep(s.ttft(prompt_tokens) + (n_target - 1) / s.rate(n_target, prompt_tokens))
+                await asyncio.sleep(s.ttft(prompt_tokens) + (n_target - 1) / s.mean_rate(n_target, prompt_tokens))
                 s.total_tokens += n_target
                 text = " tok" * n_target
                 d = {"id": cid, "object": "chat.completion" if chat else "text_completion",
@@ -327,7 +563,8 @@ class Handler:
                     n = 1  # the prefill step yields exactly one token
                 else:
                     n = min(s.step_tokens(rng), n_target - emitted)
-                    t_next += n / s.rate(n_target, prompt_tokens)
+                    step_s = n / s.rate(n_target, prompt_tokens)
+                    t_next += step_s + s.numa_stall(step_s, stall_rng)
                 delay = t_next - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -391,6 +628,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--accept-scale", type=float, default=1.0, help="scale mean acceptance length (tests)")
     p.add_argument("--startup-s", type=float, default=0.2, help="simulated model load time before listening")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host-root", default=None,
+                   help="root of the (simulated) host whose tuning to model: sysfs PCI config, numa_balancing")
+    p.add_argument("--root", default=None, help="the server's own root, for /etc/nccl.conf and ~/.nccl.conf")
     p.add_argument("--fail-start", action="store_true", help="exit 1 during start-up like a CUDA init failure")
     p.add_argument("--die-after", type=int, default=None, help="crash after N generated tokens in total")
     p.add_argument("--hang-after", type=int, default=None, help="stop sending after N tokens of a request")
@@ -406,6 +646,9 @@ def parse(argv=None) -> argparse.Namespace:
 
 async def _serve(a: argparse.Namespace) -> None:
     sim = Sim(a)
+    print(f"INFO gpubox SIMULATED tuning state: {sim.tuning.summary()}", flush=True)
+    for note in sim.tuning.notes:
+        print(f"WARNING gpubox SIMULATED tuning state: {note}", flush=True)
     server = await asyncio.start_server(Handler(sim).conn, a.host, a.port, limit=1 << 22, backlog=256)
     print(f"INFO:     Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)", flush=True)
     async with server:
@@ -426,6 +669,13 @@ def main(argv=None) -> int:
         print("ERROR RuntimeError: CUDA error: unknown error (simulated start-up failure)\n"
               "ERROR Engine core initialization failed. See root cause above.", flush=True)
         return 1
+    if a.tp > 1 and a.host_root:   # NCCL initialises communicators only with more than one rank
+        fatal = nccl_fatal(nccl_settings(dict(os.environ), Path(a.root) if a.root else None))
+        if fatal:
+            print(f"ERROR NCCL WARN {fatal} (simulated)\nERROR RuntimeError: NCCL error: invalid usage "
+                  "(run with NCCL_DEBUG=WARN for details)\n"
+                  "ERROR Engine core initialization failed. See root cause above.", flush=True)
+            return 1
     try:
         asyncio.run(_serve(a))
     except KeyboardInterrupt:

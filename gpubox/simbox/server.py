@@ -4,6 +4,12 @@ benchmark's `custom` launcher path, with expectations that match the simulator.
 The simulator paces tokens in real time at `sim_speed` x the seed's rates (FACTS "Reference
 figures"), so the expectations below are the seed's figures x sim_speed, and result documents say
 "simulated": true, "sim_speed": k.
+
+It is also told where the simulated host and container roots are (`--host-root`, `--root`), so
+that at start it reads the tuning gpubox manages - the GPUs' MaxReadReq in the host's sysfs config
+space, kernel.numa_balancing, NCCL's variables (its environment over the container's NCCL config
+files) - and decodes as much slower as the untuned seed box did (docs/bench.md, "tuning state").
+The expectations stay those of the tuned box: an untuned box measures below them.
 """
 
 from __future__ import annotations
@@ -28,11 +34,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _literal(path) -> str:
+    """A path as a literal argv element of the launcher's template (which str.format()s each one)."""
+    return str(path).replace("{", "{{").replace("}", "}}")
+
+
 def build(sim: SimBox, faults: set[str]) -> None:
     ct = sim.inventory_extra["container"]
     cmd = ["{python}", "-m", "bench.simserver", "--model", "{model}", "--drafter", "{drafter}",
            "--method", "{method}", "--budget", "{budget}", "--tp", "{tp}", "--host", "{host}",
-           "--port", "{port}", "--max-model-len", "{max_model_len}", "--speed", str(SIM_SPEED)]
+           "--port", "{port}", "--max-model-len", "{max_model_len}", "--speed", str(SIM_SPEED),
+           "--host-root", _literal(sim.host_root), "--root", _literal(sim.ct_root)]
     if "server_fail" in faults:
         cmd.append("--fail-start")
     bench = {
