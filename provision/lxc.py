@@ -1,6 +1,6 @@
 """Steps that give the LXC container working GPU access after a host reboot, in dependency order:
 
-  host-devices      NVIDIA majors and nodes on the Proxmox host (nvidia-modprobe -u -c N; --persist:
+  host-devices      NVIDIA majors and nodes on the Proxmox host (nvidia-modprobe -c0..-cN-1 -c255, then -u -c0; --persist:
                     modules-load.d + udev rule so the next boot creates them)
   container-config  the main section of /etc/pve/lxc/<vmid>.conf agrees with the host's majors
                     and nodes (safe write: lock, digest, tmp + rename, backup)
@@ -56,20 +56,39 @@ def _status(ctx) -> dict:
     return sh["status"]
 
 
-def modprobe_argv(gpus: int) -> list[str]:
-    return ["nvidia-modprobe", "-u", *[f"-c{i}" for i in range(max(gpus, 1))]]
+# nvidia-modprobe (NVIDIA/nvidia-modprobe a9556df, nvidia-modprobe.c main): with -u every `-c N` is
+# a *uvm* base minor (nvidia_uvm_mknod(N) makes /dev/nvidia-uvm N and -tools N+1), so uvm takes
+# exactly `-u -c0`; the GPU nodes /dev/nvidiaN (and nvidiactl = -c255) come from a separate run
+# without -u. `-u -c0 -c1` would leave /dev/nvidia-uvm at minor 1 (ENXIO in the container).
+UVM_ARGV = ["nvidia-modprobe", "-u", "-c0"]
+
+
+def gpu_nodes_argv(gpus: int) -> list[str]:
+    return ["nvidia-modprobe", *[f"-c{i}" for i in range(max(gpus, 1))], "-c255"]
+
+
+def modprobe_argvs(gpus: int, *, gpu_nodes: bool = True, uvm: bool = True) -> list[list[str]]:
+    """The nvidia-modprobe runs that create the GPU nodes and/or the uvm nodes."""
+    return ([gpu_nodes_argv(gpus)] if gpu_nodes else []) + ([list(UVM_ARGV)] if uvm else [])
+
+
+def needed_modprobe_runs(hd: HostDevices) -> list[list[str]]:
+    """Only the runs whose nodes are missing or stale (uvm: also when the module is not loaded)."""
+    bad = [n.path for n in hd.nodes if n.required and not n.ok]
+    uvm = hd.uvm is None or any(p.startswith("/dev/nvidia-uvm") for p in bad)
+    gpu = any(not p.startswith("/dev/nvidia-uvm") for p in bad)
+    return modprobe_argvs(hd.gpus, gpu_nodes=gpu, uvm=uvm)
 
 
 def persist_files(gpus: int) -> dict[str, str]:
     """Boot-time creation of the uvm nodes: nothing on a Proxmox host runs CUDA, so nothing else
     creates /dev/nvidia-uvm (FACTS.md "NVIDIA device nodes")."""
-    cs = " ".join(f"-c{i}" for i in range(max(gpus, 1)))
     return {
         MODULES_LOAD: "# Written by gpubox: load nvidia-uvm at boot (LXC GPU containers need it).\nnvidia-uvm\n",
         UDEV_RULE: ("# Written by gpubox: create /dev/nvidia-uvm{,-tools} and the GPU nodes when the modules\n"
                     "# load, before pve-guests starts the containers.\n"
-                    f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia", RUN+="/usr/bin/nvidia-modprobe {cs}"\n'
-                    f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia_uvm", RUN+="/usr/bin/nvidia-modprobe -u {cs}"\n'),
+                    f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia", RUN+="/usr/bin/{" ".join(gpu_nodes_argv(gpus))}"\n'
+                    f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia_uvm", RUN+="/usr/bin/{" ".join(UVM_ARGV)}"\n'),
     }
 
 
@@ -106,7 +125,9 @@ class HostDevicesStep(Step):
             detail = "; ".join(problems + [f"boot persistence missing: {p}" for p in missing_persist])
             return Finding.drift(detail, cause="nvidia-uvm nodes absent or stale on the host" if problems else
                                  "nothing creates the uvm nodes at boot",
-                                 repair=" ".join(modprobe_argv(hd.gpus)) + (" (+ --persist)" if problems else ""),
+                                 repair="; ".join(" ".join(a) for a in needed_modprobe_runs(hd)
+                                                 or modprobe_argvs(hd.gpus, gpu_nodes=False))
+                                 + (" (+ --persist)" if problems else ""),
                                  **ev)
         return Finding.ok(f"nvidia {hd.frontend}, nvidia-uvm {hd.uvm}; {hd.gpus} GPU nodes and "
                           f"/dev/nvidia-uvm{{,-tools}} {hd.uvm}:0/1 present", **ev)
@@ -114,8 +135,7 @@ class HostDevicesStep(Step):
     def plan(self, ctx, finding: Finding) -> Plan:
         hd = _host_devices(ctx)
         cmds, files, diffs = [], {}, []
-        if any(not n.ok for n in hd.nodes if n.required) or hd.uvm is None:
-            cmds.append(modprobe_argv(hd.gpus))
+        cmds.extend(needed_modprobe_runs(hd))
         for path in finding.evidence.get("persist_missing", []):
             text = persist_files(hd.gpus)[path]
             files[path] = text
