@@ -9,6 +9,7 @@ Both refuse to act on a config carrying `lock:` (a backup/snapshot/migration is 
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from gpubox.errors import GpuboxError, TransportError
@@ -40,6 +41,14 @@ class Control:
         if action not in ACTIONS:
             raise ValueError(action)
         st = self.status()
+        if action == "stop" and st.get("status") == "stopped":
+            return  # pct/API would fail "CT <vmid> not running" (pve-container Status.pm vm_stop)
+        if action == "reboot" and st.get("status") == "stopped":
+            action = "start"  # reboot fails "VM <vmid> not running" on a stopped CT (Status.pm vm_reboot)
+        if action == "start" and st.get("status") == "running":
+            return  # "CT <vmid> already running" (Status.pm vm_start)
+        # Checked here for every action: `pct reboot` itself does not check the lock (LXC.pm
+        # vm_reboot), it stops the CT and then lxc-pve-prestart-hook refuses to start it again.
         if st.get("lock"):
             raise GpuboxError(f"CT {self.vmid} is locked ({st['lock']}); not running {action}",
                               "wait for the backup/snapshot/migration to finish; `pct unlock` only if none runs")
@@ -64,7 +73,10 @@ class PctControl(Control):
 
     def status(self) -> dict:
         r = self.host.run(["pct", "status", str(self.vmid)], become=True, timeout=30).check()
-        status = r.stdout.split(":", 1)[-1].strip() or "unknown"
+        # pve-container src/PVE/CLI/pct.pm `status`: prints exactly "status: <running|stopped|..>\n"
+        # on stdout (config warnings, if any, go to stderr).
+        m = re.search(r"^status: (\S+)$", r.stdout, re.M)
+        status = m.group(1) if m else "unknown"
         conf, _ = read_conf(self.host, self.vmid)
         return {"status": status, "lock": conf.lock}
 
@@ -132,7 +144,10 @@ class ApiControl(Control):
         if res is None:
             raise GpuboxError(f"task {upid} ({action} CT {self.vmid}) did not finish in {self.timeout:g} s",
                               "look at the task log in the Proxmox UI; raise gpubox_api.timeout")
-        if res.get("exitstatus") != "OK":
+        # pve-common UPID.pm status_is_error: "OK" and "WARNINGS: <n>" are success, anything
+        # else is the task's error message (pve-manager API2/Tasks.pm read_task_status).
+        exitstatus = str(res.get("exitstatus"))
+        if not (exitstatus == "OK" or re.match(r"^WARNINGS: \d+$", exitstatus)):
             raise GpuboxError(f"{action} CT {self.vmid} failed: {res.get('exitstatus')}",
                               "look at the task log in the Proxmox UI")
 

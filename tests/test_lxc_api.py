@@ -58,6 +58,7 @@ class FakePVE:
         self.log: list[tuple[str, str]] = []
         self.finish_tasks = True
         self.fail_with: str | None = None
+        self.exit_ok = "OK"  # or "WARNINGS: <n>" (a task that logged warnings still succeeded)
         self.cert, key = _cert(tmp_path)
         fake = self
 
@@ -75,9 +76,10 @@ class FakePVE:
 
             def _route(self, method):
                 fake.log.append((method, self.path))
+                path, _, query = self.path.partition("?")
                 if self.headers.get("Authorization") != f"PVEAPIToken={TOKEN_USER}!{TOKEN_NAME}={SECRET}":
                     return self._send(401, msg="authentication failure")
-                m = re.match(r"^/api2/json/nodes/([^/]+)/(.*)$", self.path)
+                m = re.match(r"^/api2/json/nodes/([^/]+)/(.*)$", path)
                 if not m or m.group(1) != fake.node:
                     return self._send(404, msg="no such node")
                 rest = m.group(2)
@@ -90,9 +92,10 @@ class FakePVE:
                 if c.group(1) == "status/current" and method == "GET":
                     return self._send(200, fake.current())
                 if c.group(1) == "config" and method == "GET":
-                    return self._send(200, fake.config())
+                    return self._send(200, fake.config(current="current=1" in (query or "")))
                 if c.group(2) and method == "POST":
-                    return self._send(200, fake.start_task(c.group(2)))
+                    upid, err = fake.start_task(c.group(2))
+                    return self._send(200, upid) if upid else self._send(500, msg=err)
                 return self._send(501, msg="not implemented")
 
             def do_GET(self):
@@ -115,58 +118,69 @@ class FakePVE:
         return self.sim.hpath(f"/etc/pve/lxc/{self.vmid}.conf")
 
     def current(self):
+        """status/current: LXC.pm vmstatus + `ha` (pve-container Status.pm vm_status)."""
         if self.sim:
-            st = self.sim.read_state()["containers"][str(self.vmid)]["status"]
-            lock = next((v for k, v in pct.main_section(self.sim, self.vmid) if k == "lock"), None)
+            d = pct.status_current(self.sim, self.vmid)
         else:
-            st, lock = self.state["status"], self.state["lock"]
-        d = {"vmid": self.vmid, "status": st, "name": "ct200", "type": "lxc"}
-        if lock:
-            d["lock"] = lock
+            d = {"vmid": self.vmid, "type": "lxc", "status": self.state["status"], "name": "ct200", "cpus": 96,
+                 "maxmem": 393216 * 1024 * 1024, "maxswap": 0, "uptime": 0, "mem": 0, "swap": 0, "disk": 0,
+                 "maxdisk": 300 * 1024 ** 3, "cpu": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
+            if self.state["lock"]:
+                d["lock"] = self.state["lock"]
+        d["ha"] = {"managed": 0}
         return d
 
-    def config(self):
-        raw = self._conf_path().read_bytes()
-        d: dict = {"digest": hashlib.sha1(raw).hexdigest()}
-        for k, v in pct.main_section(self.sim, self.vmid):
-            if k.startswith("lxc."):
-                d.setdefault("lxc", []).append([k, v])
-            else:
-                d[k] = v
-        return d
+    def config(self, current=False):
+        """GET config: load_current_config (pending taken in unless current=1), `lxc` pairs, `digest`
+        = SHA-1 of the whole file (pve-container API2/LXC/Config.pm vm_config, Config.pm parse_pct_config)."""
+        conf = pct.parse_config(self._conf_path().read_text(), self.vmid)
+        if current:
+            return {k: v for k, v in conf.items() if k not in ("pending", "snapshots")}
+        return pct.current_config(conf)
 
     def start_task(self, action):
+        """Checks before fork_worker fail the POST itself (HTTP 500); the rest fail the task."""
+        if self.sim:
+            running = pct.is_running(self.sim, self.vmid)
+            if action == "start" and running:
+                return None, f"CT {self.vmid} already running"
+            if action == "stop" and not running:
+                return None, f"CT {self.vmid} not running"
+            if action == "reboot" and not running:
+                return None, f"VM {self.vmid} not running"
         n = len(self.tasks)
-        upid = f"UPID:{self.node}:0001{n:04X}:00A1B2C3:6745F0{n:02X}:vz{action}:{self.vmid}:{TOKEN_USER}!{TOKEN_NAME}:"
-        self.tasks[upid] = {"action": action, "polls": 0}
-        return upid
+        pid, pstart, starttime = 0x10000 + n, 0xA1B2C3, 0x6745F000 + n
+        # PVE::UPID encode: UPID:node:%08X pid:%08X pstart:%08X starttime:type:id:user:
+        upid = f"UPID:{self.node}:{pid:08X}:{pstart:08X}:{starttime:08X}:vz{action}:{self.vmid}:{TOKEN_USER}!{TOKEN_NAME}:"
+        self.tasks[upid] = {"action": action, "polls": 0, "pid": pid, "pstart": pstart, "starttime": starttime}
+        return upid, None
 
     def task_status(self, upid):
+        """pve-manager API2/Tasks.pm read_task_status: the decoded UPID (token split off the user),
+        status running|stopped, and once stopped `exitstatus` (UPID.pm read_status)."""
         t = self.tasks[upid]
         t["polls"] += 1
+        d = {"upid": upid, "node": self.node, "pid": t["pid"], "pstart": t["pstart"], "starttime": t["starttime"],
+             "type": f"vz{t['action']}", "id": str(self.vmid), "user": TOKEN_USER, "tokenid": TOKEN_NAME,
+             "status": "running"}
         if not self.finish_tasks or t["polls"] < self.polls:
-            return {"upid": upid, "status": "running", "type": f"vz{t['action']}"}
+            return d
         if "exitstatus" not in t:
             t["exitstatus"] = self._run(t["action"])
-        return {"upid": upid, "status": "stopped", "exitstatus": t["exitstatus"], "type": f"vz{t['action']}"}
+        return {**d, "status": "stopped", "exitstatus": t["exitstatus"]}
 
     def _run(self, action):
         if self.fail_with:
             return self.fail_with
         if not self.sim:
             self.state["status"] = "stopped" if action == "stop" else "running"
-            return "OK"
+            return self.exit_ok
+        fn = {"start": pct.start, "stop": pct.stop, "reboot": pct.reboot}[action]
         try:
-            if action == "start":
-                pct.start(self.sim, self.vmid)
-            elif action == "stop":
-                pct.stop(self.sim, self.vmid)
-            else:
-                pct.stop(self.sim, self.vmid, must_run=True)
-                pct.start(self.sim, self.vmid)
-        except StandinError as exc:
-            return str(exc)
-        return "OK"
+            fn(self.sim, self.vmid)
+        except StandinError as exc:  # fork_worker: "TASK ERROR: <msg, newlines made spaces>"
+            return " ".join(str(exc).split("\n"))
+        return self.exit_ok
 
     def posts(self):
         return [p for m, p in self.log if m == "POST"]
@@ -204,10 +218,47 @@ def test_start_posts_and_waits_for_the_task(pve):
 
 
 def test_locked_container_is_refused_before_any_post(pve):
-    pve.state["lock"] = "backup"
-    with pytest.raises(GpuboxError, match=r"locked \(backup\)"):
-        _ctl(pve).act("stop")
+    # A real reboot does not check the lock (pve-container LXC.pm vm_reboot): it would stop the CT
+    # and then the prestart hook would refuse to start it. So gpubox must refuse first.
+    pve.state.update(status="running", lock="backup")
+    assert _ctl(pve).status() == {"status": "running", "lock": "backup"}
+    for action in ("reboot", "stop"):
+        with pytest.raises(GpuboxError, match=r"locked \(backup\)"):
+            _ctl(pve).act(action)
     assert pve.posts() == []
+
+
+def test_task_with_warnings_is_a_success(pve):
+    pve.exit_ok = "WARNINGS: 1"  # UPID.pm status_is_error: OK and WARNINGS: n are not errors
+    _ctl(pve).act("start")
+    assert pve.state["status"] == "running"
+
+
+def test_stop_of_a_stopped_ct_and_reboot_of_a_stopped_ct(tmp_path):
+    sim = build(tmp_path / "box", ["container_stopped"], gpus=2)
+    fake = FakePVE(tmp_path, sim)
+    try:
+        ctl = _ctl(fake)
+        ctl.act("stop")  # nothing to do: the API would answer 500 "CT 200 not running"
+        assert fake.posts() == []
+        ctl.act("reboot")  # a stopped CT is started: reboot would answer 500 "VM 200 not running"
+        assert fake.posts() == ["/api2/json/nodes/pve1/lxc/200/status/start"]
+        with pytest.raises(GpuboxError, match="CT 200 already running"):
+            ctl._do("start")  # the check before the worker fails the POST itself
+    finally:
+        fake.close()
+
+
+def test_devn_start_failure_is_the_task_exitstatus(tmp_path):
+    sim = build(tmp_path / "box", ["container_stopped"], gpus=2)
+    sim.hpath("/etc/pve/lxc/200.conf").write_text("arch: amd64\ndev0: /dev/nvidia-uvm,mode=0666\nhostname: ct200\n")
+    sim.hpath("/dev/nvidia-uvm").unlink()
+    fake = FakePVE(tmp_path, sim)
+    try:
+        with pytest.raises(GpuboxError, match=r"start CT 200 failed: Device /dev/nvidia-uvm does not exist \(look"):
+            _ctl(fake).act("start")
+    finally:
+        fake.close()
 
 
 def test_failed_task_is_reported_with_its_exit_status(pve):
@@ -242,6 +293,20 @@ def test_config_digest_is_the_files_sha1(tmp_path):
     assert cfg["digest"] == hashlib.sha1(sim.hpath("/etc/pve/lxc/200.conf").read_bytes()).hexdigest()
     assert ["lxc.cgroup2.devices.allow", "c 508:* rwm"] in cfg["lxc"]
     assert "snaptime" not in cfg  # snapshot keys are not the current config
+    assert cfg["memory"] == 393216 and cfg["onboot"] == 1  # check_type: integers/booleans are numbers
+    assert cfg["description"].startswith("Qwen3.6-27B inference") and "passthrough: see" in cfg["description"]
+
+
+def test_config_takes_pending_values_unless_current(tmp_path):
+    sim = build(tmp_path / "box", ["conf_pending"], gpus=2)
+    fake = FakePVE(tmp_path, sim)
+    try:
+        cfg = _ctl(fake).config()
+        cur = fake.config(current=True)
+    finally:
+        fake.close()
+    assert cfg["memory"] == 524288 and "swap" not in cfg  # load_current_config(current=0)
+    assert cur["memory"] == 393216 and cur["swap"] == 0
 
 
 def _api_box(tmp_path, fake_factory, faults):

@@ -60,11 +60,13 @@ def test_done_when_stale_major_and_missing_uvm(tmp_path, capsys):
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
     assert rc == 0 and doc["ok"] and doc["changed"]
     st = _steps(doc)
-    assert st["host-devices"]["commands"] == [["nvidia-modprobe", "-u", "-c0", "-c1"]]
+    # with -u, -c N is a uvm base minor (nvidia-modprobe.c), so uvm takes exactly `-u -c0`
+    assert st["host-devices"]["commands"] == [["nvidia-modprobe", "-u", "-c0"]]
     assert "-lxc.cgroup2.devices.allow: c 508:* rwm\n+lxc.cgroup2.devices.allow: c 511:* rwm" in st["container-config"]["diff"]
     assert st["container"]["commands"] == [["pct", "reboot", "200"]] and st["cuda"]["status"] == "ok"
     assert _conf(sim).split(b"\n[pre-driver-580]")[1] == snapshot_before  # snapshot untouched
     assert os.stat(sim.hpath("/dev/nvidia-uvm")).st_rdev == os.makedev(511, 0)
+    assert os.stat(sim.hpath("/dev/nvidia-uvm-tools")).st_rdev == os.makedev(511, 1)
 
     rc, out, err = _lxc(capsys, sim, "check", "ct200")
     assert rc == 0, out
@@ -111,7 +113,7 @@ def test_dry_run_changes_nothing_and_shows_diff_and_argv(tmp_path, capsys):
     before = _conf(sim)
     rc, out, err = _lxc(capsys, sim, "fix", "ct200", "--dry-run", "--persist")
     assert rc == 1
-    assert "nvidia-modprobe -u -c0 -c1" in out and "+nvidia-uvm" in out and "70-nvidia-uvm.rules" in out
+    assert "$ nvidia-modprobe -u -c0\n" in out and "+nvidia-uvm" in out and "70-nvidia-uvm.rules" in out
     assert "-lxc.cgroup2.devices.allow: c 508:* rwm" in out
     assert _conf(sim) == before and not sim.hpath("/dev/nvidia-uvm").exists()
     assert not sim.hpath("/etc/modules-load.d/nvidia-uvm.conf").exists()
@@ -143,8 +145,12 @@ def test_pending_section_survives_and_is_named(tmp_path, capsys):
     sim = _box(tmp_path, "conf_pending", "uvm_missing")
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
     assert rc == 0
-    assert b"\n[pve:pending]\nmemory: 524288\ndelete: swap\n" in _conf(sim)
+    # the restart applied the pending change, as `pct reboot` does (LXC.pm vm_start ->
+    # vmconfig_apply_pending + write_config, which re-renders the file); snapshot kept
     assert "pending" in _steps(doc)["container"]["detail"]
+    conf = _conf(sim).decode()
+    assert "[pve:pending]" not in conf and "memory: 524288\n" in conf.split("\n[")[0]
+    assert "\nswap:" not in conf.split("\n[")[0] and "\n[pre-driver-580]\n" in conf
 
 
 def test_cgroup_v1_lines_are_converted(tmp_path, capsys):
@@ -162,7 +168,8 @@ def test_persist_writes_boot_files_once(tmp_path, capsys):
     assert rc == 0
     assert sim.hpath("/etc/modules-load.d/nvidia-uvm.conf").read_text().endswith("nvidia-uvm\n")
     rule = sim.hpath("/etc/udev/rules.d/70-nvidia-uvm.rules").read_text()
-    assert 'KERNEL=="nvidia_uvm", RUN+="/usr/bin/nvidia-modprobe -u -c0 -c1"' in rule
+    assert 'KERNEL=="nvidia_uvm", RUN+="/usr/bin/nvidia-modprobe -u -c0"\n' in rule
+    assert 'KERNEL=="nvidia", RUN+="/usr/bin/nvidia-modprobe -c0 -c1 -c255"\n' in rule
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes", "--persist")
     assert rc == 0 and doc["changed"] is False
 
@@ -176,21 +183,120 @@ def test_devn_mode_rewrites_to_devn_and_starts(tmp_path, capsys):
     assert "lxc.mount.entry: /dev/nvidia" not in main
     assert _boots(sim) == 0  # the running container only needed the live rule
     pct.main(SimBox.load(sim.dest), ["reboot", "200"])  # the next start uses the devN entries
-    assert "c 511:0 rwm" in sim.read_state()["containers"]["200"]["cgroup_allow"]
+    # update_lxc_config: `c MAJ:MIN rw` from the host node's st_rdev at this start
+    assert "c 511:0 rw" in sim.read_state()["containers"]["200"]["cgroup_allow"]
+    assert oct(os.stat(sim.cpath("/dev/nvidia-uvm")).st_mode & 0o777) == "0o660"  # devN mode default
     rc, doc = _json(capsys, sim, "check", "ct200")
     assert rc == 0
 
 
+def _bin(sim, prog, *args):
+    """Run a stand-in the way gpubox does: the real executable on the sim's bin/, argv, exit status."""
+    import subprocess
+
+    env = dict(os.environ, GPUBOX_SIM=str(sim.dest), GPUBOX_SIM_SIDE="host")
+    return subprocess.run([str(sim.bin_dir / prog), *map(str, args)], capture_output=True, text=True, env=env)
+
+
 def test_pct_standin_fails_like_pct(tmp_path):
+    # Texts and exit codes checked against proxmox/pve-container 94f5585 (CLI/pct.pm,
+    # API2/LXC/Status.pm, LXC.pm, LXC/Tools.pm) and pve-common f665029 (RESTEnvironment.pm).
     sim = _box(tmp_path, "container_stopped")
-    with pytest.raises(StandinError, match="container '200' not running!"):
-        pct.main(sim, ["exec", "200", "--", "true"])
+    r = _bin(sim, "pct", "status", "200")
+    assert (r.returncode, r.stdout) == (0, "status: stopped\n")
+    r = _bin(sim, "pct", "exec", "200", "--", "true")
+    assert (r.returncode, r.stderr) == (255, "container '200' not running!\n")
+    r = _bin(sim, "pct", "stop", "200")
+    assert (r.returncode, r.stderr) == (255, "CT 200 not running\n")
+    r = _bin(sim, "pct", "reboot", "200")
+    assert (r.returncode, r.stderr) == (255, "VM 200 not running\n")  # sic: Status.pm vm_reboot
+    r = _bin(sim, "pct", "push", "200", "/etc/hostname", "/tmp/x")
+    assert (r.returncode, r.stderr) == (255, "can only push files to a running CT\n")
+    r = _bin(sim, "pct", "status", "999")
+    assert r.returncode == 255 and r.stderr == "Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n"
+
     conf = sim.hpath("/etc/pve/lxc/200.conf")
-    conf.write_text("arch: amd64\ndev0: /dev/nvidia-uvm\n")
+    conf.write_text("arch: amd64\nhostname: ct200\nlock: backup\n")
+    r = _bin(sim, "pct", "start", "200")  # the lock is checked inside the task
+    assert (r.returncode, r.stderr) == (255, "CT is locked (backup)\n")
+    conf.write_text("arch: amd64\ndev0: /dev/nvidia-uvm,mode=0666\nhostname: ct200\n")
     sim.hpath("/dev/nvidia-uvm").unlink()  # nvidia-uvm not loaded after boot
-    with pytest.raises(StandinError, match="Device /dev/nvidia-uvm does not exist") as ei:
+    r = _bin(sim, "pct", "start", "200")
+    assert (r.returncode, r.stderr) == (255, "Device /dev/nvidia-uvm does not exist\n")
+    with pytest.raises(StandinError, match="^Device /dev/nvidia-uvm does not exist$") as ei:
         pct.start(SimBox.load(sim.dest), 200)
     assert ei.value.rc == 255
+
+    r = _bin(sim, "nvidia-modprobe", "-u", "-c0")
+    assert r.returncode == 0 and os.stat(sim.hpath("/dev/nvidia-uvm")).st_rdev == os.makedev(511, 0)
+    r = _bin(sim, "pct", "start", "200")
+    assert r.returncode == 0 and sim.read_state()["containers"]["200"]["cgroup_allow"] == ["c 511:0 rw"]
+    assert oct(os.stat(sim.cpath("/dev/nvidia-uvm")).st_mode & 0o777) == "0o666"  # mode= of dev0
+    r = _bin(sim, "pct", "start", "200")
+    assert (r.returncode, r.stderr) == (255, "CT 200 already running\n")
+
+    src = tmp_path / "payload"
+    src.write_text("hello\n")
+    r = _bin(sim, "pct", "push", "200", src, "/etc/payload", "--perms", "640", "--user", "0")
+    assert r.returncode == 0  # "640" is octal: pct.pm prefixes a 0, then strtoul base 0
+    assert oct(os.stat(sim.cpath("/etc/payload")).st_mode & 0o777) == "0o640"
+    r = _bin(sim, "pct", "push", "200", src, "/no/such/dir/f")
+    assert r.returncode == 0 and r.stderr.startswith("failed to create file: ")  # no $upid_exit for push
+    r = _bin(sim, "pct", "exec", "200", "--")
+    assert r.returncode == 255 and r.stderr.startswith("missing command at ")
+
+
+def test_pct_config_and_rewrites_are_proxmox_shaped(tmp_path):
+    sim = _box(tmp_path, "conf_pending", "container_stopped")
+    r = _bin(sim, "pct", "config", "200")
+    lines = r.stdout.splitlines()
+    keys = [l.split(":", 1)[0] for l in lines if not l.startswith("lxc.")]
+    assert keys == sorted(keys) and lines[-1].startswith("lxc.mount.entry: ")  # sorted keys, lxc pairs last
+    assert "memory: 524288" in lines and not any(l.startswith("swap:") for l in lines)  # pending taken in
+    assert lines[keys.index("description")].startswith("description: Qwen3.6-27B") and "%3A" in r.stdout
+    r = _bin(sim, "pct", "config", "200", "--current", "1")
+    assert "memory: 393216" in r.stdout.splitlines()
+    r = _bin(sim, "pct", "start", "200")  # vm_start applies the pending section and rewrites the file
+    assert r.returncode == 0
+    text = sim.hpath("/etc/pve/lxc/200.conf").read_text()
+    assert "[pve:pending]" not in text and "\nmemory: 524288\n" in text and "\n[pre-driver-580]\n" in text
+    assert text.startswith("#Qwen3.6-27B") and "#GPU passthrough%3A see team wiki\n" in text
+
+
+def test_pct_status_warnings_do_not_confuse_gpubox(tmp_path):
+    from gpubox.host import Host
+    from gpubox.inventory import HostEntry
+    from gpubox.transport.local import LocalTransport
+    from provision.pve import PctControl
+
+    sim = _box(tmp_path, "conf_v1")
+    r = _bin(sim, "pct", "status", "200")
+    assert r.stdout == "status: running\n"
+    assert "lxc.cgroup.devices.allow is deprecated, this will be a hard error in the future!" in r.stderr
+    inv = yaml.safe_load(sim.inventory_path.read_text())["all"]["children"]["proxmox_hosts"]["hosts"]["pve1"]
+    host = Host(HostEntry("pve1", inv), LocalTransport("pve1"))
+    assert PctControl(host, 200).status() == {"status": "running", "lock": None}
+
+
+def test_nvidia_modprobe_and_lxc_cgroup_standins_follow_their_sources(tmp_path):
+    sim = _box(tmp_path, "uvm_missing")
+    # nvidia-modprobe.c: with -u every -c N is a uvm base minor -> the last one wins
+    r = _bin(sim, "nvidia-modprobe", "-u", "-c0", "-c1")
+    assert r.returncode == 0 and os.stat(sim.hpath("/dev/nvidia-uvm")).st_rdev == os.makedev(511, 1)
+    assert os.stat(sim.hpath("/dev/nvidia-uvm-tools")).st_rdev == os.makedev(511, 2)
+    sim.hpath("/dev/nvidiactl").unlink()
+    r = _bin(sim, "nvidia-modprobe", "-c0", "-c255")
+    assert r.returncode == 0 and os.stat(sim.hpath("/dev/nvidiactl")).st_rdev == os.makedev(195, 255)
+    r = _bin(sim, "nvidia-modprobe", "-x")
+    assert r.returncode == 1 and r.stderr.startswith('nvidia-modprobe: unrecognized option: "-x"')
+    # lxc_cgroup.c + log.c stderr format; exit 1
+    r = _bin(sim, "lxc-cgroup", "-n", "200", "devices.list")  # no such file on cgroup v2
+    assert r.returncode == 1 and "Failed to retrieve value of 'devices.list' for '/var/lib/lxc:200'" in r.stderr
+    pct.stop(SimBox.load(sim.dest), 200)
+    r = _bin(sim, "lxc-cgroup", "-n", "200", "devices.allow", "c 511:* rw")
+    assert r.returncode == 1
+    assert r.stderr == ("lxc-cgroup: 200: ../src/lxc/tools/lxc_cgroup.c: lxc_cgroup_main: 103 "
+                        "'/var/lib/lxc:200' is not running\n")
 
 
 def test_unknown_device_mode_is_bad_input(tmp_path, capsys):

@@ -102,7 +102,7 @@ def conf_text(sim: SimBox, faults: set[str]) -> str:
     main.append("lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir")
     out = "\n".join(main) + "\n"
     if "conf_pending" in faults:
-        out += "\n[pve:pending]\nmemory: 524288\ndelete: swap\n"
+        out += "\n[pve:pending]\ndelete: swap\nmemory: 524288\n"  # write_pct_config sorts keys
     # A snapshot from before the driver upgrade, with the old major: must never be edited.
     out += ("\n[pre-driver-580]\narch: amd64\ncores: 96\nfeatures: nesting=1\n"
             f"hostname: {sim.box}\nmemory: 393216\n"
@@ -138,7 +138,9 @@ def build(sim: SimBox, faults: set[str]) -> None:
         mknod(h("/dev/nvidia-uvm-tools"), UVM_MAJOR, 1)
     h("/etc/pve/lxc").mkdir(parents=True, exist_ok=True)
     conf = h(f"/etc/pve/lxc/{sim.vmid}.conf")
-    conf.write_text(conf_text(sim, faults))
+    # A pending change is made while the CT runs (pct start would apply it: LXC.pm vm_start), so the
+    # file gets its [pve:pending] section only after the start below.
+    conf.write_text(conf_text(sim, faults - {"conf_pending"}))
     os.chmod(conf, 0o640)
     # The container's userspace driver matches the host kernel module (same version string).
     lib = sim.cpath("/usr/lib/x86_64-linux-gnu")
@@ -155,3 +157,4 @@ def build(sim: SimBox, faults: set[str]) -> None:
     if "container_stopped" not in faults:
         # It was started after the (faulty) reboot, before any backup took the lock.
         pct.start(sim, sim.vmid, record_boot=False, ignore_lock=True)
+    conf.write_text(conf_text(sim, faults))
