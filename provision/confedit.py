@@ -23,6 +23,26 @@ V1_DEVICES = ("lxc.cgroup.devices.allow", "lxc.cgroup.devices.deny")
 MODES = ("cgroup2", "devN")
 _RULE = re.compile(r"^([abc])\s+(\*|\d+):(\*|\d+)(?:\s+([rwm]+))?$")
 _DEVN = re.compile(r"^dev(\d+)$")
+# Nodes nvidia-modprobe creates 0666 (NVIDIA/nvidia-modprobe nvidia-modprobe-utils.c NV_DEVICE_FILE_MODE).
+# A devN node in the container is 0660 root:root unless `mode=` says otherwise (pve-container
+# LXC.pm create_passthrough_device_node), which would lock non-root CUDA users out: say 0666.
+_DEVN_0666 = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-modeset|nvidia-uvm|nvidia-uvm-tools)$")
+
+
+def devn_path(value: str | None) -> str:
+    """The path of a devN property string (`[path=]/dev/x[,mode=..][,uid=..][,gid=..][,deny-write=..]`,
+    pve-container Config.pm $dev_desc: `path` is the default key)."""
+    for part in (value or "").split(","):
+        k, eq, v = part.partition("=")
+        if not eq:
+            return k.strip()
+        if k.strip() == "path":
+            return v.strip()
+    return ""
+
+
+def devn_value(path: str) -> str:
+    return f"{path},mode=0666" if _DEVN_0666.match(path) else path
 
 
 @dataclass
@@ -243,7 +263,7 @@ def review(conf: LxcConf, hd: HostDevices, mode: str = "cgroup2") -> Review:
         have_paths = {}
         for i, l in enumerate(lines):
             if l.key and _DEVN.match(l.key) and i not in drop:
-                have_paths[(l.value or "").split(",")[0].strip()] = l.key
+                have_paths[devn_path(l.value)] = l.key
         k = 0
         for n in nodes:
             if n.path in have_paths:
@@ -254,7 +274,7 @@ def review(conf: LxcConf, hd: HostDevices, mode: str = "cgroup2") -> Review:
             while k in used:
                 k += 1
             used.add(k)
-            add_devn.append(format_line(f"dev{k}", n.path))
+            add_devn.append(format_line(f"dev{k}", devn_value(n.path)))
             issues.append(Issue("missing-devN", f"no devN entry for {n.path}"))
 
     new_lines = _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn)

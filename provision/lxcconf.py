@@ -138,6 +138,9 @@ def conf_path(vmid: int) -> str:
 
 
 def lock_path(vmid: int) -> str:
+    # pve-container 94f5585 src/PVE/LXC/Config.pm config_file_lock ("$lockdir/pve-config-${vmid}.lock",
+    # $lockdir = /run/lock/lxc); pve-common Tools.pm lock_file_full: flock(LOCK_EX) on it opened
+    # for append, 10 s default timeout, the same as _write_local below.
     return f"/run/lock/lxc/pve-config-{int(vmid)}.lock"
 
 
@@ -179,7 +182,7 @@ def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: 
         raise GpuboxError("internal: config does not round-trip", "report this")
     path = conf_path(vmid)
     real = host.path(path)
-    tmp = f"{real}.tmp.{os.getpid()}"
+    tmp = f"{real}.tmp.{os.getpid()}"  # pve-common src/PVE/File.pm file_set_contents: "$filename.tmp.$$"
     if host.transport.is_local:
         return _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
     return _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)

@@ -115,3 +115,14 @@ def test_proc_devices_real_h200_layout():
 def test_digest_is_sha1_of_the_file():
     assert digest(b"arch: amd64\n") == "151d53297197ce4180a960ae4c28cfd01cac379c"
     assert digest("arch: amd64\n") == digest(b"arch: amd64\n")
+
+
+def test_devn_path_key_spelling_is_understood(hd):
+    # Config.pm $dev_desc: `path` is the default key, so `dev0: path=/dev/nvidia0,gid=44` is the same entry
+    from provision.confedit import devn_path
+
+    assert devn_path("path=/dev/nvidia0,gid=44") == "/dev/nvidia0" == devn_path("/dev/nvidia0,mode=0666")
+    text = (FIXTURES / "devn.conf").read_text().replace("dev0: /dev/nvidia0", "dev0: path=/dev/nvidia0")
+    rev = review(LxcConf.parse(text), hd, "devN")
+    assert "no devN entry for /dev/nvidia0" not in [i.text for i in rev.issues]
+    assert rev.new.count("/dev/nvidia0") == 1
