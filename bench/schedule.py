@@ -29,13 +29,13 @@ Inventory (all optional; CLI options win):
 
 from __future__ import annotations
 
-import difflib
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
 
@@ -288,11 +288,7 @@ def _read(host, path: str) -> str | None:
         return None
 
 
-def _diff(path: str, old: str | None, new: str | None) -> str:
-    a = (old or "").splitlines(keepends=True)
-    b = (new or "").splitlines(keepends=True)
-    return "".join(difflib.unified_diff(a, b, "/dev/null" if old is None else path,
-                                        "/dev/null" if new is None else path))
+_diff = unified
 
 
 def unit_state(host, unit: str) -> dict[str, str]:

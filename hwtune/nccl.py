@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
 
@@ -526,7 +527,7 @@ class NcclEnvStep(Step):
             old = ct.read_text(path, default="")
             if old != new:
                 writes[path] = new
-                diff += "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a{path}", f"b{path}"))
+                diff += unified(path, old, new)
         return Plan(f"write profile {prof.name} to {', '.join(writes)}", diff, [], writes)
 
     def apply(self, ctx, plan: Plan) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
 
@@ -114,11 +115,10 @@ class NumaBalancingStep(Step):
         if finding.evidence["live"] != want:
             cmds.append(["tee", host.path(KNOB)])
         if ctx.opt("persist"):
-            import difflib
             old = host.read_text(CONF, default="")
             conf = conf_text(want)
             if old != conf:
-                diff = "".join(difflib.unified_diff(old.splitlines(True), conf.splitlines(True), f"a{CONF}", f"b{CONF}"))
+                diff = unified(CONF, old, conf)
         desc = []
         if cmds:
             desc.append(f"write {want} to {KNOB}")

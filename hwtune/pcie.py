@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
 
@@ -242,9 +243,7 @@ def _unit_drift(host, bdfs: list[str], code: int) -> tuple[str | None, str]:
     return None, want
 
 
-def _diff(path: str, old: str, new: str) -> str:
-    import difflib
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a{path}", f"b{path}"))
+_diff = unified
 
 
 class PcieMrrsStep(Step):

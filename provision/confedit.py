@@ -9,9 +9,10 @@ and `devN` (PVE >= 8.1: `devN: /dev/...` entries, major:minor read at every star
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
+
+from gpubox.diffs import unified
 
 from .devices import HostDevices
 from .lxcconf import Line, LxcConf, Section, format_line
@@ -103,8 +104,7 @@ class Review:
         return self.new != self.old
 
     def diff(self, path: str) -> str:
-        return "".join(difflib.unified_diff(self.old.splitlines(keepends=True), self.new.splitlines(keepends=True),
-                                            f"a{path}", f"b{path}"))
+        return unified(path, self.old, self.new)
 
 
 def _mount_fields(value: str) -> tuple[str, str, str] | None:

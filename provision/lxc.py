@@ -14,6 +14,7 @@ restart ("auto" | "never" | "always"), persist, confirm (callable(question) -> b
 
 from __future__ import annotations
 
+from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
 
@@ -139,10 +140,7 @@ class HostDevicesStep(Step):
         for path in finding.evidence.get("persist_missing", []):
             text = persist_files(hd.gpus)[path]
             files[path] = text
-            import difflib
-            old = ctx.host.read_text(path, default="")
-            diffs.append("".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                      f"a{path}", f"b{path}")))
+            diffs.append(unified(path, ctx.host.read_text(path, default=""), text))
         what = []
         if cmds:
             what.append("create the nodes with nvidia-modprobe")
