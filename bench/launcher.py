@@ -52,7 +52,7 @@ def parse_method(label: str) -> tuple[str, int | None, str]:
     name, _, b = str(label).strip().partition(":")
     name = {"dflash": "linear"}.get(name, name)
     if name not in METHODS:
-        raise GpuboxError(f"unknown method {label!r}", f"use one of auto, linear[:B], ddtree[:B] (e.g. ddtree:15)")
+        raise GpuboxError(f"unknown method {label!r}", "use one of auto, linear[:B], ddtree[:B] (e.g. ddtree:15)")
     if name == "auto":
         if b:
             raise GpuboxError(f"method {label!r}: auto takes no budget", "write just 'auto'")

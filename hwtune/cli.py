@@ -3,7 +3,6 @@ and functions of hwtune (the playbooks call the same ones)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path

@@ -9,10 +9,9 @@ import time
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
-from gpubox.clihelp import box_context, json_option, state
-from gpubox.output import STYLE, console, print_json, render_report
+from gpubox.clihelp import box_context, json_option
+from gpubox.output import console, print_json, render_report
 
 skip_option = click.option("--skip", multiple=True, metavar="STEP", help="Skip a step or group (repeat or comma-separate).")
 only_option = click.option("--only", multiple=True, metavar="STEP", help="Run only these steps or groups.")

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpubox.errors import GpuboxError
 from gpubox.pipeline import Node, run_pipeline

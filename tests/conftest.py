@@ -3,8 +3,6 @@
 Plugins: tests.sshd gives the `sshd` / `sshd_factory` fixtures (a real sshd on loopback).
 """
 
-import os
-
 import pytest
 
 pytest_plugins = ["tests.sshd"]

@@ -2,7 +2,6 @@
 NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 whatever the
 profile or the caller's environment says, proven by what real child processes report they saw."""
 
-import json
 import os
 import sys
 

@@ -1,6 +1,5 @@
 """The lane/DAG runner: order, overlap between lanes, blocking in apply mode, deadlock refusal."""
 
-import threading
 import time
 
 import pytest

@@ -5,7 +5,6 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import prom, regress

@@ -4,7 +4,6 @@ import copy
 import json
 from pathlib import Path
 
-import pytest
 
 from bench.report.data import from_doc
 from bench.report.findings import findings

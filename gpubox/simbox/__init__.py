@@ -20,7 +20,6 @@ faults and its stand-ins; a piece is a module with `FAULTS: dict[str, str]` and
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
