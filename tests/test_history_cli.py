@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import history, regress
-from gpubox.cli import main
+from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "history"
 
@@ -16,13 +16,6 @@ def record_series(upto=11):
     for n in range(1, upto + 1):
         doc = json.loads((FIX / f"run{n:02d}.json").read_text())
         history.record(regress.judge(doc, history.runs("ct200")))
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as ei:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return ei.value.code, out, err
 
 
 def test_json_shows_tok_s_per_tp_and_method_over_time(capsys):

@@ -10,20 +10,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpubox.cli import main
 from hwtune import nccl_compare
 from hwtune.topology import from_file
+from tests.clirun import gpubox
 
 ROOT = Path(__file__).resolve().parents[1]
 PFIX = ROOT / "tests" / "fixtures" / "probe"
 TFIX = ROOT / "tests" / "fixtures" / "topology"
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as ei:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return ei.value.code, out, err
 
 
 def child_doc(scale: float, sizes=(268435456,)) -> dict:

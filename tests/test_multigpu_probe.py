@@ -14,22 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.cli import main
 from hwtune import probe as probe_script
 from hwtune.probe_step import probe_args
 from hwtune.probe_verdict import judge, limits
 from hwtune.topology import from_file, gpus_for_tp
+from tests.clirun import gpubox
 
 ROOT = Path(__file__).resolve().parents[1]
 PFIX = ROOT / "tests" / "fixtures" / "probe"
 TFIX = ROOT / "tests" / "fixtures" / "topology"
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as ei:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return ei.value.code, out, err
 
 
 def load(name):

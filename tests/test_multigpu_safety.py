@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from gpubox.cli import main
 from gpubox.errors import GpuboxError
 from hwtune import nccl_compare
 from hwtune.nccl import load_profile
 from hwtune.nccl_compare import SAFETY_ENV, child_env, profile_conflicts
+from tests.clirun import gpubox
 
 BAD_PROFILE = """\
 name: multicast-on
@@ -20,13 +20,6 @@ env:
   NCCL_NVLS_ENABLE: 1
   NCCL_PROTO: Simple
 """
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as ei:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return ei.value.code, out, err
 
 
 def test_profile_with_nvls_enable_1_ends_with_0_in_the_child_env():

@@ -9,20 +9,13 @@ import pytest
 import yaml
 
 from gpubox import simbox
-from gpubox.cli import main
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.steps import SKIPPED, run_steps
 from hwtune import probe_step
+from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "probe"
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as ei:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return ei.value.code, out, err
 
 
 @pytest.fixture

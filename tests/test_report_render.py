@@ -13,20 +13,13 @@ from bench.report import tables as T
 from bench.report.data import load_runs
 from bench.report.latex import tex_escape
 from bench.report.markdown import md_escape
-from gpubox.cli import main
+from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "results"
 BEFORE, AFTER, PARTIAL = (str(FIX / f"{n}.json") for n in ("seed-before", "seed-after", "partial"))
 HOSTILE = "_ % & # $ { } ~ ^ \\"
 HOSTILE_BOX = json.loads(Path(PARTIAL).read_text())["box"]
 HAVE_TEX = bool(shutil.which("pdflatex")) and bool(shutil.which("pdftotext"))
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 # --- escaping -----------------------------------------------------------------------------------

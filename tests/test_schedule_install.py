@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from gpubox.cli import main
 from gpubox.simbox import build
+from tests.clirun import gpubox
 
 UNIT = "etc/systemd/system/gpubox-health-ct200"
 
@@ -21,13 +21,6 @@ def sim(tmp_path):
     exe.chmod(0o755)
     shutil.copy(box.inventory_path, box.cpath("/etc/gpubox/inventory.yml"))
     return box
-
-
-def gpubox(capsys, *argv):
-    with pytest.raises(SystemExit) as ei:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return ei.value.code, out, err
 
 
 def cli(capsys, sim, *argv):
