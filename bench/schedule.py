@@ -327,7 +327,8 @@ class ScheduleStep(Step):
             return bad
         h = target(ctx, s)
         files = desired_files(h, s)
-        stale = {p: _read(h, p) for p, want in files.items() if _read(h, p) != want}
+        have = {p: _read(h, p) for p in files}  # one read per file (it may cross SSH)
+        stale = {p: have[p] for p, want in files.items() if have[p] != want}
         systemd = uses_systemd(h, s)
         ev: dict[str, Any] = {"mechanism": "systemd" if systemd else "cron", "files": sorted(files),
                               "on": s.on}
@@ -348,8 +349,9 @@ class ScheduleStep(Step):
         s = self.spec
         h = target(ctx, s)
         files = desired_files(h, s)
-        changed = {p: c for p, c in files.items() if _read(h, p) != c}
-        diff = "".join(_diff(p, _read(h, p), c) for p, c in changed.items())
+        have = {p: _read(h, p) for p in files}
+        changed = {p: c for p, c in files.items() if have[p] != c}
+        diff = "".join(_diff(p, have[p], c) for p, c in changed.items())
         cmds = []
         if uses_systemd(h, s):
             if changed:
