@@ -21,11 +21,13 @@ from gpubox.output import console, print_json
 @click.option("--hash", "hash_name", type=click.Choice(["crc32", "sha256"]), default=None,
               help="Chunk hash for the files copied: crc32 (default; catches accidental corruption, fast) or "
                    "sha256. BOX: also gpubox_stage_hash. Staged files keep theirs for checks and --verify.")
+@click.option("--follow-links", is_flag=True,
+              help="Stage files that are symlinks out of the source (refused by default; listed when followed).")
 @click.option("--drafter", is_flag=True, help="SRC DEST only: a drafter model (no tokenizer required).")
 @json_option
 @click.pass_context
 def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, verify: bool, force: bool,
-          workers: int | None, hash_name: str | None, drafter: bool, as_json: bool) -> None:
+          workers: int | None, hash_name: str | None, follow_links: bool, drafter: bool, as_json: bool) -> None:
     """Stage a model into tmpfs: parallel, hash-verified, atomic (manifest last), resumable.
 
     \b
@@ -39,7 +41,7 @@ def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, veri
         from .stage_step import steps
         from gpubox.steps import run_steps
         c = box_context(ctx, target, dry_run=dry_run, verify=verify, force=force, workers=workers, as_json=as_json,
-                        hash=hash_name)
+                        hash=hash_name, follow_links=follow_links)
         todo = steps(c)
         if not todo:
             raise GpuboxError(f"box {target} sets neither gpubox_model nor gpubox_drafter",
@@ -54,7 +56,7 @@ def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, veri
         emit(report, as_json, title=f"{target}: stage" + (" (dry run)" if dry_run else ""))
         return
     _local(target, dest, dry_run=dry_run, verify=verify, force=force, workers=workers,
-           require_tokenizer=not drafter, as_json=as_json, hash=hash_name)
+           require_tokenizer=not drafter, as_json=as_json, hash=hash_name, follow_links=follow_links)
 
 
 def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
@@ -67,7 +69,7 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
     except engine.StageError as exc:
         raise GpuboxError(exc.problem, exc.fix) from None
     except OSError as exc:
-        raise GpuboxError(f"{exc.filename or src}: {exc.strerror or exc}", "check the paths and permissions") from None
+        raise GpuboxError(f"{exc.filename or f'staging {src} -> {dest}'}: {exc.strerror or exc}", "check the paths and permissions") from None
     rc = 1 if (kw["dry_run"] and (out["would_copy"] or out.get("room_problem"))) else 0
     if as_json:
         print_json(out)
@@ -94,4 +96,9 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
         con.print(t)
         for rel, why in sorted(out["reasons"].items()):
             con.print(f"  copied {rel}: {why}")
+    for rel, target in (out.get("links_out") or {}).items():
+        con.print(f"  followed link out of the source: {rel} -> {target}", markup=False)
+    for rel in out.get("modes_fixed") or out.get("would_chmod") or []:
+        con.print(f"  {'permissions set' if out.get('modes_fixed') else 'would set permissions'} "
+                  f"as in the source: {rel}", markup=False)
     sys.exit(rc)

@@ -51,7 +51,6 @@ import errno
 import fcntl
 import hashlib
 import json
-import mmap
 import os
 import stat
 import sys
@@ -71,7 +70,7 @@ JOURNAL = ".gpubox-journal.jsonl"
 LOCK = ".gpubox-stage.lock"  # as .NAME.gpubox-stage.lock beside the destination
 PARTIAL = ".partial"
 CHUNK = 64 << 20
-BUF = 1 << 20
+BUF = 256 << 10         # read/hash/write slice: stays in L2 (measured: 256 KiB <= 1 MiB < 4 MiB)
 HASHES = {"crc32": "crc32-tree-64MiB", "sha256": "sha256-tree-64MiB"}   # --hash NAME -> algorithm
 DEFAULT_HASH = "crc32"
 HASH_ALGO = HASHES[DEFAULT_HASH]
@@ -94,13 +93,41 @@ def _gb(n: float) -> str:
 
 
 # -- source ----------------------------------------------------------------------------------
-def scan(src: str) -> dict[str, dict]:
-    """rel path -> {size, mtime_ns[, hub_sha256]} of the regular files under src (symlinks followed,
-    hidden names skipped: .git, .cache, our own bookkeeping)."""
+def _link_roots(src: str) -> list[str]:
+    """Where links in src may point: src itself and, for a Hugging Face cache snapshot
+    (.../models--ORG--NAME/snapshots/REV), its repo directory (the hub links every file to ../../blobs/)."""
+    real = os.path.realpath(src)
+    roots = [real]
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == "snapshots":
+        roots.append(os.path.dirname(parent))
+    return roots
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def scan(src: str, *, follow_links: bool = False) -> dict[str, dict]:
+    """rel path -> {size, mtime_ns, mode[, hub_sha256][, link]} of the regular files under src
+    (hidden names skipped: .git, .cache, our own bookkeeping).
+
+    Symlinks inside the source (and a Hugging Face snapshot's links into its blobs/) are followed.
+    A link out of the source is refused unless follow_links: a file linked in from elsewhere would
+    be copied without anyone having chosen it (then it is followed and named: entry["link"]).
+    A directory link back up the tree is refused (a loop)."""
     if not os.path.isdir(src):
         raise StageError(f"source {src} is not a directory", "give the persistent model directory")
+    roots = _link_roots(src)
     out: dict[str, dict] = {}
+    outside: list[tuple[str, str]] = []
+    seen_dirs: set[tuple[int, int]] = set()
     for dirpath, dirs, names in os.walk(src, followlinks=True):
+        dst = os.stat(dirpath)
+        if (dst.st_dev, dst.st_ino) in seen_dirs:
+            raise StageError(f"source directory {dirpath} is reached twice through links (a loop, or a "
+                             f"second link to one directory)", "remove the extra directory link from the source")
+        seen_dirs.add((dst.st_dev, dst.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for n in names:
             if n.startswith(".") or n.endswith(PARTIAL):
@@ -112,11 +139,20 @@ def scan(src: str) -> dict[str, dict]:
                 raise StageError(f"source file {p} is a broken link", "repair the source directory") from None
             if not stat.S_ISREG(st.st_mode):
                 continue
-            e = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            rel = os.path.relpath(p, src)
+            e = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": stat.S_IMODE(st.st_mode) & 0o777}
+            real = os.path.realpath(p)
+            if not _inside(real, roots):
+                outside.append((rel, real))
+                e["link"] = real
             hub = stc.hub_sha256(p)
             if hub:
                 e["hub_sha256"] = hub
-            out[os.path.relpath(p, src)] = e
+            out[rel] = e
+    if outside and not follow_links:
+        rel, real = outside[0]
+        raise StageError(f"{len(outside)} file(s) in {src} are links out of it, e.g. {rel} -> {real}",
+                         "copy them into the source, or pass --follow-links to stage what they point at")
     if not out:
         raise StageError(f"source {src} has no files", "point at the directory that holds config.json and the shards")
     return out
@@ -175,6 +211,7 @@ def assess(src_files: dict[str, dict], dest: str, *, verify: bool = False, worke
     known.update(_load_journal(dest))
     todo: dict[str, str] = {}
     keep: list[str] = []
+    modes: dict[str, int] = {}     # kept files whose permissions differ from the source's
     for rel, s in src_files.items():
         e = known.get(rel)
         try:
@@ -193,6 +230,8 @@ def assess(src_files: dict[str, dict], dest: str, *, verify: bool = False, worke
             todo[rel] = "modified in the destination"
         else:
             keep.append(rel)
+            if "mode" in s and stat.S_IMODE(dst.st_mode) != s["mode"]:
+                modes[rel] = stat.S_IMODE(dst.st_mode)
     verified, mismatched = 0, []
     if verify and keep:
         # each file with the algorithm it was staged with (a sha256 manifest stays verifiable)
@@ -220,6 +259,7 @@ def assess(src_files: dict[str, dict], dest: str, *, verify: bool = False, worke
     return {"manifest": manifest is not None, "todo": todo, "keep": keep, "stale": stale,
             "extra": extra, "verified": verified, "mismatched": sorted(mismatched),
             "hashes": sorted({known[r]["algo"] for r in keep}),
+            "modes": {r: m for r, m in modes.items() if r in keep},
             "source_changed": src_changed, "fingerprint": fp, "known": known}
 
 
@@ -267,20 +307,8 @@ def _shrank(off: int) -> StageError:
     return StageError(f"source shrank while reading (at byte {off})", "re-run when the source is stable")
 
 
-def _map(sfd: int, start: int, end: int):
-    """A read-only mapping of [start, end) of sfd, or None where mmap is not possible (then the
-    caller reads). The size is checked first: a mapping past EOF would SIGBUS on access."""
-    if os.fstat(sfd).st_size < end:
-        raise _shrank(os.fstat(sfd).st_size)
-    try:
-        m = mmap.mmap(sfd, end - start, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start)
-    except ValueError:      # "mmap length is greater than file size": it shrank since the fstat
-        raise _shrank(os.fstat(sfd).st_size) from None
-    except OSError:         # ENODEV etc.: a filesystem without mmap
-        return None
-    if hasattr(m, "madvise"):
-        m.madvise(mmap.MADV_SEQUENTIAL)
-    return m
+class _NoRoom(Exception):
+    """The destination's filesystem (or quota) is full: Copier turns it into a StageError naming DEST."""
 
 
 def _write(dfd: int, view, off: int) -> None:
@@ -289,71 +317,37 @@ def _write(dfd: int, view, off: int) -> None:
         while w < len(view):
             w += os.pwrite(dfd, view[w:] if w else view, off + w)
     except OSError as exc:
-        if exc.errno == errno.EFAULT:   # the kernel hit a source page past a new EOF
-            raise _shrank(off + w) from None
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _NoRoom(exc.strerror) from None
         raise
 
 
 def _chunk(sfd: int, dfd: int | None, start: int, end: int, algo: str = HASH_ALGO, extra=None,
            advance=None) -> bytes:
-    """Read [start, end) of sfd once: hash it (and feed `extra`), write it to dfd at the same offset."""
+    """Read [start, end) of sfd once through a small per-thread buffer: hash it (and feed `extra`)
+    while it is in the CPU cache, write it to dfd at the same offset. Plain reads cannot SIGBUS
+    when the source shrinks (a read of a mapping past a new EOF does): a short read is an error."""
     h = _CHUNK_HASH[algo]()
-    m = _map(sfd, start, end) if (dfd is not None and end > start) else None
-    if m is not None:
-        _chunk_mapped(m, dfd, start, end, h, extra, advance)
-    else:
-        _chunk_read(sfd, dfd, start, end, h, extra, advance)
-    return h.digest()
-
-
-def _chunk_mapped(m, dfd: int, start: int, end: int, h, extra, advance) -> None:
-    """Copy from the mapping slice by slice: write first (a fault there is EFAULT, not SIGBUS),
-    then hash the slice while it is still in the CPU cache."""
-    mv = memoryview(m)
-    try:
-        pending, off, n = 0, 0, end - start
-        while off < n:
-            with mv[off:off + BUF] as view:
-                _write(dfd, view, start + off)
-                h.update(view)
-                if extra is not None:
-                    extra.update(view)
-                k = len(view)
-            off += k
-            pending += k
-            if advance and pending >= 8 * BUF:
-                advance(pending)
-                pending = 0
-        if advance and pending:
-            advance(pending)
-    finally:
-        try:
-            mv.release()
-            m.close()
-        except BufferError:     # a slice still held by a traceback: the GC unmaps it
-            pass
-
-
-def _chunk_read(sfd: int, dfd: int | None, start: int, end: int, h, extra, advance) -> None:
     buf, off, pending = _buf(), start, 0
     while off < end:
         want = min(BUF, end - off)
-        n = os.preadv(sfd, [buf[:want]], off)
+        n = os.preadv(sfd, [buf[:want]] if want < BUF else [buf], off)
         if n == 0:
             raise _shrank(off)
         view = buf[:n]
+        if dfd is not None:
+            _write(dfd, view, off)
         h.update(view)
         if extra is not None:
             extra.update(view)
-        if dfd is not None:
-            _write(dfd, view, off)
         off += n
         pending += n
-        if advance and pending >= 8 * BUF:
+        if advance and pending >= 32 * BUF:
             advance(pending)
             pending = 0
     if advance and pending:
         advance(pending)
+    return h.digest()
 
 
 def _nchunks(size: int) -> int:
@@ -368,58 +362,83 @@ def default_workers() -> int:
     return max(2, min(16, os.cpu_count() or 2))
 
 
-def _run_tasks(tasks, workers: int) -> None:
+def _run_tasks(tasks, workers: int, abort=None) -> None:
     """Run callables on a thread pool; the first failure (or an interrupt) cancels what has not
-    started, waits for what runs, and is raised."""
+    started, tells the running ones to stop (`abort()`), waits for them, and is raised."""
     ex = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
     try:
         futs = [ex.submit(t) for t in tasks]
         wait(futs, return_when=FIRST_EXCEPTION)
     finally:
+        if abort is not None:
+            abort()
         ex.shutdown(wait=True, cancel_futures=True)
     for f in futs:
         if f.done() and not f.cancelled() and f.exception() is not None:
             raise f.exception()
 
 
+def _open_src(path: str, ident: tuple[int, int] | None = None) -> int:
+    """The source opened for one reader: its own open file, so the kernel's readahead follows this
+    reader's sequential stream (readers sharing one fd share one readahead state and defeat it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        if ident is not None and (st.st_dev, st.st_ino) != ident:
+            raise StageError(f"source file {path} was replaced during the copy", "re-run when the source is stable")
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)   # a larger readahead window
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def hash_files(root: str, sizes: dict[str, int], *, algo: str = HASH_ALGO, workers: int | None = None,
                advance=None) -> dict[str, str]:
     """`algo` digest of each file (rel -> hex), chunks hashed in parallel."""
     parts: dict[str, list] = {r: [None] * _nchunks(s) for r, s in sizes.items()}
-    fds = {r: os.open(os.path.join(root, r), os.O_RDONLY) for r in sizes}
-    try:
-        def task(rel, i):
-            def run():
-                size = sizes[rel]
-                parts[rel][i] = _chunk(fds[rel], None, i * CHUNK, min(size, (i + 1) * CHUNK), algo,
+
+    def task(rel, i):
+        def run():
+            fd = _open_src(os.path.join(root, rel))
+            try:
+                parts[rel][i] = _chunk(fd, None, i * CHUNK, min(sizes[rel], (i + 1) * CHUNK), algo,
                                        advance=advance)
-            return run
-        order = sorted(sizes, key=lambda r: -sizes[r])
-        _run_tasks([task(r, i) for r in order for i in range(_nchunks(sizes[r]))], workers or default_workers())
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+            finally:
+                os.close(fd)
+        return run
+    order = sorted(sizes, key=lambda r: -sizes[r])
+    _run_tasks([task(r, i) for r in order for i in range(_nchunks(sizes[r]))], workers or default_workers())
     return {r: _tree(p) for r, p in parts.items()}
 
 
 class _FileJob:
-    """One file being copied: fds opened by the first chunk, finished by the last."""
+    """One file being copied: the destination fd and a witness source fd opened by the first chunk,
+    finished by the last. `next`/`active`: chunks handed out / being copied now (see _Schedule)."""
 
     def __init__(self, src: str, dest: str, rel: str, info: dict):
         self.rel, self.info = rel, info
         self.spath, self.dpath = os.path.join(src, rel), os.path.join(dest, rel)
         self.partial = self.dpath + PARTIAL
         self.n = _nchunks(info["size"])
+        self.whole = bool(info.get("hub_sha256"))   # one sequential pass (the hub's whole-file sha256)
         self.digests: list = [None] * self.n
         self.left = self.n
+        self.next = self.active = 0
         self.lock = threading.Lock()
         self.sfd = self.dfd = None
+        self.ident: tuple[int, int] | None = None
+        self.finished = False
 
     def open(self) -> None:
         with self.lock:
             if self.sfd is None:
                 self.sfd = os.open(self.spath, os.O_RDONLY)
-                self.dfd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                st = os.fstat(self.sfd)
+                self.ident = (st.st_dev, st.st_ino)
+                # 0600 until complete; _finish gives it the source's mode (never wider on the way)
+                self.dfd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
     def close(self) -> None:
         for fd in (self.sfd, self.dfd):
@@ -429,6 +448,39 @@ class _FileJob:
                 except OSError:
                     pass
         self.sfd = self.dfd = None
+
+
+class _Schedule:
+    """Hands chunks to workers so that each works on a file of its own while there are enough files.
+
+    tmpfs serialises writes to one file (shmem_file_write_iter holds the inode lock for the copy),
+    so workers writing chunks of the same file queue behind each other and spin on the lock; the
+    earlier largest-file-first chunk order put most of 16 workers on the same one or two files.
+    A worker takes the next chunk of the first file nobody is writing; only when there are fewer
+    files than workers does it join the file with the fewest writers. Files finish roughly in
+    order (largest first), so an interrupted run leaves whole files to resume from."""
+
+    def __init__(self, jobs: list[_FileJob]):
+        self.jobs = [j for j in jobs if j.whole] + [j for j in jobs if not j.whole]
+        self.lock = threading.Lock()
+        self.stop = False
+
+    def take(self):
+        with self.lock:
+            if self.stop:
+                return None
+            open_ = [j for j in self.jobs if j.next < j.n]
+            if not open_:
+                return None
+            job = next((j for j in open_ if j.active == 0), None) or min(open_, key=lambda j: j.active)
+            i = job.next
+            job.next = job.n if job.whole else i + 1
+            job.active += 1
+            return job, (None if job.whole else i)
+
+    def done(self, job: _FileJob) -> None:
+        with self.lock:
+            job.active -= 1
 
 
 class Copier:
@@ -445,38 +497,73 @@ class Copier:
                 for r in sorted(self.files, key=lambda r: -self.files[r]["size"])]
         for j in jobs:
             os.makedirs(os.path.dirname(j.dpath), exist_ok=True)
-        seq = [self._seq_task(j) for j in jobs if j.info.get("hub_sha256")]  # longest first
-        par = [self._chunk_task(j, i) for j in jobs if not j.info.get("hub_sha256") for i in range(j.n)]
+        sched = _Schedule(jobs)
         try:
-            _run_tasks(seq + par, self.workers)
+            _run_tasks([self._worker(sched) for _ in range(min(self.workers, sum(j.n for j in jobs)) or 1)],
+                       self.workers, abort=lambda: setattr(sched, "stop", True))
+        except _NoRoom as exc:
+            raise self._full(exc) from None
+        except OSError as exc:          # the journal, a directory: the same full filesystem
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._full(_NoRoom(exc.strerror)) from None
+            raise
         finally:
+            sched.stop = True
             for j in jobs:
                 j.close()
+                if not j.finished:   # no half-copied file stays behind to fill the tmpfs
+                    try:
+                        os.unlink(j.partial)
+                    except FileNotFoundError:
+                        pass
             self.journal.close()
         return self.done
 
-    def _chunk_task(self, job: _FileJob, i: int):
+    def _full(self, exc: _NoRoom) -> StageError:
+        free = statvfs_free(self.dest)
+        return StageError(f"destination {self.dest} is full ({exc}; {_gb(free)} free on its filesystem); "
+                          f"the unfinished files were removed, {len(self.done)} finished file(s) kept",
+                          "free space on the destination (or raise the tmpfs size), then re-run to resume")
+
+    def _worker(self, sched: _Schedule):
         def run():
-            job.open()
-            end = min(job.info["size"], (i + 1) * CHUNK)
-            job.digests[i] = _chunk(job.sfd, job.dfd, i * CHUNK, end, self.algo, advance=self.advance)
-            with job.lock:
-                job.left -= 1
-                last = job.left == 0
-            if last:
-                self._finish(job, None)
+            try:
+                while (t := sched.take()) is not None:
+                    job, i = t
+                    try:
+                        self._copy(job, i)
+                    finally:
+                        sched.done(job)
+            except BaseException:
+                sched.stop = True
+                raise
         return run
 
-    def _seq_task(self, job: _FileJob):
-        def run():
-            job.open()
+    def _copy(self, job: _FileJob, i: int | None) -> None:
+        job.open()
+        if i is None:    # whole file, sequentially, with the hub's sha256 alongside
             whole = hashlib.sha256()
-            for i in range(job.n):
-                end = min(job.info["size"], (i + 1) * CHUNK)
-                job.digests[i] = _chunk(job.sfd, job.dfd, i * CHUNK, end, self.algo, extra=whole,
-                                        advance=self.advance)
+            fd = _open_src(job.spath, job.ident)
+            try:
+                for k in range(job.n):
+                    end = min(job.info["size"], (k + 1) * CHUNK)
+                    job.digests[k] = _chunk(fd, job.dfd, k * CHUNK, end, self.algo, extra=whole,
+                                            advance=self.advance)
+            finally:
+                os.close(fd)
             self._finish(job, whole.hexdigest())
-        return run
+            return
+        fd = _open_src(job.spath, job.ident)
+        try:
+            end = min(job.info["size"], (i + 1) * CHUNK)
+            job.digests[i] = _chunk(fd, job.dfd, i * CHUNK, end, self.algo, advance=self.advance)
+        finally:
+            os.close(fd)
+        with job.lock:
+            job.left -= 1
+            last = job.left == 0
+        if last:
+            self._finish(job, None)
 
     def _finish(self, job: _FileJob, sha: str | None) -> None:
         info = job.info
@@ -484,14 +571,15 @@ class Copier:
         if st.st_size != info["size"] or st.st_mtime_ns != info["mtime_ns"]:
             raise StageError(f"source file {job.rel} changed during the copy", "re-run when the source is stable")
         if sha is not None and sha != info["hub_sha256"]:
-            os.unlink(job.partial)
             raise StageError(f"{job.rel}: sha256 {sha[:12]}.. differs from the hub's {info['hub_sha256'][:12]}..",
                              "the cached blob is corrupt: delete it from the HF cache and download again")
+        os.fchmod(job.dfd, info.get("mode", 0o644))   # the source's permissions, not the umask's
         if self.sync:
             os.fsync(job.dfd)
         job.close()
         os.utime(job.partial, ns=(info["mtime_ns"], info["mtime_ns"]))
         os.replace(job.partial, job.dpath)
+        job.finished = True
         entry = {"rel": job.rel, "size": info["size"], "mtime_ns": info["mtime_ns"], "hash": _tree(job.digests),
                  "algo": self.algo}
         if sha is not None:
@@ -613,19 +701,29 @@ class Lock:
 # -- the two operations ----------------------------------------------------------------------
 def _write_atomic(path: str, data: bytes, sync: bool) -> None:
     tmp = path + PARTIAL
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StageError(f"destination {os.path.dirname(path)} is full (writing {os.path.basename(path)}: "
+                             f"{exc.strerror})", "free space on the destination, then re-run to resume") from None
+        raise
     os.replace(tmp, path)
 
 
 def check(src: str, dest: str, *, verify: bool = False, require_tokenizer: bool = True,
-          workers: int | None = None) -> dict:
+          workers: int | None = None, follow_links: bool = False) -> dict:
     """Is dest a complete, current copy of src? Reads only (stat, headers; hashes with verify)."""
     t0 = time.monotonic()
-    files = scan(src)
+    files = scan(src, follow_links=follow_links)
     a = assess(files, dest, verify=verify, workers=workers)
     problems = []
     if not a["manifest"]:
@@ -638,6 +736,8 @@ def check(src: str, dest: str, *, verify: bool = False, require_tokenizer: bool 
             problems.append(f"{rel}: {why}")
     if a["stale"]:
         problems.append(f"{len(a['stale'])} staged file(s) no longer in the source, e.g. {a['stale'][0]}")
+    for rel, mode in sorted(a["modes"].items()):
+        problems.append(f"{rel}: mode {mode:04o} in the destination, {files[rel]['mode']:04o} in the source")
     if os.path.isdir(dest):
         present = {r: None for r in _dest_files(dest)}
         if a["manifest"] or present:
@@ -652,18 +752,21 @@ def check(src: str, dest: str, *, verify: bool = False, require_tokenizer: bool 
 def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry_run: bool = False,
           workers: int | None = None, require_tokenizer: bool = True, cgroup_dir: str | None = None,
           tmpfs: bool | None = None, free_space=None, margin: int = FS_MARGIN, mem_margin: int = MEM_MARGIN,
-          progress=None, on_file=None, source_info: dict | None = None, hash: str | None = None) -> dict:
+          progress=None, on_file=None, source_info: dict | None = None, hash: str | None = None,
+          follow_links: bool = False) -> dict:
     """Make dest a verified copy of src. Returns the summary (bytes, seconds, GB/s, files copied,
     skipped, verified). `hash` (crc32 | sha256, default crc32) hashes the files this run copies;
     files kept from an earlier run keep theirs. `progress` has start(total, description)/advance(n)/stop();
-    `on_file(rel)` is called after each file lands (tests use it to interrupt a run)."""
+    `on_file(rel)` is called after each file lands (tests use it to interrupt a run).
+    Staged files get the source file's permission bits; links out of the source are refused
+    unless follow_links (then listed in "links_out")."""
     t0 = time.monotonic()
     algo = algorithm(hash)
     workers = workers or default_workers()
     src, dest = os.path.abspath(src), os.path.abspath(dest)
     if dest == src or dest.startswith(src.rstrip("/") + "/") or src.startswith(dest.rstrip("/") + "/"):
         raise StageError(f"source {src} and destination {dest} overlap", "stage into a separate directory")
-    files = scan(src)
+    files = scan(src, follow_links=follow_links)
     src_problems = stc.check_model(src, files, require_tokenizer)
     if src_problems and not force:
         raise StageError(f"source {src} is not a complete model: {'; '.join(src_problems[:3])}",
@@ -673,7 +776,8 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
     total = sum(f["size"] for f in files.values())
     summary = {"schema": SCHEMA, "op": "stage", "src": src, "dest": dest, "dry_run": dry_run, "hash": algo,
                "files": len(files), "bytes": total, "copied": 0, "copied_bytes": 0, "skipped": 0,
-               "verified": 0, "removed": [], "reasons": {}, "source_changed": False}
+               "verified": 0, "removed": [], "reasons": {}, "source_changed": False, "modes_fixed": [],
+               "links_out": {r: e["link"] for r, e in sorted(files.items()) if "link" in e}}
 
     def finish(**kw):
         summary.update(kw)
@@ -693,6 +797,7 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         except StageError as exc:
             room, room_problem = {}, exc.problem
         return finish(would_copy=sorted(todo), would_copy_bytes=need, reasons=todo, skipped=len(a["keep"]),
+                      would_chmod=sorted(a["modes"]),
                       verified=a["verified"], removed=a["stale"], source_changed=a["source_changed"],
                       manifest=a["manifest"], room=room, room_problem=room_problem)
 
@@ -703,6 +808,9 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         a = assess(files, dest, verify=verify, workers=workers)
         todo, keep = a["todo"], a["keep"]
         summary.update(verified=a["verified"], reasons=todo, source_changed=a["source_changed"])
+        for rel in sorted(a["modes"]):      # permissions follow the source: fixed in place, no copy
+            os.chmod(os.path.join(dest, rel), files[rel]["mode"])
+        summary["modes_fixed"] = sorted(a["modes"])
         current = a["manifest"] and not todo and not a["stale"] and not a["source_changed"]
         if current:
             return finish(skipped=len(keep))
@@ -795,7 +903,7 @@ def run_request(req: dict, progress=None) -> dict:
     """One operation described as data (what travels to a remote container as --request JSON)."""
     op = req.get("op", "stage")
     common = {"verify": bool(req.get("verify")), "require_tokenizer": req.get("require_tokenizer", True),
-              "workers": req.get("workers")}
+              "workers": req.get("workers"), "follow_links": bool(req.get("follow_links"))}
     if op == "check":
         return check(req["src"], req["dest"], **common)
     if op == "stage":
@@ -836,13 +944,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--workers", type=int)
+    ap.add_argument("--follow-links", action="store_true", help="stage files linked from outside the source")
     ap.add_argument("--hash", choices=sorted(HASHES), help=f"chunk hash for copied files (default {DEFAULT_HASH})")
     args = ap.parse_args(argv)
     if args.request:
         req = json.loads(args.request)
     elif args.src and args.dest:
         req = {"op": "check" if args.check else "stage", "src": args.src, "dest": args.dest, "verify": args.verify,
-               "force": args.force, "dry_run": args.dry_run, "workers": args.workers, "hash": args.hash}
+               "force": args.force, "dry_run": args.dry_run, "workers": args.workers, "hash": args.hash,
+               "follow_links": args.follow_links}
     else:
         ap.error("give SRC DEST or --request JSON")
     progress = rich_progress() if sys.stderr.isatty() else None
