@@ -72,7 +72,7 @@ PARTIAL = ".partial"
 CHUNK = 64 << 20
 # read/hash/write slice: stays in L2 (2-core VM: 256 KiB <= 1 MiB < 4 MiB); the variable is for
 # benchmarks/stage_vs_cp.py (BENCH_BUF_KIB) to time other sizes with the same engine
-BUF = max(4, int(os.environ.get("GPUBOX_STAGE_BUF_KIB") or 256)) << 10
+BUF = max(4, int(os.environ.get("GPUBOX_STAGE_BUF_KIB") or 1024)) << 10
 HASHES = {"crc32": "crc32-tree-64MiB", "sha256": "sha256-tree-64MiB"}   # --hash NAME -> algorithm
 DEFAULT_HASH = "crc32"
 HASH_ALGO = HASHES[DEFAULT_HASH]
