@@ -97,8 +97,8 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
         for rel, why in sorted(out["reasons"].items()):
             con.print(f"  copied {rel}: {why}")
     for rel, target in (out.get("links_out") or {}).items():
-        con.print(f"  followed link out of the source: {rel} -> {target}", markup=False)
+        con.print(f"  followed link out of the source: {rel} -> {target}", markup=False, soft_wrap=True)
     for rel in out.get("modes_fixed") or out.get("would_chmod") or []:
         con.print(f"  {'permissions set' if out.get('modes_fixed') else 'would set permissions'} "
-                  f"as in the source: {rel}", markup=False)
+                  f"as in the source: {rel}", markup=False, soft_wrap=True)
     sys.exit(rc)
