@@ -82,10 +82,12 @@ def generate(src: Path, total_gb: float) -> int:
         rel, t = f"model-{i + 1:05d}-of-{n:05d}.safetensors", f"model.layers.{i}.weight"
         _shard(src / rel, size, t, block, counter)
         weight_map[t] = rel
-    docs = {"config.json": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16"},
+    docs = {"config.json": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                            "torch_dtype": "bfloat16"},
             "tokenizer.json": {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}},
             "tokenizer_config.json": {"tokenizer_class": "Qwen2Tokenizer"},
-            "model.safetensors.index.json": {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}}
+            "model.safetensors.index.json": {"metadata": {"total_size": sum(sizes)},
+                                             "weight_map": weight_map}}
     for rel, doc in docs.items():
         (src / rel).write_text(json.dumps(doc) + "\n")
     os.sync()
@@ -192,7 +194,8 @@ def fio_read(src: Path) -> float | None:
         return None
     big = max(source_files(src), key=lambda p: p.stat().st_size)
     r = subprocess.run([fio, "--name=seqread", f"--filename={big}", "--rw=read", "--bs=1M", "--direct=1",
-                        "--ioengine=psync", "--readonly", "--output-format=json"], capture_output=True, text=True)
+                        "--ioengine=psync", "--readonly", "--output-format=json"],
+                       capture_output=True, text=True)
     try:
         return json.loads(r.stdout)["jobs"][0]["read"]["bw_bytes"] / GB
     except (ValueError, KeyError, IndexError):
@@ -221,13 +224,15 @@ def tools(src: Path, before: str | None) -> dict:
         d.mkdir()
         return timed(["xargs", "-0", "-P", str(n), "-n", "1", "cp", "-t", str(d)], stdin=listing)
 
-    out = {"cp -r": lambda d: timed(["cp", "-r", str(src), str(d)]),
-           f"xargs -P{n} cp": xargs_cp}
+    out = {"cp -r": lambda d: timed(["cp", "-r", str(src), str(d)])}
+    if shutil.which("xargs"):
+        out[f"xargs -P{n} cp"] = xargs_cp
     if shutil.which("rsync"):
         out["rsync -a"] = lambda d: timed(["rsync", "-a", f"{src}/", f"{d}/"])
     out["gpubox crc32"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d)])
-    out["gpubox sha256"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d), "--hash", "sha256"])
-    if os.environ.get("BENCH_BUF_KIB"):   # a slice-size variant of the same engine (see provision/stage.py BUF)
+    out["gpubox sha256"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d),
+                                            "--hash", "sha256"])
+    if os.environ.get("BENCH_BUF_KIB"):   # a slice-size variant of the same engine (provision/stage.py BUF)
         kib = os.environ["BENCH_BUF_KIB"]
         out[f"gpubox crc32 {kib}K slice"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d)],
                                                               env={**os.environ, "GPUBOX_STAGE_BUF_KIB": kib})
@@ -248,8 +253,8 @@ def main() -> int:
     ap.add_argument("--workdir", default=None, help="disk directory for the source (default: a temp dir in /var/tmp)")
     ap.add_argument("--tmpfs", default="/dev/shm", help="tmpfs directory to stage into (default /dev/shm)")
     ap.add_argument("--no-cold", action="store_true", help="warm runs only")
-    ap.add_argument("--before", help="an earlier provision/stage.py to time beside (warm), e.g. from git show")
-    ap.add_argument("--budget", type=float, default=0, help="seconds: start no new round after this (0: none)")
+    ap.add_argument("--before", help="an earlier provision/stage.py to time beside (warm; from git show)")
+    ap.add_argument("--budget", type=float, default=0, help="seconds: no new round after this (0: none)")
     ap.add_argument("--json-out", help="also write the figures as JSON to this file")
     args = ap.parse_args()
 
@@ -297,7 +302,8 @@ def main() -> int:
                 d = direct_read(src, par)
                 if d is not None:
                     device[mode].append(total / d[0] / GB)
-                    log(f"round {rnd + 1} cold: O_DIRECT {mode:15} {d[0]:6.2f} s {total / d[0] / GB:5.2f} GB/s")
+                    log(f"round {rnd + 1} cold: O_DIRECT {mode:15} {d[0]:6.2f} s "
+                        f"{total / d[0] / GB:5.2f} GB/s")
             names = list(cold_runs)
             for name in names[rnd % len(names):] + names[:rnd % len(names)]:
                 dest = shm / "dest"
@@ -335,31 +341,39 @@ def summarise(total, nfiles, warm_runs, cold_runs, device, cached, fio, load0, l
     def rows(runs):
         return {k: {"median_s": round(med(v, "s"), 3), "gb_s": round(gb / med(v, "s"), 3),
                     "cpu_s": round(med(v, "cpu"), 3), "cpu_s_per_gb": round(med(v, "cpu") / gb, 3),
-                    "minflt": int(med(v, "minflt")), "vcsw": int(med(v, "vcsw")), "ivcsw": int(med(v, "ivcsw")),
+                    "minflt": int(med(v, "minflt")), "vcsw": int(med(v, "vcsw")),
+                    "ivcsw": int(med(v, "ivcsw")),
                     "runs_s": [round(r["s"], 3) for r in v]} for k, v in runs.items() if v}
 
     w, c = rows(warm_runs), rows(cold_runs)
-    xa = next(k for k in w if k.startswith("xargs"))
+    xa = next((k for k in w if k.startswith("xargs")), "cp -r")   # without xargs: against cp -r
     dev = {k: round(statistics.median(v), 3) for k, v in device.items() if v}
     if fio:
         dev["fio 1 stream"] = round(fio, 3)
     dev_rate = max(dev.values()) if dev else None
+    def wall(a, b, rows=w):
+        return rows[a]["median_s"] / rows[b]["median_s"]
+
+    def cpu(a, b, rows=w):
+        return rows[a]["cpu_s"] / rows[b]["cpu_s"]
+
     ratios = {
-        "warm: gpubox crc32 / xargs cp (wall; goal <= 1 on 16+ cores)": w["gpubox crc32"]["median_s"] / w[xa]["median_s"],
-        "warm: gpubox sha256 / xargs cp (wall)": w["gpubox sha256"]["median_s"] / w[xa]["median_s"],
-        "warm: gpubox crc32 / cp -r (wall; goal <= 1 on 2 cores)": w["gpubox crc32"]["median_s"] / w["cp -r"]["median_s"],
-        "warm: gpubox sha256 / cp -r (wall)": w["gpubox sha256"]["median_s"] / w["cp -r"]["median_s"],
-        "warm: gpubox crc32 CPU/GB / cp -r's (goal <= 3)": w["gpubox crc32"]["cpu_s"] / w["cp -r"]["cpu_s"],
-        "warm: gpubox sha256 CPU/GB / cp -r's (goal <= 3)": w["gpubox sha256"]["cpu_s"] / w["cp -r"]["cpu_s"],
+        "warm: gpubox crc32 / xargs cp (wall; goal <= 1 on 16+ cores)": wall("gpubox crc32", xa),
+        "warm: gpubox sha256 / xargs cp (wall)": wall("gpubox sha256", xa),
+        "warm: gpubox crc32 / cp -r (wall; goal <= 1 on 2 cores)": wall("gpubox crc32", "cp -r"),
+        "warm: gpubox sha256 / cp -r (wall)": wall("gpubox sha256", "cp -r"),
+        "warm: gpubox crc32 CPU/GB / cp -r's (goal <= 3)": cpu("gpubox crc32", "cp -r"),
+        "warm: gpubox sha256 CPU/GB / cp -r's (goal <= 3)": cpu("gpubox sha256", "cp -r"),
     }
     if "gpubox before (crc32)" in w:
-        ratios["warm: gpubox before / xargs cp (wall)"] = w["gpubox before (crc32)"]["median_s"] / w[xa]["median_s"]
-        ratios["warm: gpubox before CPU/GB / cp -r's"] = w["gpubox before (crc32)"]["cpu_s"] / w["cp -r"]["cpu_s"]
+        ratios["warm: gpubox before / xargs cp (wall)"] = wall("gpubox before (crc32)", xa)
+        ratios["warm: gpubox before CPU/GB / cp -r's"] = cpu("gpubox before (crc32)", "cp -r")
     if c and dev_rate:
-        for k in ("gpubox crc32", "gpubox sha256", "cp -r", xa):
+        for k in dict.fromkeys(("gpubox crc32", "gpubox sha256", "cp -r", xa)):
             ratios[f"cold: {k} rate / device read rate (goal >= 0.9 for gpubox)"] = c[k]["gb_s"] / dev_rate
-        ratios["cold: gpubox crc32 CPU/GB / cp -r's (goal <= 3)"] = c["gpubox crc32"]["cpu_s"] / c["cp -r"]["cpu_s"]
-    return {"bytes": total, "files": nfiles, "cpus": os.cpu_count(), "rounds": len(next(iter(warm_runs.values()))),
+        ratios["cold: gpubox crc32 CPU/GB / cp -r's (goal <= 3)"] = cpu("gpubox crc32", "cp -r", c)
+    return {"bytes": total, "files": nfiles, "cpus": os.cpu_count(),
+            "rounds": len(next(iter(warm_runs.values()))),
             "warm": w, "cold": c, "device_read_gb_s": dev, "device_rate_gb_s": dev_rate,
             "cold_cached_share_before_runs": round(max(cached), 3) if cached else None,
             "ratios": {k: round(v, 3) for k, v in ratios.items()},
@@ -369,18 +383,22 @@ def summarise(total, nfiles, warm_runs, cold_runs, device, cached, fio, load0, l
 
 def print_table(res: dict) -> None:
     gb = res["bytes"] / GB
-    print(f"\n{res['files']} files, {gb:.2f} GB, disk -> tmpfs, {res['rounds']} round(s), {res['cpus']} CPUs; "
+    print(f"\n{res['files']} files, {gb:.2f} GB, disk -> tmpfs, {res['rounds']} round(s), "
+          f"{res['cpus']} CPUs; "
           f"load average {res['load_before'][0]:.2f} before, {res['load_after'][0]:.2f} after")
-    hdr = f"{'cache':5} {'tool':24} {'median s':>9} {'GB/s':>6} {'CPU s':>7} {'CPU s/GB':>9} {'minflt':>8} {'vcsw':>7}"
+    hdr = (f"{'cache':5} {'tool':24} {'median s':>9} {'GB/s':>6} {'CPU s':>7} {'CPU s/GB':>9} "
+           f"{'minflt':>8} {'vcsw':>7}")
     print(hdr)
     for cache in ("warm", "cold"):
         for k, r in res[cache].items():
-            print(f"{cache:5} {k:24} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} {r['cpu_s_per_gb']:9.2f} "
+            print(f"{cache:5} {k:24} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} "
+                  f"{r['cpu_s_per_gb']:9.2f} "
                   f"{r['minflt']:8d} {r['vcsw']:7d}")
     if res["device_read_gb_s"]:
         dev = ", ".join(f"{k} {v:.2f}" for k, v in res["device_read_gb_s"].items())
         share = res["cold_cached_share_before_runs"]
-        print(f"source device, O_DIRECT sequential read GB/s: {dev} (rate used: {res['device_rate_gb_s']:.2f}); "
+        print(f"source device, O_DIRECT sequential read GB/s: {dev} "
+              f"(rate used: {res['device_rate_gb_s']:.2f}); "
               f"cold runs started with {'?' if share is None else f'{share:.0%}'} of probed pages cached")
     for k, v in res["ratios"].items():
         print(f"{v:6.2f}  {k}")

@@ -22,12 +22,13 @@ from gpubox.output import console, print_json
               help="Chunk hash for the files copied: crc32 (default; catches accidental corruption, fast) or "
                    "sha256. BOX: also gpubox_stage_hash. Staged files keep theirs for checks and --verify.")
 @click.option("--follow-links", is_flag=True,
-              help="Stage files that are symlinks out of the source (refused by default; listed when followed).")
+              help="Stage files that are symlinks out of the source (refused by default; listed then).")
 @click.option("--drafter", is_flag=True, help="SRC DEST only: a drafter model (no tokenizer required).")
 @json_option
 @click.pass_context
 def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, verify: bool, force: bool,
-          workers: int | None, hash_name: str | None, follow_links: bool, drafter: bool, as_json: bool) -> None:
+          workers: int | None, hash_name: str | None, follow_links: bool, drafter: bool,
+          as_json: bool) -> None:
     """Stage a model into tmpfs: parallel, hash-verified, atomic (manifest last), resumable.
 
     \b
@@ -69,7 +70,8 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
     except engine.StageError as exc:
         raise GpuboxError(exc.problem, exc.fix) from None
     except OSError as exc:
-        raise GpuboxError(f"{exc.filename or f'staging {src} -> {dest}'}: {exc.strerror or exc}", "check the paths and permissions") from None
+        raise GpuboxError(f"{exc.filename or f'staging {src} -> {dest}'}: {exc.strerror or exc}",
+                          "check the paths and permissions") from None
     rc = 1 if (kw["dry_run"] and (out["would_copy"] or out.get("room_problem"))) else 0
     if as_json:
         print_json(out)

@@ -146,7 +146,8 @@ class StageStep(Step):
     def _request(self, ctx, spec: dict, src: str, op: str) -> dict:
         host = ctx.container
         return {"op": op, "src": host.path(src), "dest": host.path(spec["dest"]),
-                "verify": bool(ctx.opt("verify")), "hash": spec["hash"], "follow_links": bool(ctx.opt("follow_links")),
+                "verify": bool(ctx.opt("verify")), "hash": spec["hash"],
+                "follow_links": bool(ctx.opt("follow_links")),
                 "tmpfs": True if spec["dest"].startswith("/dev/shm/") else None,
                 "source_info": {k: v for k, v in (("path", src), ("repo", spec["repo"]),
                                                   ("revision", spec["revision"])) if v}}
@@ -195,7 +196,8 @@ class StageStep(Step):
         if out.get("room_problem") and not ctx.opt("force"):
             desc += f" - refused: {out['room_problem']}"
         listing = "\n".join(f"+ {r}  ({why})" for r, why in sorted(out["reasons"].items()))
-        listing += "".join(f"\n+ {r}  (link out of the source -> {t})" for r, t in (out.get("links_out") or {}).items())
+        listing += "".join(f"\n+ {r}  (link out of the source -> {t})"
+                           for r, t in (out.get("links_out") or {}).items())
         argv = ["gpubox", "stage", src, spec["dest"]] + (["--verify"] if ctx.opt("verify") else [])
         if spec["hash"] and spec["hash"] != engine.DEFAULT_HASH:
             argv += ["--hash", spec["hash"]]
