@@ -399,3 +399,56 @@ def test_empty_file_staged_and_verified(model, tmp_path):
     _stage(model, dest)
     assert (dest / "empty.txt").read_bytes() == b""
     assert st.check(str(model), str(dest), verify=True)["verified"] == len(_files(model))
+
+
+def _evict(d: Path) -> None:
+    os.sync()
+    for p in d.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
+    """After a reboot the source is not cached: its chunks are read with O_DIRECT (no page-cache
+    insertion); a cached source is read from the cache. Both copies are exact and verify."""
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [3 << 20, 2 << 20], seed=11)
+    probe = os.open(src / "config.json", os.O_RDONLY)
+    try:
+        have = st.cached_bytes(probe, 0, 1 << 20)
+    finally:
+        os.close(probe)
+    if have is None or st._fstype(str(src)) not in st.DIRECT_FS:
+        pytest.skip("needs cachestat(2) (Linux 6.5+) and a local block filesystem under tmp_path")
+    shards = [p for p in src.iterdir() if p.suffix == ".safetensors"]
+    _evict(src)
+    cold = _stage(src, tmp_path / "cold")
+    assert cold["read_direct_bytes"] >= sum(p.stat().st_size for p in shards) - (1 << 20)
+    for p in src.iterdir():
+        p.read_bytes()                                   # now cached
+    warm = _stage(src, tmp_path / "warm")
+    assert warm["read_direct_bytes"] == 0
+    for d in ("cold", "warm"):
+        for rel in _files(src):
+            assert (tmp_path / d / rel).read_bytes() == (src / rel).read_bytes()
+        assert st.check(str(src), str(tmp_path / d), verify=True)["verified"] == len(_files(src))
+
+
+def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypatch):
+    """A filesystem that opens with O_DIRECT but refuses the read (EINVAL) is read buffered."""
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [3 << 20], seed=12)
+    real = os.preadv
+    monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
+    monkeypatch.setattr(st, "_fstype", lambda p: "ext4")
+
+    def preadv(fd, bufs, off, *a):
+        if os.O_DIRECT & __import__("fcntl").fcntl(fd, __import__("fcntl").F_GETFL):
+            raise OSError(22, "Invalid argument")
+        return real(fd, bufs, off, *a)
+    monkeypatch.setattr(st.os, "preadv", preadv)
+    out = _stage(src, tmp_path / "d")
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+    assert out["copied"] == len(_files(src))

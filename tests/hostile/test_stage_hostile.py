@@ -27,7 +27,7 @@ from tests.clirun import gpubox
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "provision" / "stage.py"
-BIG = 160 << 20
+BIG = 96 << 20
 SHARD = "model.safetensors"
 
 
@@ -45,13 +45,25 @@ CUTS = {"to zero": lambda n: 0, "to one byte": lambda n: 1, "to a page": lambda 
         "by a page and 7": lambda n: n - 4096 - 7}
 
 
+def _evict(d: Path) -> None:
+    os.sync()
+    for p in d.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+@pytest.mark.parametrize("cache", ["warm", "cold"])
 @pytest.mark.parametrize("workers", [1, 4])
 @pytest.mark.parametrize("cut", list(CUTS))
-def test_source_truncated_during_the_copy_is_an_error_never_a_signal(tmp_path, cut, workers):
+def test_source_truncated_during_the_copy_is_an_error_never_a_signal(tmp_path, cut, workers, cache):
     """Another process truncates the shard once the stager has written part of it (the .partial
-    has grown past 4 MiB): exit 2 with the one-line cause, no signal, nothing half-written left."""
+    has grown past 4 MiB): exit 2 with the one-line cause, no signal, nothing half-written left.
+    Cold: the source's pages evicted first, so a local filesystem is read with O_DIRECT."""
     src, dest = tmp_path / "src" / "M", tmp_path / "shm" / "M"
     make_model(src, [BIG], seed=3)
+    if cache == "cold":
+        _evict(src)
     shard = src / SHARD
     size = shard.stat().st_size
     p = subprocess.Popen([sys.executable, str(ENGINE), str(src), str(dest), "--workers", str(workers)],
