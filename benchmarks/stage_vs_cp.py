@@ -312,6 +312,8 @@ def main() -> int:
                 if share is not None:
                     cached.append(share)
                 r = tl[name](dest)
+                if name.startswith("gpubox"):     # how much of the source it read with O_DIRECT
+                    r["direct"] = json.loads(r["out"]).get("read_direct_bytes", 0) / total
                 cold_runs[name].append(r)
                 log(f"round {rnd + 1} cold: {name:24} {r['s']:6.2f} s {total / r['s'] / GB:5.2f} GB/s "
                     f"cpu {r['cpu']:6.2f} s (cached before: {share if share is None else f'{share:.0%}'})")
@@ -343,7 +345,9 @@ def summarise(total, nfiles, warm_runs, cold_runs, device, cached, fio, load0, l
                     "cpu_s": round(med(v, "cpu"), 3), "cpu_s_per_gb": round(med(v, "cpu") / gb, 3),
                     "minflt": int(med(v, "minflt")), "vcsw": int(med(v, "vcsw")),
                     "ivcsw": int(med(v, "ivcsw")),
-                    "runs_s": [round(r["s"], 3) for r in v]} for k, v in runs.items() if v}
+                    "runs_s": [round(r["s"], 3) for r in v],
+                    **({"read_direct_share": round(med(v, "direct"), 3)} if "direct" in v[0] else {})}
+                for k, v in runs.items() if v}
 
     w, c = rows(warm_runs), rows(cold_runs)
     xa = next((k for k in w if k.startswith("xargs")), "cp -r")   # without xargs: against cp -r
@@ -393,7 +397,8 @@ def print_table(res: dict) -> None:
         for k, r in res[cache].items():
             print(f"{cache:5} {k:24} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} "
                   f"{r['cpu_s_per_gb']:9.2f} "
-                  f"{r['minflt']:8d} {r['vcsw']:7d}")
+                  f"{r['minflt']:8d} {r['vcsw']:7d}"
+                  + (f"  read {r['read_direct_share']:.0%} with O_DIRECT" if "read_direct_share" in r else ""))
     if res["device_read_gb_s"]:
         dev = ", ".join(f"{k} {v:.2f}" for k, v in res["device_read_gb_s"].items())
         share = res["cold_cached_share_before_runs"]
