@@ -98,14 +98,22 @@ def _gb(n: float) -> str:
 
 
 # -- source ----------------------------------------------------------------------------------
+HF_REPO_PREFIXES = ("models--", "datasets--", "spaces--", "kernels--")
+
+
 def _link_roots(src: str) -> list[str]:
     """Where links in src may point: src itself and, for a Hugging Face cache snapshot
-    (.../models--ORG--NAME/snapshots/REV), its repo directory (the hub links every file to ../../blobs/)."""
+    (CACHE/models--ORG--NAME/snapshots/REV), its repo directory (every file links to ../../blobs/)
+    and the cache's shared Xet store CACHE/blobs/ (a repo's blobs/<etag> may link there; see
+    tests/fixtures/stage/realworld/hf_cache_layouts.txt for the documented layouts)."""
     real = os.path.realpath(src)
     roots = [real]
     parent = os.path.dirname(real)
     if os.path.basename(parent) == "snapshots":
-        roots.append(os.path.dirname(parent))
+        repo = os.path.dirname(parent)
+        roots.append(repo)
+        if os.path.basename(repo).startswith(HF_REPO_PREFIXES):
+            roots.append(os.path.join(os.path.dirname(repo), "blobs"))
     return roots
 
 

@@ -243,3 +243,57 @@ def test_enospc_from_the_kernel_is_reported_for_the_destination_in_process(model
     with pytest.raises(st.StageError, match=f"destination {dest} is full"):
         st.stage(str(model), str(dest), workers=2, force=True)
     assert _partials(dest) == []
+
+
+# -- real layouts: the Hugging Face cache, as its docs describe it ------------------------------
+HF_LAYOUTS = ROOT / "tests" / "fixtures" / "stage" / "realworld" / "hf_cache_layouts.txt"
+
+
+def _layouts() -> dict[str, tuple[str, list[str]]]:
+    out, name = {}, None
+    for line in HF_LAYOUTS.read_text().splitlines():
+        if line.startswith("== "):
+            name = line[3:]
+            out[name] = ("", [])
+        elif line.startswith("snapshot: "):
+            out[name] = (line.split(": ", 1)[1], out[name][1])
+        elif line and not line.startswith("#"):
+            out[name][1].append(line)
+    return out
+
+
+@pytest.mark.parametrize("layout", list(_layouts()))
+def test_hf_cache_layouts_stage_without_follow_links(tmp_path, layout):
+    """The documented cache layouts (per-repo blobs, and the shared Xet store outside the repo
+    directory) are links inside the cache, not out of the source: staged without --follow-links.
+    64-hex blob names are the sha256 of the content (the hub's identity, which gpubox checks), so
+    the test gives them its own content's sha256 and keeps the layout."""
+    import hashlib
+    import re
+    snapshot, lines = _layouts()[layout]
+    cache = tmp_path / "hub"
+    names = {}
+    for line in lines:
+        for h in re.findall(r"\b[0-9a-f]{64}\b", line):
+            names.setdefault(h, hashlib.sha256(f"blob {h}\n".encode()).hexdigest())
+    for line in lines:
+        path, _, target = line.partition(" -> ")
+        orig = re.findall(r"\b[0-9a-f]{64}\b", path)
+        for h, new in names.items():
+            path, target = path.replace(h, new), target.replace(h, new)
+        p = cache / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if target:
+            p.symlink_to(target)
+        else:
+            p.write_bytes(f"blob {orig[0]}\n".encode() if orig else b"x\n")
+    snap = cache / snapshot
+    out = st.stage(str(snap), str(tmp_path / "shm" / "M"), workers=2, force=True)
+    assert out["links_out"] == {} and out["copied"] == len(list(snap.iterdir()))
+    for p in snap.iterdir():
+        assert (tmp_path / "shm" / "M" / p.name).read_bytes() == p.read_bytes()
+    # the same snapshot linking one file out of the cache is still refused
+    (snap / "extra.bin").symlink_to(tmp_path / "outside.bin")
+    (tmp_path / "outside.bin").write_bytes(b"y")
+    with pytest.raises(st.StageError, match="links out of it, e.g. extra.bin"):
+        st.stage(str(snap), str(tmp_path / "shm" / "M2"), workers=2, force=True)
