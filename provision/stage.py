@@ -31,7 +31,8 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
 - tmpfs takes the inode lock for every write to a file, so workers writing the same file queue:
   _Schedule gives each worker a file of its own while there are enough files. Each reader opens
   the source itself (POSIX_FADV_SEQUENTIAL), so the kernel's readahead follows each stream: cold,
-  this reads at the device's rate (measured 1.11x its O_DIRECT rate).
+  this read at 1.11x the device's O_DIRECT rate on 32 cores. Chunks that are not cached are now
+  read with O_DIRECT instead (see "reading a cold source" below: half the CPU on 2 cores).
 - sendfile/copy_file_range cannot hash without a second read (copy_file_range also fails across
   filesystems: EXDEV); sendfile + hashing the destination measured slower (1.27 vs 0.68 CPU-s/GB
   on 2 cores), and so did preadv straight into an mmap of the destination (page faults: 1.17).
