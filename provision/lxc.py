@@ -42,6 +42,18 @@ def _host_devices(ctx) -> HostDevices:
     return read_host_devices(ctx.host, ctx.box.var("gpubox_gpus"))
 
 
+def _host_rdev(host):
+    """host_rdev for the start model: ("c"|"b", major, minor) of a host path, None if absent."""
+    def rdev(path: str):
+        import stat as _st
+
+        st = host.stat(path)
+        if st is None or not (_st.S_ISCHR(st.mode) or _st.S_ISBLK(st.mode)):
+            return None
+        return ("c" if _st.S_ISCHR(st.mode) else "b", *(st.rdev or (0, 0)))
+    return rdev
+
+
 def _control(ctx):
     sh = _shared(ctx)
     if "control" not in sh:
@@ -165,8 +177,9 @@ class ContainerConfigStep(Step):
         vmid = ctx.box.vmid
         path = conf_path(vmid)
         conf, dig = read_conf(ctx.host, vmid)
-        mode = str(ctx.box.var("gpubox_device_mode", "cgroup2"))
-        ev = {"path": path, "digest": dig, "mode": mode, "snapshots": conf.snapshots}
+        var = ctx.box.var("gpubox_device_mode", None)
+        mode = None if var is None else str(var)  # None: follow how the config already passes nodes
+        ev = {"path": path, "digest": dig, "mode": mode or "follow", "snapshots": conf.snapshots}
         pend = conf.pending
         if pend is not None:
             ev["pending"] = [l.raw.strip() for l in pend.lines if l.key]
@@ -175,13 +188,18 @@ class ContainerConfigStep(Step):
                                   cause=f"a {conf.lock} is in progress on CT {vmid}",
                                   repair="wait for it to finish and re-run; `pct unlock "
                                          f"{vmid}` only if no {conf.lock} runs", **ev)
-        rev = review(conf, _host_devices(ctx), mode)
+        rev = review(conf, _host_devices(ctx), mode, _host_rdev(ctx.host))
         ev["issues"] = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev["warnings"] = rev.warnings
         _shared(ctx)["review"] = (rev, dig)
         note = ""
         if pend is not None and ev["pending"]:
             note = f" (pending, applied at the next restart: {', '.join(ev['pending'])})"
+        refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
+        if refused:
+            return Finding.failed("; ".join(i.text for i in refused) + note,
+                                  cause="a line gpubox does not own stops the container from starting",
+                                  repair=f"edit {path} by hand as said, then re-run", **ev)
         if rev.issues:
             causes = "; ".join(i.text for i in rev.issues)
             stale = [i for i in rev.issues if i.kind == "stale-rule"]
@@ -190,7 +208,7 @@ class ContainerConfigStep(Step):
                                  "the main section does not match the host's NVIDIA devices",
                                  repair=f"gpubox lxc fix {ctx.box.name} (rewrites the main section only)", **ev)
         extra = f"; warnings: {'; '.join(rev.warnings)}" if rev.warnings else ""
-        return Finding.ok(f"{path} main section matches the host ({mode}){note}{extra}", **ev)
+        return Finding.ok(f"{path} main section matches the host ({mode or 'as configured'}){note}{extra}", **ev)
 
     def plan(self, ctx, finding: Finding) -> Plan:
         rev, dig = _shared(ctx)["review"]

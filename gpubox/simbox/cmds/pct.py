@@ -275,9 +275,29 @@ def _vm_start(sim: SimBox, vmid: int, conf: dict, *, hook_checks_lock: bool = Fa
     return rules, devs
 
 
+def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> None:
+    """Fail where the real start fails, from the one start model (provision.lxcmodel, written from
+    lxc cgfsng.c / cgroup2_devices.c and lxc-pve-autodev-hook): an unparsable device rule, a devN node
+    that a mount entry already put in place (EEXIST). Lines as print_ct_stderr_log shows them."""
+    from provision.lxcmodel import StartModel, host_rdev_under
+
+    entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
+    entries += [(None, k, v) for k, v in conf.get("lxc", [])]
+    model = StartModel.build(entries, host_rdev_under(str(sim.hpath("/"))),
+                             lambda p: os.path.lexists(sim.hpath(p)))
+    for e in model.errors:
+        if e.startswith("Failed to parse device rule"):
+            raise StandinError(f"ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:bpf_device_cgroup_prepare:2891 - "
+                               f"Invalid argument - {e}\nstartup for container '{vmid}' failed", _TASK_FAIL)
+        if e.startswith("Could not mknod"):
+            raise StandinError(f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - Script exited with status 255"
+                               f"\nstartup for container '{vmid}' failed", _TASK_FAIL)
+
+
 def _lxc_start(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list) -> None:
     from ..lxc import mknod
 
+    _refuse_like_lxc(sim, vmid, conf)
     binds = []
     for k, v in conf.get("lxc", []):
         if k == "lxc.cgroup2.devices.allow":
