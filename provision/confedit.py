@@ -3,8 +3,10 @@ the smallest edit that makes them agree.
 
 Only the main section counts: raw `lxc.*` lines in `[pve:pending]` or snapshot sections are
 never used at start (FACTS.md "Proxmox LXC config"), so they are neither checked nor edited.
-Two strategies (`gpubox_device_mode`): `cgroup2` (allow rules + bind mount entries, default)
-and `devN` (PVE >= 8.1: `devN: /dev/...` entries, major:minor read at every start).
+Two ways to pass a node: `devN: /dev/...` (PVE >= 8.1, major:minor read at every start) or an
+allow rule + bind mount entry (`cgroup2`). Each node is passed the way the config already passes
+NVIDIA nodes, never both ways; `gpubox_device_mode` decides only for configs that pass none
+(`devN` set explicitly also converts NVIDIA mount entries). Ownership: see `Owner`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ DENY = "lxc.cgroup2.devices.deny"
 MOUNT = "lxc.mount.entry"
 V1_DEVICES = ("lxc.cgroup.devices.allow", "lxc.cgroup.devices.deny")
 MODES = ("cgroup2", "devN")
-_RULE = re.compile(r"^([abc])\s+(\*|\d+):(\*|\d+)(?:\s+([rwm]+))?$")
 _DEVN = re.compile(r"^dev(\d+)$")
 # Nodes nvidia-modprobe creates 0666 (NVIDIA/nvidia-modprobe nvidia-modprobe-utils.c NV_DEVICE_FILE_MODE).
 # A devN node in the container is 0660 root:root unless `mode=` says otherwise (pve-container
@@ -35,35 +36,6 @@ _DEVN_0666 = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-modeset|nvidia-uvm|n
 
 def devn_value(path: str) -> str:
     return f"{path},mode=0666" if _DEVN_0666.match(path) else path
-
-
-@dataclass
-class Rule:
-    kind: str
-    major: int | None  # None = any
-    minor: int | None
-    access: str
-
-    @classmethod
-    def parse(cls, value: str) -> "Rule | None":
-        v = value.strip()
-        if v == "a":
-            return cls("a", None, None, "rwm")
-        m = _RULE.match(v)
-        if not m:
-            return None
-        ma = None if m.group(2) == "*" else int(m.group(2))
-        mi = None if m.group(3) == "*" else int(m.group(3))
-        return cls(m.group(1), ma, mi, m.group(4) or "rwm")
-
-    @property
-    def broad(self) -> bool:
-        """Allows every char device (`a`, `c *:* ...`, `a *:* ...`)."""
-        return self.kind == "a" or (self.major is None and self.kind in ("a", "c"))
-
-    def covers(self, major: int, minor: int) -> bool:
-        return (self.kind in ("a", "c") and self.major in (None, major) and self.minor in (None, minor)
-                and "r" in self.access and "w" in self.access)
 
 
 def rule_text(major: int) -> str:
@@ -108,15 +80,6 @@ def _mount_fields(value: str) -> tuple[str, str, str] | None:
 def _good_mount(f) -> bool:
     opts = f[2].split(",") if f else []
     return "bind" in opts and "optional" in opts
-
-
-def _covered_by_mount(path: str, mounts: list[tuple[str, str, str]]) -> bool:
-    for src, tgt, _ in mounts:
-        if src == path and tgt.strip("/") == path.strip("/"):
-            return True
-        if path.startswith(src.rstrip("/") + "/") and tgt.strip("/") == src.strip("/"):  # a directory bind
-            return True
-    return False
 
 
 def _is_nvidia_path(p: str) -> bool:

@@ -125,6 +125,7 @@ class StartModel:
     mounts: list[Mount] = field(default_factory=list)
     rules: list[tuple[object, str, str, Rule | None]] = field(default_factory=list)  # (idx, key, value, rule)
     errors: list[str] = field(default_factory=list)
+    pre: list[Rule] = field(default_factory=list)  # the allow rules pve writes for devN, first
 
     @classmethod
     def build(cls, entries, host_rdev: Callable[[str], tuple[str, int, int] | None],
@@ -170,7 +171,7 @@ class StartModel:
                 if hit:
                     m.errors.append(f"Could not mknod {ROOTFS}/dev/{rel}: File exists")
                     break
-        m._pre = pre
+        m.pre = pre
         return m
 
     @property
@@ -193,7 +194,7 @@ class StartModel:
     def permitted(self, major: int, minor: int) -> bool:
         """The cgroup2 bpf program's verdict for read+write on char device major:minor."""
         allow_all = False
-        kept: list[Rule] = list(self._pre)
+        kept: list[Rule] = list(self.pre)
         for _, _, _, r in self.rules:
             if r is None or r.kind == "path":
                 continue
