@@ -172,3 +172,19 @@ def test_rules_lxc_cannot_parse(host, value, ours):
         assert not review(LxcConf.parse(rev.new), hd, None, host_rdev_under(host.path("/"))).changed
     else:
         assert value in rev.new and any(not i.fixable and "cannot parse" in i.text for i in rev.issues)
+
+
+def test_cli_fix_on_a_symlinked_config_fails_with_the_reason(tmp_path, capsys, monkeypatch):
+    from gpubox.simbox import build
+    from tests.clirun import gpubox
+
+    monkeypatch.setenv("COLUMNS", "400")
+    sim = build(tmp_path / "box", {"uvm_stale_major"}, gpus=2)
+    conf = sim.hpath("/etc/pve/lxc/200.conf")
+    target = tmp_path / "real200.conf"
+    os.replace(conf, target)
+    os.symlink(target, conf)
+    before = target.read_bytes()
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "fix", "ct200", "--yes")
+    assert rc == 1 and "symbolic link" in out + err
+    assert os.path.islink(conf) and target.read_bytes() == before
