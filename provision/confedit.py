@@ -119,11 +119,13 @@ class Owner:
     lists, lies in the dynamic ranges (only nvidia-uvm/-caps/-nvlink/-nvswitch get dynamic majors
     among NVIDIA's) and the config itself passes nvidia-uvm or nvidia-caps nodes. A static major
     absent from /proc/devices (Coral 120, USB serial 188...) is a driver not loaded yet: foreign
-    (FACTS.md "Learned on real inputs")."""
+    (FACTS.md "Learned on real inputs"). A dynamic major gpubox recorded as NVIDIA's when it last
+    wrote this config (`recorded`) is proof too, for configs that name no uvm/caps node."""
 
-    def __init__(self, hd: HostDevices, lines: list[Line]):
+    def __init__(self, hd: HostDevices, lines: list[Line], recorded: set[int] | frozenset = frozenset()):
         self.now = set(hd.nvidia_majors().values())
         self.hd = hd
+        self.recorded = set(recorded)  # NVIDIA majors gpubox saw when it last wrote this config
         self.names_dynamic = any(
             "/dev/nvidia-uvm" in (l.value or "") or "/dev/nvidia-caps" in (l.value or "")
             or "dev/nvidia-uvm" in (l.value or "") or "dev/nvidia-caps" in (l.value or "")
@@ -134,7 +136,8 @@ class Owner:
             return False
         if major in self.now:
             return True
-        return (not self.hd.registered(major) and major in DYNAMIC_MAJORS and self.names_dynamic)
+        return (not self.hd.registered(major) and major in DYNAMIC_MAJORS
+                and (self.names_dynamic or major in self.recorded))
 
     def stale(self, major: int | None) -> bool:
         return major is not None and major not in self.now and self.major(major)
@@ -145,7 +148,8 @@ def _entries(lines: list[Line], drop: set[int], cur) -> list[tuple[int, str, str
             if i not in drop and cur(i).key is not None]
 
 
-def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=None) -> Review:
+def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=None,
+           recorded: set[int] | frozenset = frozenset()) -> Review:
     """Issues in the main section and the edited text (identical text when nothing to change).
 
     Changes only NVIDIA-owned lines (`Owner`); passes every NVIDIA node the way the config already
@@ -164,7 +168,7 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
     warnings: list[str] = []
     drop: set[int] = set()
     replace: dict[int, Line] = {}
-    own = Owner(hd, lines)
+    own = Owner(hd, lines, recorded)
     rdev = host_rdev or _rdev_from(hd)
 
     def cur(i: int) -> Line:

@@ -14,6 +14,8 @@ restart ("auto" | "never" | "always"), persist, confirm (callable(question) -> b
 
 from __future__ import annotations
 
+import os
+
 from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
@@ -52,6 +54,41 @@ def _host_rdev(host):
             return None
         return ("c" if _st.S_ISCHR(st.mode) else "b", *(st.rdev or (0, 0)))
     return rdev
+
+
+def _owned_file(host: str, vmid: int):
+    """State file of the NVIDIA majors gpubox saw when it wrote CT <vmid>'s config on <host> (the
+    host name is reduced to safe characters plus a hash, so it can never leave the directory)."""
+    import hashlib
+    import re
+
+    from gpubox.state import state_dir
+
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:64].lstrip(".") or "host"
+    tag = hashlib.sha1(host.encode()).hexdigest()[:8]
+    d = state_dir() / "lxc-owned"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{safe}-{tag}-{int(vmid)}.json"
+
+
+def recorded_majors(host: str, vmid: int) -> set[int]:
+    import json
+
+    try:
+        data = json.loads(_owned_file(host, vmid).read_text())
+        return {int(m) for m in data.get("majors", [])}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return set()
+
+
+def record_majors(host: str, vmid: int, majors) -> None:
+    import json
+
+    p = _owned_file(host, vmid)
+    allm = sorted(recorded_majors(host, vmid) | {int(m) for m in majors})
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps({"majors": allm}) + "\n")
+    os.replace(tmp, p)
 
 
 def _control(ctx):
@@ -188,7 +225,7 @@ class ContainerConfigStep(Step):
                                   cause=f"a {conf.lock} is in progress on CT {vmid}",
                                   repair="wait for it to finish and re-run; `pct unlock "
                                          f"{vmid}` only if no {conf.lock} runs", **ev)
-        rev = review(conf, _host_devices(ctx), mode, _host_rdev(ctx.host))
+        rev = review(conf, _host_devices(ctx), mode, _host_rdev(ctx.host), recorded_majors(ctx.host.name, vmid))
         ev["issues"] = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev["warnings"] = rev.warnings
         _shared(ctx)["review"] = (rev, dig)
@@ -222,6 +259,7 @@ class ContainerConfigStep(Step):
             raise GpuboxError("the config issues cannot be fixed in the file",
                               "fix host-devices first (the nodes devN names must exist on the host)")
         backup = write_conf(ctx.host, ctx.box.vmid, plan.data["text"], plan.data["digest"])
+        record_majors(ctx.host.name, ctx.box.vmid, _host_devices(ctx).nvidia_majors().values())
         _shared(ctx)["conf_changed"] = True
         _shared(ctx)["conf_backup"] = backup
 

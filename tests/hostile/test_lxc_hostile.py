@@ -188,3 +188,17 @@ def test_cli_fix_on_a_symlinked_config_fails_with_the_reason(tmp_path, capsys, m
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "fix", "ct200", "--yes")
     assert rc == 1 and "symbolic link" in out + err
     assert os.path.islink(conf) and target.read_bytes() == before
+
+
+def test_recorded_major_proves_a_stale_rule_is_ours(host, tmp_path, monkeypatch):
+    from provision.lxc import record_majors, recorded_majors
+
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    hd = read_host_devices(host, 2)
+    text = "arch: amd64\nlxc.cgroup2.devices.allow: c 509:* rwm\n"
+    record_majors("../../../../tmp/x", 200, [195, 509])
+    assert recorded_majors("../../../../tmp/x", 200) == {195, 509}
+    assert all(p.parent == tmp_path / "state" / "lxc-owned" for p in (tmp_path / "state").rglob("*.json"))
+    rev = review(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")),
+                 recorded_majors("../../../../tmp/x", 200))
+    assert "c 509:* rwm" not in rev.new and any(i.kind == "stale-rule" for i in rev.issues)
