@@ -50,7 +50,10 @@ def mount_text(path: str) -> str:
 
 @dataclass
 class Issue:
-    kind: str  # stale-rule | missing-rule | missing-mount | duplicate | conflict | cgroup-v1 | over-broad | missing-devN | redundant | devN-node-missing
+    # stale-rule | missing-rule | missing-mount | missing-devN | duplicate | conflict | cgroup-v1 |
+    # redundant | unparsable | collision | devN-node-missing | foreign-unparsable | foreign-collision |
+    # would-not-start
+    kind: str
     text: str
     fixable: bool = True
 
@@ -207,9 +210,11 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
             else:
                 replace[i] = _nl(format_line(new_key, l.value or "", l.eq), nl)
                 seen.add((new_key, (l.value or "").strip()))
-            issues.append(Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` (ignored on cgroup v2, gone in PVE 9)"))
+            issues.append(Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` "
+                                             "(ignored on cgroup v2, gone in PVE 9)"))
         else:
-            warnings.append(f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: convert it by hand")
+            warnings.append(f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: "
+                            "convert it by hand")
 
     # 3. rules: ours stale / unparsable / denying / redundant (devN mode); foreign ones only reported
     slots: list[int] = []  # positions of dropped rules, reused for new ones (smallest diff)
@@ -225,18 +230,21 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
             if ours:
                 drop.add(i)
                 slots.append(i)
-                issues.append(Issue("unparsable", f"`{l.raw.strip()}`: lxc cannot parse it (one space after the "
-                                                  "type and after major:minor, access r/w/m): the start fails"))
+                issues.append(Issue("unparsable", f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
+                                                  "the type and after major:minor, access r/w/m): "
+                                                  "the start fails"))
             else:
-                issues.append(Issue("foreign-unparsable", f"`{l.raw.strip()}` is not an NVIDIA rule but lxc cannot "
-                                                          "parse it: the container does not start; fix it by hand",
+                issues.append(Issue("foreign-unparsable", f"`{l.raw.strip()}` is not an NVIDIA rule but lxc "
+                                                          "cannot parse it: the container does not start; "
+                                                          "fix it by hand",
                                     fixable=False))
             continue
         if r.is_global or r.kind == "path":
             continue
         if not ours:
             if r.kind == "c" and r.major is not None and not hd.registered(r.major) and l.key == ALLOW:
-                warnings.append(f"`{l.raw.strip()}`: major {r.major} is not in /proc/devices (driver not loaded?); "
+                warnings.append(f"`{l.raw.strip()}`: major {r.major} is not in /proc/devices "
+                                "(driver not loaded?); "
                                 "not an NVIDIA rule, left as it is")
             continue
         if l.key == DENY:
@@ -303,11 +311,13 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
                     continue
                 if is_nv_line(cur(idx)):
                     drop.add(idx)
-                    issues.append(Issue("collision", f"`{cur(idx).raw.strip()}` and a devN entry both pass {n.path}: "
-                                                     "the autodev hook fails with EEXIST; the mount entry goes"))
+                    issues.append(Issue("collision", f"`{cur(idx).raw.strip()}` and a devN entry both pass "
+                                                     f"{n.path}: the autodev hook fails with EEXIST; "
+                                                     "the mount entry goes"))
                 else:
-                    issues.append(Issue("foreign-collision", f"`{cur(idx).raw.strip()}` puts {n.path} in place before "
-                                                             "its devN entry: the start fails; fix it by hand",
+                    issues.append(Issue("foreign-collision", f"`{cur(idx).raw.strip()}` puts {n.path} in "
+                                                             "place before its devN entry: the start fails; "
+                                                             "fix it by hand",
                                         fixable=False))
     model = StartModel.build(_entries(lines, drop, cur), rdev)
 
@@ -320,8 +330,9 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
         if i not in drop and l.key and _DEVN.match(l.key) and devn_path(l.value) not in devn_by_path:
             p = devn_path(l.value)
             if _is_nvidia_path(p):
-                issues.append(Issue("devN-node-missing", f"{l.key}: {p} is missing on the host: the container will "
-                                                         "not start (fix host-devices first)", fixable=False))
+                issues.append(Issue("devN-node-missing", f"{l.key}: {p} is missing on the host: the "
+                                                         "container will not start (fix host-devices first)",
+                                    fixable=False))
     k = 0
     missing_majors: dict[int, str] = {}
     names = {v: n for n, v in hd.nvidia_majors().items()}

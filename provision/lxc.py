@@ -225,7 +225,8 @@ class ContainerConfigStep(Step):
                                   cause=f"a {conf.lock} is in progress on CT {vmid}",
                                   repair="wait for it to finish and re-run; `pct unlock "
                                          f"{vmid}` only if no {conf.lock} runs", **ev)
-        rev = review(conf, _host_devices(ctx), mode, _host_rdev(ctx.host), recorded_majors(ctx.host.name, vmid))
+        rev = review(conf, _host_devices(ctx), mode, _host_rdev(ctx.host),
+                     recorded_majors(ctx.host.name, vmid))
         ev["issues"] = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev["warnings"] = rev.warnings
         _shared(ctx)["review"] = (rev, dig)
@@ -245,7 +246,8 @@ class ContainerConfigStep(Step):
                                  "the main section does not match the host's NVIDIA devices",
                                  repair=f"gpubox lxc fix {ctx.box.name} (rewrites the main section only)", **ev)
         extra = f"; warnings: {'; '.join(rev.warnings)}" if rev.warnings else ""
-        return Finding.ok(f"{path} main section matches the host ({mode or 'as configured'}){note}{extra}", **ev)
+        how = mode or "as configured"
+        return Finding.ok(f"{path} main section matches the host ({how}){note}{extra}", **ev)
 
     def plan(self, ctx, finding: Finding) -> Plan:
         rev, dig = _shared(ctx)["review"]

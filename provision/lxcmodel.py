@@ -203,7 +203,8 @@ class StartModel:
                 continue
             if allow_all == r.allow:  # skipped: allow in a denylist, deny in an allowlist
                 continue
-            kept = [k for k in kept if (k.kind, k.major, k.minor, k.access) != (r.kind, r.major, r.minor, r.access)]
+            same = (r.kind, r.major, r.minor, r.access)
+            kept = [k for k in kept if (k.kind, k.major, k.minor, k.access) != same]
             kept.append(r)
         if allow_all:
             return not any(not k.allow and k.matches(major, minor) and ("r" in k.access or "w" in k.access)

@@ -21,7 +21,8 @@ REAL = Path(__file__).parent / "fixtures" / "lxc" / "realworld"
 CONFS = sorted(REAL.glob("*.conf"))
 # Nodes the hosts of these configs have besides the NVIDIA ones (major:minor as on a stock kernel).
 OTHER_NODES = {"/dev/dri/card0": (226, 0), "/dev/dri/renderD128": (226, 128), "/dev/uinput": (10, 223),
-               "/dev/uhid": (10, 239), "/dev/net/tun": (10, 200), "/dev/ppp": (108, 0), "/dev/apex_0": (120, 0)}
+               "/dev/uhid": (10, 239), "/dev/net/tun": (10, 200), "/dev/ppp": (108, 0),
+               "/dev/apex_0": (120, 0)}
 
 
 def test_corpus_has_twenty_real_configs_each_with_provenance():
@@ -44,7 +45,8 @@ def _nv_line(key, value, hd) -> bool:
     if key.startswith("lxc.cgroup"):
         r = parse_rule(key, value)
         major = r.major if r and not r.is_global else None
-        return major is not None and (major in nv_now or (major in DYNAMIC_MAJORS and not hd.registered(major)))
+        stale_dyn = major in DYNAMIC_MAJORS and not hd.registered(major)
+        return major is not None and (major in nv_now or stale_dyn)
     if key == "lxc.mount.entry":
         f = value.split()
         return _is_nvidia_path(f[0]) or f[1].strip("/").startswith("dev/nvidia")
@@ -65,7 +67,8 @@ def test_real_config(path, host):
     assert conf.render() == raw  # byte-exact round trip
     # parse equals Proxmox's (the simulator's parse_pct_config, written from Config.pm)
     pve = pct.parse_config(raw, 200)
-    assert [list(p) for p in pve.get("lxc", [])] == [[k, v] for k, v in _main_pairs(raw) if k.startswith("lxc.")]
+    ours = [[k, v] for k, v in _main_pairs(raw) if k.startswith("lxc.")]
+    assert [list(p) for p in pve.get("lxc", [])] == ours
     assert sorted(pve["snapshots"]) == sorted(conf.snapshots)
     hd = read_host_devices(host, 2)
     rdev = host_rdev_under(host.path("/"))
@@ -73,7 +76,8 @@ def test_real_config(path, host):
     assert not [i for i in rev.issues if not i.fixable], rev.issues
     new = rev.new
     # every non-NVIDIA line unchanged, in order; other sections byte-identical
-    keep = [l.raw.rstrip("\r\n") for l in conf.main.lines if not (l.key and _nv_line(l.key, l.value or "", hd))]
+    keep = [l.raw.rstrip("\r\n") for l in conf.main.lines
+            if not (l.key and _nv_line(l.key, l.value or "", hd))]
     got = [l.raw.rstrip("\r\n") for l in LxcConf.parse(new).main.lines
            if not (l.key and _nv_line(l.key, l.value or "", hd))]
     assert got == keep

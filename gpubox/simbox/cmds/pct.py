@@ -287,10 +287,12 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> None:
                              lambda p: os.path.lexists(sim.hpath(p)))
     for e in model.errors:
         if e.startswith("Failed to parse device rule"):
-            raise StandinError(f"ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:bpf_device_cgroup_prepare:2891 - "
+            raise StandinError("ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:"
+                               f"bpf_device_cgroup_prepare:2891 - "
                                f"Invalid argument - {e}\nstartup for container '{vmid}' failed", _TASK_FAIL)
         if e.startswith("Could not mknod"):
-            raise StandinError(f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - Script exited with status 255"
+            raise StandinError(f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - "
+                               "Script exited with status 255"
                                f"\nstartup for container '{vmid}' failed", _TASK_FAIL)
 
 
