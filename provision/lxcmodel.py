@@ -191,8 +191,8 @@ class StartModel:
                 allow_all = r.allow
         return allow_all
 
-    def permitted(self, major: int, minor: int) -> bool:
-        """The cgroup2 bpf program's verdict for read+write on char device major:minor."""
+    def effective(self) -> tuple[bool, list[Rule]]:
+        """(allow_all, rules kept) after bpf_list_add_device's list-type handling."""
         allow_all = False
         kept: list[Rule] = list(self.pre)
         for _, _, _, r in self.rules:
@@ -206,6 +206,20 @@ class StartModel:
             same = (r.kind, r.major, r.minor, r.access)
             kept = [k for k in kept if (k.kind, k.major, k.minor, k.access) != same]
             kept.append(r)
+        return allow_all, kept
+
+    def allow_strings(self) -> list[str]:
+        """The effective allow rules in canonical `c M:m acc` form (`a` for a denylist), for the
+        simulated container's cgroup state."""
+        allow_all, kept = self.effective()
+        if allow_all:
+            return ["a"]
+        star = lambda v: "*" if v is None else str(v)  # noqa: E731
+        return [f"{k.kind} {star(k.major)}:{star(k.minor)} {k.access}" for k in kept if k.allow]
+
+    def permitted(self, major: int, minor: int) -> bool:
+        """The cgroup2 bpf program's verdict for read+write on char device major:minor."""
+        allow_all, kept = self.effective()
         if allow_all:
             return not any(not k.allow and k.matches(major, minor) and ("r" in k.access or "w" in k.access)
                            for k in kept)

@@ -342,3 +342,16 @@ def test_sim_start_refuses_rule_lxc_cannot_parse_and_fix_refuses_foreign_one(tmp
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
     assert rc == 1 and _conf(sim) == before
     assert "cannot parse" in json.dumps(doc)
+
+
+def test_rule_with_inline_comment_counts_in_config_and_in_the_started_container(tmp_path, capsys):
+    sim = _box(tmp_path, "container_stopped")
+    p = sim.hpath("/etc/pve/lxc/200.conf")
+    main, sep, rest = p.read_text().partition("\n[")
+    main = main.replace("lxc.cgroup2.devices.allow: c 511:* rwm\n", "lxc.cgroup2.devices.allow: c 511:* rwm # uvm\n")
+    p.write_text(main + sep + rest)
+    before = _conf(sim)
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0, doc
+    assert _conf(sim) == before  # recognised: no duplicate rule added
+    assert _steps(doc)["cuda"]["status"] == "ok"
