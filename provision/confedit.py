@@ -3,8 +3,10 @@ the smallest edit that makes them agree.
 
 Only the main section counts: raw `lxc.*` lines in `[pve:pending]` or snapshot sections are
 never used at start (FACTS.md "Proxmox LXC config"), so they are neither checked nor edited.
-Two strategies (`gpubox_device_mode`): `cgroup2` (allow rules + bind mount entries, default)
-and `devN` (PVE >= 8.1: `devN: /dev/...` entries, major:minor read at every start).
+Two ways to pass a node: `devN: /dev/...` (PVE >= 8.1, major:minor read at every start) or an
+allow rule + bind mount entry (`cgroup2`). Each node is passed the way the config already passes
+NVIDIA nodes, never both ways; `gpubox_device_mode` decides only for configs that pass none
+(`devN` set explicitly also converts NVIDIA mount entries). Ownership: see `Owner`.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from gpubox.diffs import unified
 
 from .devices import HostDevices
 from .lxcconf import Line, LxcConf, Section, format_line
+from .lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, parse_rule
 
 ALLOW = "lxc.cgroup2.devices.allow"
 DENY = "lxc.cgroup2.devices.deny"
 MOUNT = "lxc.mount.entry"
 V1_DEVICES = ("lxc.cgroup.devices.allow", "lxc.cgroup.devices.deny")
 MODES = ("cgroup2", "devN")
-_RULE = re.compile(r"^([abc])\s+(\*|\d+):(\*|\d+)(?:\s+([rwm]+))?$")
 _DEVN = re.compile(r"^dev(\d+)$")
 # Nodes nvidia-modprobe creates 0666 (NVIDIA/nvidia-modprobe nvidia-modprobe-utils.c NV_DEVICE_FILE_MODE).
 # A devN node in the container is 0660 root:root unless `mode=` says otherwise (pve-container
@@ -30,49 +32,10 @@ _DEVN = re.compile(r"^dev(\d+)$")
 _DEVN_0666 = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-modeset|nvidia-uvm|nvidia-uvm-tools)$")
 
 
-def devn_path(value: str | None) -> str:
-    """The path of a devN property string (`[path=]/dev/x[,mode=..][,uid=..][,gid=..][,deny-write=..]`,
-    pve-container Config.pm $dev_desc: `path` is the default key)."""
-    for part in (value or "").split(","):
-        k, eq, v = part.partition("=")
-        if not eq:
-            return k.strip()
-        if k.strip() == "path":
-            return v.strip()
-    return ""
 
 
 def devn_value(path: str) -> str:
     return f"{path},mode=0666" if _DEVN_0666.match(path) else path
-
-
-@dataclass
-class Rule:
-    kind: str
-    major: int | None  # None = any
-    minor: int | None
-    access: str
-
-    @classmethod
-    def parse(cls, value: str) -> "Rule | None":
-        v = value.strip()
-        if v == "a":
-            return cls("a", None, None, "rwm")
-        m = _RULE.match(v)
-        if not m:
-            return None
-        ma = None if m.group(2) == "*" else int(m.group(2))
-        mi = None if m.group(3) == "*" else int(m.group(3))
-        return cls(m.group(1), ma, mi, m.group(4) or "rwm")
-
-    @property
-    def broad(self) -> bool:
-        """Allows every char device (`a`, `c *:* ...`, `a *:* ...`)."""
-        return self.kind == "a" or (self.major is None and self.kind in ("a", "c"))
-
-    def covers(self, major: int, minor: int) -> bool:
-        return (self.kind in ("a", "c") and self.major in (None, major) and self.minor in (None, minor)
-                and "r" in self.access and "w" in self.access)
 
 
 def rule_text(major: int) -> str:
@@ -87,7 +50,10 @@ def mount_text(path: str) -> str:
 
 @dataclass
 class Issue:
-    kind: str  # stale-rule | missing-rule | missing-mount | duplicate | conflict | cgroup-v1 | over-broad | missing-devN | redundant | devN-node-missing
+    # stale-rule | missing-rule | missing-mount | missing-devN | duplicate | conflict | cgroup-v1 |
+    # redundant | unparsable | collision | devN-node-missing | foreign-unparsable | foreign-collision |
+    # would-not-start
+    kind: str
     text: str
     fixable: bool = True
 
@@ -119,191 +85,336 @@ def _good_mount(f) -> bool:
     return "bind" in opts and "optional" in opts
 
 
-def _covered_by_mount(path: str, mounts: list[tuple[str, str, str]]) -> bool:
-    for src, tgt, _ in mounts:
-        if src == path and tgt.strip("/") == path.strip("/"):
-            return True
-        if path.startswith(src.rstrip("/") + "/") and tgt.strip("/") == src.strip("/"):  # a directory bind
-            return True
-    return False
-
-
 def _is_nvidia_path(p: str) -> bool:
     return p.startswith("/dev/nvidia")
 
 
-def review(conf: LxcConf, hd: HostDevices, mode: str = "cgroup2") -> Review:
-    """Issues in the main section and the edited text (identical text when nothing to change)."""
-    if mode not in MODES:
-        from gpubox.errors import GpuboxError
+def _is_nvidia_target(target: str) -> bool:
+    return target.strip("/").startswith("dev/nvidia")
+
+
+def _loose_major(value: str) -> int | None:
+    """The major a rule names even where lxc cannot parse it (to tell whose rule it is)."""
+    m = re.match(r"^[abc]\s+(\d+):", value.strip())
+    return int(m.group(1)) if m else None
+
+
+def _newline(conf: LxcConf) -> str:
+    """The file's line ending: new and replaced lines follow it (CRLF stays CRLF)."""
+    for s in conf.sections:
+        for l in ([Line(s.header)] if s.header else []) + s.lines:
+            if l.raw.endswith("\r\n"):
+                return "\r\n"
+            if l.raw.endswith("\n"):
+                return "\n"
+    return "\n"
+
+
+def _nl(line: Line, nl: str) -> Line:
+    if nl == "\n" or not line.raw.endswith("\n") or line.raw.endswith("\r\n"):
+        return line
+    return Line(line.raw[:-1] + nl, line.key, line.value, line.eq)
+
+
+class Owner:
+    """Which majors are provably this host's NVIDIA devices (the only rules gpubox may change):
+    a major an NVIDIA driver holds now in /proc/devices, or a major that /proc/devices no longer
+    lists, lies in the dynamic ranges (only nvidia-uvm/-caps/-nvlink/-nvswitch get dynamic majors
+    among NVIDIA's) and the config itself passes nvidia-uvm or nvidia-caps nodes. A static major
+    absent from /proc/devices (Coral 120, USB serial 188...) is a driver not loaded yet: foreign
+    (FACTS.md "Learned on real inputs"). A dynamic major gpubox recorded as NVIDIA's when it last
+    wrote this config (`recorded`) is proof too, for configs that name no uvm/caps node."""
+
+    def __init__(self, hd: HostDevices, lines: list[Line], recorded: set[int] | frozenset = frozenset()):
+        self.now = set(hd.nvidia_majors().values())
+        self.hd = hd
+        self.recorded = set(recorded)  # NVIDIA majors gpubox saw when it last wrote this config
+        self.names_dynamic = any(
+            "/dev/nvidia-uvm" in (l.value or "") or "/dev/nvidia-caps" in (l.value or "")
+            or "dev/nvidia-uvm" in (l.value or "") or "dev/nvidia-caps" in (l.value or "")
+            for l in lines if l.key == MOUNT or (l.key and _DEVN.match(l.key)))
+
+    def major(self, major: int | None) -> bool:
+        if major is None:
+            return False
+        if major in self.now:
+            return True
+        return (not self.hd.registered(major) and major in DYNAMIC_MAJORS
+                and (self.names_dynamic or major in self.recorded))
+
+    def stale(self, major: int | None) -> bool:
+        return major is not None and major not in self.now and self.major(major)
+
+
+def _entries(lines: list[Line], drop: set[int], cur) -> list[tuple[int, str, str]]:
+    return [(i, cur(i).key, cur(i).value or "") for i in range(len(lines))
+            if i not in drop and cur(i).key is not None]
+
+
+def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=None,
+           recorded: set[int] | frozenset = frozenset()) -> Review:
+    """Issues in the main section and the edited text (identical text when nothing to change).
+
+    Changes only NVIDIA-owned lines (`Owner`); passes every NVIDIA node the way the config already
+    passes NVIDIA nodes (devN or rule+mount; `mode` only for configs that pass none, or `devN` to
+    convert); never passes one node both ways (the autodev hook would fail with EEXIST); checks the
+    result against the start model (`lxcmodel.StartModel`). `host_rdev(path)` stats host nodes."""
+    from gpubox.errors import GpuboxError
+
+    if mode is not None and mode not in MODES:
         raise GpuboxError(f"gpubox_device_mode {mode!r} is not known", "use cgroup2 or devN")
     old = conf.render()
     lines = conf.main.lines
     eq = conf.eq_style()
+    nl = _newline(conf)
     issues: list[Issue] = []
     warnings: list[str] = []
     drop: set[int] = set()
     replace: dict[int, Line] = {}
-    nv_majors = set(hd.nvidia_majors().values())
-    in_use = hd.majors_in_use()  # major -> name
+    own = Owner(hd, lines, recorded)
+    rdev = host_rdev or _rdev_from(hd)
 
-    # 1. duplicates (identical key and value; the first stays)
+    def cur(i: int) -> Line:
+        return replace.get(i, lines[i])
+
+    def is_nv_line(l: Line) -> bool:
+        if l.key in (ALLOW, DENY, *V1_DEVICES):
+            r = parse_rule(l.key, (l.value or "").strip())
+            return own.major(r.major if r and not r.is_global else _loose_major(l.value or ""))
+        if l.key == MOUNT:
+            f = (l.value or "").split()
+            return len(f) >= 2 and (_is_nvidia_path(f[0]) or _is_nvidia_target(f[1]))
+        if l.key and _DEVN.match(l.key):
+            return _is_nvidia_path(devn_path(l.value))
+        return False
+
+    # 1. duplicates of NVIDIA lines (identical key and value; the first stays)
     seen: set[tuple[str, str]] = set()
     for i, l in enumerate(lines):
         if l.key is None:
             continue
         k = (l.key, (l.value or "").strip())
-        if k in seen and (l.is_lxc or _DEVN.match(l.key)):
+        if k in seen and is_nv_line(l):
             drop.add(i)
             issues.append(Issue("duplicate", f"duplicate line `{l.raw.strip()}`"))
         seen.add(k)
 
-    # 2. cgroup v1 lines: devices.* become cgroup2 (same syntax); others only warned about
+    # 2. cgroup v1 device lines do nothing on cgroup v2: ours become cgroup2 lines, others are reported
     for i, l in enumerate(lines):
         if i in drop or not (l.key or "").startswith("lxc.cgroup."):
             continue
-        if l.key in V1_DEVICES:
+        if l.key in V1_DEVICES and is_nv_line(l):
             new_key = l.key.replace("lxc.cgroup.", "lxc.cgroup2.")
             if (new_key, (l.value or "").strip()) in seen:
                 drop.add(i)
             else:
-                replace[i] = format_line(new_key, l.value or "", l.eq)
+                replace[i] = _nl(format_line(new_key, l.value or "", l.eq), nl)
                 seen.add((new_key, (l.value or "").strip()))
-            issues.append(Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` (ignored on cgroup v2, gone in PVE 9)"))
+            issues.append(Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` "
+                                             "(ignored on cgroup v2, gone in PVE 9)"))
         else:
-            warnings.append(f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: convert it by hand")
+            warnings.append(f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: "
+                            "convert it by hand")
 
-    def cur(i: int) -> Line:
-        return replace.get(i, lines[i])
-
-    # 3. rules: over-broad, stale, conflicting denies
-    rules: list[tuple[int, Rule]] = []
+    # 3. rules: ours stale / unparsable / denying / redundant (devN mode); foreign ones only reported
     slots: list[int] = []  # positions of dropped rules, reused for new ones (smallest diff)
     for i in range(len(lines)):
         l = cur(i)
         if i in drop or l.key not in (ALLOW, DENY):
             continue
-        r = Rule.parse(l.value or "")
+        val = (l.value or "").strip()
+        r = parse_rule(l.key, val)
+        major = r.major if r is not None and not r.is_global else _loose_major(val)
+        ours = own.major(major)
         if r is None:
-            continue
-        if l.key == DENY:
-            if r.kind in ("a", "c") and (r.major is None or r.major in nv_majors):
+            if ours:
                 drop.add(i)
                 slots.append(i)
-                issues.append(Issue("conflict", f"`{l.raw.strip()}` denies an NVIDIA device the container needs"))
+                issues.append(Issue("unparsable", f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
+                                                  "the type and after major:minor, access r/w/m): "
+                                                  "the start fails"))
+            else:
+                issues.append(Issue("foreign-unparsable", f"`{l.raw.strip()}` is not an NVIDIA rule but lxc "
+                                                          "cannot parse it: the container does not start; "
+                                                          "fix it by hand",
+                                    fixable=False))
             continue
-        if r.broad:
+        if r.is_global or r.kind == "path":
+            continue
+        if not ours:
+            if r.kind == "c" and r.major is not None and not hd.registered(r.major) and l.key == ALLOW:
+                warnings.append(f"`{l.raw.strip()}`: major {r.major} is not in /proc/devices "
+                                "(driver not loaded?); "
+                                "not an NVIDIA rule, left as it is")
+            continue
+        if l.key == DENY:
             drop.add(i)
             slots.append(i)
-            issues.append(Issue("over-broad", f"over-broad rule `{l.raw.strip()}` allows every device"))
+            issues.append(Issue("conflict", f"`{l.raw.strip()}` denies an NVIDIA device the container needs"))
             continue
-        if r.kind == "c" and r.major is not None and not hd.registered(r.major):
+        if own.stale(r.major):
             drop.add(i)
             slots.append(i)
             now = f"nvidia-uvm is now {hd.uvm}" if hd.uvm is not None else "nvidia-uvm is not loaded yet"
             issues.append(Issue("stale-rule", f"`{l.raw.strip()}` names major {r.major}, which /proc/devices "
                                               f"no longer lists ({now}): stale"))
             continue
-        if mode == "devN" and r.major in nv_majors:
+        if mode == "devN":
             drop.add(i)
             slots.append(i)
             issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
-            continue
-        rules.append((i, r))
 
-    # 4. mount entries: conflicts (same target, different source/options), devN redundancy
-    mounts: list[tuple[int, tuple[str, str, str]]] = []
+    # 4. NVIDIA mount entries: same target twice (keep bind,optional), devN conversion when asked
     by_target: dict[str, int] = {}
     for i in range(len(lines)):
         l = cur(i)
-        if i in drop or l.key != MOUNT:
+        if i in drop or l.key != MOUNT or not is_nv_line(l):
             continue
         f = _mount_fields(l.value or "")
         if f is None:
             continue
-        if mode == "devN" and _is_nvidia_path(f[0]):
+        if mode == "devN" and _is_nvidia_path(f[0]) and _is_nvidia_target(f[1]):
             drop.add(i)
             issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
             continue
         t = f[1].strip("/")
         if t in by_target:
             j = by_target[t]
-            # keep the entry in the recommended shape (bind,optional); drop the other
             keep_new = _good_mount(f) and not _good_mount(_mount_fields(cur(j).value or ""))
             loser = j if keep_new else i
-            issues.append(Issue("conflict", f"`{cur(loser).raw.strip()}` mounts onto {t} like another line "
-                                            "with another source/options"))
+            issues.append(Issue("conflict", f"`{cur(loser).raw.strip()}` mounts onto {t} like another line"))
             drop.add(loser)
             if keep_new:
-                mounts[:] = [(k, g) for k, g in mounts if k != j]
                 by_target[t] = i
-                mounts.append((i, f))
             continue
         by_target[t] = i
-        mounts.append((i, f))
+
+    # 5. presence and permission, from the start model of what is left
+    nodes = hd.pass_nodes()
+    nv_devn = [i for i in range(len(lines)) if i not in drop and cur(i).key and _DEVN.match(cur(i).key)
+               and _is_nvidia_path(devn_path(cur(i).value))]
+    nv_mount = [i for i in range(len(lines)) if i not in drop and cur(i).key == MOUNT and is_nv_line(cur(i))]
+    if mode == "devN" or (mode is None and nv_devn):
+        node_mode = "devN"
+    elif nv_mount or nv_devn:
+        node_mode = "devN" if nv_devn and not nv_mount else "cgroup2"
+    else:
+        node_mode = mode or "cgroup2"
+
+    model = StartModel.build(_entries(lines, drop, cur), rdev)
+    # a node passed both ways: the NVIDIA mount entry goes, devN stays (it reads the major at start)
+    for n in nodes:
+        provs = model.providers(n.path)
+        if any(k == "devN" for k, _ in provs):
+            for k, idx in provs:
+                if k != "mount":
+                    continue
+                if is_nv_line(cur(idx)):
+                    drop.add(idx)
+                    issues.append(Issue("collision", f"`{cur(idx).raw.strip()}` and a devN entry both pass "
+                                                     f"{n.path}: the autodev hook fails with EEXIST; "
+                                                     "the mount entry goes"))
+                else:
+                    issues.append(Issue("foreign-collision", f"`{cur(idx).raw.strip()}` puts {n.path} in "
+                                                             "place before its devN entry: the start fails; "
+                                                             "fix it by hand",
+                                        fixable=False))
+    model = StartModel.build(_entries(lines, drop, cur), rdev)
 
     add_rules: list[Line] = []
     add_mounts: list[Line] = []
     add_devn: list[Line] = []
-    nodes = hd.pass_nodes()
-    if mode == "cgroup2":
-        for major, name in in_use.items():
-            minors = [(n.want or n.have)[1] for n in nodes if (n.want or n.have) and (n.want or n.have)[0] == major]
-            if all(any(r.covers(major, mi) for _, r in rules) for mi in minors):
-                continue
-            add_rules.append(format_line(ALLOW, rule_text(major), eq))
-            issues.append(Issue("missing-rule", f"no `{ALLOW}` rule allows {name} (major {major})"))
-        mlist = [f for _, f in mounts]
-        for n in nodes:
-            if not _covered_by_mount(n.path, mlist):
-                add_mounts.append(format_line(MOUNT, mount_text(n.path), eq))
-                issues.append(Issue("missing-mount", f"no `{MOUNT}` for {n.path}"))
-    else:
-        used = {int(m.group(1)) for l in lines if l.key and (m := _DEVN.match(l.key))}
-        have_paths = {}
-        for i, l in enumerate(lines):
-            if l.key and _DEVN.match(l.key) and i not in drop:
-                have_paths[devn_path(l.value)] = l.key
-        k = 0
-        for n in nodes:
-            if n.path in have_paths:
-                if not n.present:
-                    issues.append(Issue("devN-node-missing", f"{have_paths[n.path]}: {n.path} is missing on the host: "
-                                                             "the container will not start", fixable=False))
-                continue
+    used = {int(m.group(1)) for l in lines if l.key and (m := _DEVN.match(l.key))}
+    devn_by_path = {p: (i, k) for i, k, p in model.devn}
+    for i, l in enumerate(lines):  # devN entries whose node is missing are in errors, not model.devn
+        if i not in drop and l.key and _DEVN.match(l.key) and devn_path(l.value) not in devn_by_path:
+            p = devn_path(l.value)
+            if _is_nvidia_path(p):
+                issues.append(Issue("devN-node-missing", f"{l.key}: {p} is missing on the host: the "
+                                                         "container will not start (fix host-devices first)",
+                                    fixable=False))
+    k = 0
+    missing_majors: dict[int, str] = {}
+    names = {v: n for n, v in hd.nvidia_majors().items()}
+    for n in nodes:
+        rd = n.want or n.have
+        if n.path in devn_by_path or any(devn_path(cur(i).value) == n.path for i in range(len(lines))
+                                         if i not in drop and cur(i).key and _DEVN.match(cur(i).key)):
+            continue  # devN: node made at start, `c M:m rw` added by pve
+        if model.providers(n.path):
+            if rd and not model.permitted(*rd):
+                missing_majors.setdefault(rd[0], names.get(rd[0], "nvidia"))
+            continue
+        if node_mode == "devN":
             while k in used:
                 k += 1
             used.add(k)
-            add_devn.append(format_line(f"dev{k}", devn_value(n.path)))
+            add_devn.append(_nl(format_line(f"dev{k}", devn_value(n.path)), nl))
             issues.append(Issue("missing-devN", f"no devN entry for {n.path}"))
+        else:
+            add_mounts.append(_nl(format_line(MOUNT, mount_text(n.path), eq), nl))
+            issues.append(Issue("missing-mount", f"no `{MOUNT}` for {n.path}"))
+            if rd and not model.permitted(*rd):
+                missing_majors.setdefault(rd[0], names.get(rd[0], "nvidia"))
+    for major, name in sorted(missing_majors.items()):
+        add_rules.append(_nl(format_line(ALLOW, rule_text(major), eq), nl))
+        issues.append(Issue("missing-rule", f"no `{ALLOW}` rule allows {name} (major {major})"))
+    if model.list_type_allows_all():
+        warnings.append(f"`{ALLOW}: a` lets the container use every device (not gpubox's to change)")
 
-    new_lines = _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn)
+    new_lines = _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_nv_line, nl)
     new_conf = LxcConf([Section(conf.main.name, conf.main.header, new_lines), *conf.sections[1:]])
-    return Review(issues, old, new_conf.render(), warnings)
+    new_text = new_conf.render()
+    after = StartModel.build([(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], rdev)
+    for e in after.errors:
+        if not any(not i.fixable for i in issues):
+            issues.append(Issue("would-not-start", f"the container would not start: {e}", fixable=False))
+    return Review(issues, old, new_text, warnings)
 
 
-def _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn) -> list[Line]:
-    """Apply drops/replacements and put new lines next to their kin (else after the last line)."""
+def _rdev_from(hd: HostDevices):
+    """host_rdev from what read_host_devices stat()ed; other paths are taken to exist (unknown)."""
+    known = {n.path: n for n in hd.nodes}
+
+    def rdev(path: str):
+        n = known.get(path)
+        if n is None:
+            return ("c", 0, 0) if not _is_nvidia_path(path) else None
+        return ("c", *n.have) if n.present and n.is_char else None
+    return rdev
+
+
+def _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_nv, nl) -> list[Line]:
+    """Apply drops/replacements; new lines join the NVIDIA group of their kind (else their kind,
+    else the raw lxc lines, else the end)."""
     add_rules = list(add_rules)
     slot_fill: dict[int, Line] = {}
     for i in sorted(slots):
         if add_rules:
             slot_fill[i] = add_rules.pop(0)
     last_content = max((i for i, l in enumerate(lines) if not l.blank), default=-1)
-    last_of = lambda pred: max((i for i, l in enumerate(lines) if pred(l)), default=None)  # noqa: E731
-    after: dict[int, list[Line]] = {}
-    rule_anchor = last_of(lambda l: l.key in (ALLOW, DENY, *V1_DEVICES))
-    mount_anchor = last_of(lambda l: l.key == MOUNT)
-    devn_anchor = last_of(lambda l: bool(l.key and _DEVN.match(l.key)))
+
+    def last_of(pred):
+        return max((i for i, l in enumerate(lines) if pred(l)), default=None)
+
+    def anchor(*cands):
+        return next((c for c in cands if c is not None), last_content)
+
+    is_rule = lambda l: l.key in (ALLOW, DENY, *V1_DEVICES)  # noqa: E731
+    is_devn = lambda l: bool(l.key and _DEVN.match(l.key))  # noqa: E731
+    nv_rule = last_of(lambda l: is_rule(l) and is_nv(l))
+    nv_mount = last_of(lambda l: l.key == MOUNT and is_nv(l))
+    nv_devn = last_of(lambda l: is_devn(l) and is_nv(l))
+    any_rule = last_of(is_rule)
     lxc_anchor = last_of(lambda l: l.is_lxc)
+    after: dict[int, list[Line]] = {}
     if add_rules:
-        after.setdefault(rule_anchor if rule_anchor is not None else (lxc_anchor if lxc_anchor is not None else last_content), []).extend(add_rules)
+        after.setdefault(anchor(nv_rule, nv_mount, any_rule, lxc_anchor), []).extend(add_rules)
     if add_mounts:
-        a = mount_anchor if mount_anchor is not None else (rule_anchor if rule_anchor is not None else last_content)
-        after.setdefault(a, []).extend(add_mounts)
+        after.setdefault(anchor(nv_mount, nv_rule, last_of(lambda l: l.key == MOUNT), any_rule, lxc_anchor),
+                         []).extend(add_mounts)
     if add_devn:
-        a = devn_anchor if devn_anchor is not None else last_content
-        after.setdefault(a, []).extend(add_devn)
+        after.setdefault(anchor(nv_devn, last_of(is_devn)), []).extend(add_devn)
     out: list[Line] = list(after.get(-1, []))
     for i, l in enumerate(lines):
         if i in slot_fill:
@@ -313,6 +424,6 @@ def _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn) -> l
         extra = after.get(i)
         if extra:
             if out and not out[-1].raw.endswith("\n"):
-                out[-1] = Line(out[-1].raw + "\n", out[-1].key, out[-1].value, out[-1].eq)
+                out[-1] = Line(out[-1].raw + nl, out[-1].key, out[-1].value, out[-1].eq)
             out.extend(extra)
     return out

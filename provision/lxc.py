@@ -14,6 +14,8 @@ restart ("auto" | "never" | "always"), persist, confirm (callable(question) -> b
 
 from __future__ import annotations
 
+import os
+
 from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.steps import Finding, Plan, Step
@@ -40,6 +42,53 @@ def _shared(ctx) -> dict:
 
 def _host_devices(ctx) -> HostDevices:
     return read_host_devices(ctx.host, ctx.box.var("gpubox_gpus"))
+
+
+def _host_rdev(host):
+    """host_rdev for the start model: ("c"|"b", major, minor) of a host path, None if absent."""
+    def rdev(path: str):
+        import stat as _st
+
+        st = host.stat(path)
+        if st is None or not (_st.S_ISCHR(st.mode) or _st.S_ISBLK(st.mode)):
+            return None
+        return ("c" if _st.S_ISCHR(st.mode) else "b", *(st.rdev or (0, 0)))
+    return rdev
+
+
+def _owned_file(host: str, vmid: int):
+    """State file of the NVIDIA majors gpubox saw when it wrote CT <vmid>'s config on <host> (the
+    host name is reduced to safe characters plus a hash, so it can never leave the directory)."""
+    import hashlib
+    import re
+
+    from gpubox.state import state_dir
+
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:64].lstrip(".") or "host"
+    tag = hashlib.sha1(host.encode()).hexdigest()[:8]
+    d = state_dir() / "lxc-owned"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{safe}-{tag}-{int(vmid)}.json"
+
+
+def recorded_majors(host: str, vmid: int) -> set[int]:
+    import json
+
+    try:
+        data = json.loads(_owned_file(host, vmid).read_text())
+        return {int(m) for m in data.get("majors", [])}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return set()
+
+
+def record_majors(host: str, vmid: int, majors) -> None:
+    import json
+
+    p = _owned_file(host, vmid)
+    allm = sorted(recorded_majors(host, vmid) | {int(m) for m in majors})
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps({"majors": allm}) + "\n")
+    os.replace(tmp, p)
 
 
 def _control(ctx):
@@ -165,8 +214,9 @@ class ContainerConfigStep(Step):
         vmid = ctx.box.vmid
         path = conf_path(vmid)
         conf, dig = read_conf(ctx.host, vmid)
-        mode = str(ctx.box.var("gpubox_device_mode", "cgroup2"))
-        ev = {"path": path, "digest": dig, "mode": mode, "snapshots": conf.snapshots}
+        var = ctx.box.var("gpubox_device_mode", None)
+        mode = None if var is None else str(var)  # None: follow how the config already passes nodes
+        ev = {"path": path, "digest": dig, "mode": mode or "follow", "snapshots": conf.snapshots}
         pend = conf.pending
         if pend is not None:
             ev["pending"] = [l.raw.strip() for l in pend.lines if l.key]
@@ -175,13 +225,19 @@ class ContainerConfigStep(Step):
                                   cause=f"a {conf.lock} is in progress on CT {vmid}",
                                   repair="wait for it to finish and re-run; `pct unlock "
                                          f"{vmid}` only if no {conf.lock} runs", **ev)
-        rev = review(conf, _host_devices(ctx), mode)
+        rev = review(conf, _host_devices(ctx), mode, _host_rdev(ctx.host),
+                     recorded_majors(ctx.host.name, vmid))
         ev["issues"] = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev["warnings"] = rev.warnings
         _shared(ctx)["review"] = (rev, dig)
         note = ""
         if pend is not None and ev["pending"]:
             note = f" (pending, applied at the next restart: {', '.join(ev['pending'])})"
+        refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
+        if refused:
+            return Finding.failed("; ".join(i.text for i in refused) + note,
+                                  cause="a line gpubox does not own stops the container from starting",
+                                  repair=f"edit {path} by hand as said, then re-run", **ev)
         if rev.issues:
             causes = "; ".join(i.text for i in rev.issues)
             stale = [i for i in rev.issues if i.kind == "stale-rule"]
@@ -190,7 +246,8 @@ class ContainerConfigStep(Step):
                                  "the main section does not match the host's NVIDIA devices",
                                  repair=f"gpubox lxc fix {ctx.box.name} (rewrites the main section only)", **ev)
         extra = f"; warnings: {'; '.join(rev.warnings)}" if rev.warnings else ""
-        return Finding.ok(f"{path} main section matches the host ({mode}){note}{extra}", **ev)
+        how = mode or "as configured"
+        return Finding.ok(f"{path} main section matches the host ({how}){note}{extra}", **ev)
 
     def plan(self, ctx, finding: Finding) -> Plan:
         rev, dig = _shared(ctx)["review"]
@@ -204,6 +261,7 @@ class ContainerConfigStep(Step):
             raise GpuboxError("the config issues cannot be fixed in the file",
                               "fix host-devices first (the nodes devN names must exist on the host)")
         backup = write_conf(ctx.host, ctx.box.vmid, plan.data["text"], plan.data["digest"])
+        record_majors(ctx.host.name, ctx.box.vmid, _host_devices(ctx).nvidia_majors().values())
         _shared(ctx)["conf_changed"] = True
         _shared(ctx)["conf_backup"] = backup
 

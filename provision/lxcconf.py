@@ -157,13 +157,72 @@ def read_conf(host, vmid: int) -> tuple[LxcConf, str]:
 # -- safe write ------------------------------------------------------------------------------------
 
 _REMOTE_COMMIT = (  # constant script; every input arrives as a positional argument ($1..$3)
-    'set -e; [ "$(sha1sum < "$1" | cut -c1-40)" = "$2" ] || { echo "changed since check" >&2; exit 3; }; '
+    'set -e; [ -L "$1" ] && { echo "is a symbolic link" >&2; exit 4; }; '
+    '[ "$(sha1sum < "$1" | cut -c1-40)" = "$2" ] || { echo "changed since check" >&2; exit 3; }; '
     'mv -f -- "$3" "$1"')
 
 
-def _rename(src: str, dst: str) -> None:
-    """The commit point (a seam the crash test cuts at)."""
+def _rename(src: str, dst: str) -> bool:
+    """The commit point (a seam the crash test cuts at): an atomic exchange where the kernel and
+    filesystem can (True: `src` now holds the old file), else a plain rename (False)."""
+    if _exchange(src, dst):
+        return True
     os.replace(src, dst)
+    return False
+
+
+_RENAME_EXCHANGE = 2  # linux include/uapi/linux/fcntl.h
+
+
+def _exchange(a: str, b: str) -> bool:
+    """renameat2(RENAME_EXCHANGE): swap two paths atomically. False where the filesystem or
+    kernel cannot (pmxcfs is FUSE and may refuse it; then the plain re-check + rename is used)."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _commit(host, path: str, tmp: str, real: str, expect_digest: str) -> None:
+    """Put `tmp` in place of `real` unless `real` changed since `check` read it.
+
+    The file is re-read right before the commit; where the kernel can, the commit is an atomic
+    exchange and the file swapped out is checked once more afterwards, then swapped back if
+    someone wrote it in between without the lock (their edit is kept, ours refused). This closes
+    the window between the last re-read and rename() that a plain rename leaves open."""
+    with open(real, "rb") as f:  # re-read just before the commit
+        again = f.read()
+    _refuse_if_changed_or_locked(host, path, again, expect_digest)
+    if not _rename(tmp, real):
+        return
+    with open(tmp, "rb") as f:  # what we just swapped out
+        was = f.read()
+    if digest(was) != expect_digest:
+        _exchange(tmp, real)  # give the file back as the other writer left it
+        raise GpuboxError(f"{path} changed while it was being replaced (digest {digest(was)[:12]} != "
+                          f"{expect_digest[:12]}): not replaced, the other edit is kept",
+                          "someone edited it without Proxmox's lock: re-run to check again")
+    os.unlink(tmp)
+
+
+def _refuse_symlink(real: str, path: str) -> None:
+    """pmxcfs has no symlinks (FACTS.md), so a linked config is not a Proxmox-managed file: replacing
+    the link by a regular file would leave its target with the old lines. Policy: refuse, say so."""
+    if os.path.islink(real):
+        raise GpuboxError(f"{path} is a symbolic link (to {os.readlink(real)}): not replacing it with a "
+                          "regular file", "Proxmox's /etc/pve has no symlinks: point gpubox_root at the real "
+                          "config or replace the link by the file, then re-run")
 
 
 def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: float = 10) -> str:
@@ -184,6 +243,7 @@ def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: 
     real = host.path(path)
     tmp = f"{real}.tmp.{os.getpid()}"  # pve-common src/PVE/File.pm file_set_contents: "$filename.tmp.$$"
     if host.transport.is_local:
+        _refuse_symlink(real, path)
         return _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
     return _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
 
@@ -226,10 +286,8 @@ def _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            with open(real, "rb") as f:  # re-read just before the rename
-                again = f.read()
-            _refuse_if_changed_or_locked(host, path, again, expect_digest)
-            _rename(tmp, real)
+            _refuse_symlink(real, path)
+            _commit(host, path, tmp, real, expect_digest)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -249,6 +307,9 @@ def _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout
                   real, expect_digest, tmp], become=True, timeout=lock_timeout + 30)
     if r.rc != 0:
         host.run(["rm", "-f", "--", tmp], become=True)
+        if r.rc == 4:
+            raise GpuboxError(f"{path} is a symbolic link: not replacing it with a regular file",
+                              "Proxmox's /etc/pve has no symlinks: replace the link by the file, then re-run")
         if r.rc == 3:
             raise GpuboxError(f"{path} changed since it was checked", "someone else edited it: re-run to check again")
         r.check()

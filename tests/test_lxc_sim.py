@@ -308,3 +308,50 @@ def test_unknown_device_mode_is_bad_input(tmp_path, capsys):
     rc, out, err = _lxc(capsys, sim, "fix", "ct200", "--yes")
     assert rc == 2 and "gpubox_device_mode 'cdi'" in err and "cgroup2 or devN" in err
     assert _conf(sim) == before
+
+
+def _edit_main(sim, extra: str):
+    p = sim.hpath("/etc/pve/lxc/200.conf")
+    text = p.read_text()
+    main, sep, rest = text.partition("\n[")
+    p.write_text(main.rstrip("\n") + "\n" + extra + "\n" + sep + rest if sep else text + extra + "\n")
+
+
+def test_sim_start_refuses_devn_plus_mount_like_the_autodev_hook(tmp_path, capsys):
+    sim = _box(tmp_path, "container_stopped")
+    _edit_main(sim, "dev0: /dev/nvidia0,mode=0666")
+    with pytest.raises(StandinError, match=r"Could not mknod .*/dev/nvidia0: File exists") as ei:
+        pct.start(SimBox.load(sim.dest), 200)
+    assert "startup for container '200' failed" in str(ei.value)
+    # gpubox fix: the NVIDIA mount entry for that node goes (devN stays), the container starts
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    conf = _conf(sim).decode()
+    assert "dev0: /dev/nvidia0,mode=0666" in conf
+    assert "lxc.mount.entry: /dev/nvidia0 dev/nvidia0" not in conf.split("\n[")[0]
+    assert rc == 0, doc
+    rc2, doc2 = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc2 == 0 and _conf(sim).decode() == conf
+
+
+def test_sim_start_refuses_rule_lxc_cannot_parse_and_fix_refuses_foreign_one(tmp_path, capsys):
+    sim = _box(tmp_path, "container_stopped")
+    _edit_main(sim, "lxc.cgroup2.devices.allow: c  120:0 rwm")
+    with pytest.raises(StandinError, match=r"Failed to parse device rule devices.allow=c  120:0 rwm"):
+        pct.start(SimBox.load(sim.dest), 200)
+    before = _conf(sim)
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 1 and _conf(sim) == before
+    assert "cannot parse" in json.dumps(doc)
+
+
+def test_rule_with_inline_comment_counts_in_config_and_in_the_started_container(tmp_path, capsys):
+    sim = _box(tmp_path, "container_stopped")
+    p = sim.hpath("/etc/pve/lxc/200.conf")
+    main, sep, rest = p.read_text().partition("\n[")
+    main = main.replace("lxc.cgroup2.devices.allow: c 511:* rwm\n", "lxc.cgroup2.devices.allow: c 511:* rwm # uvm\n")
+    p.write_text(main + sep + rest)
+    before = _conf(sim)
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    assert rc == 0, doc
+    assert _conf(sim) == before  # recognised: no duplicate rule added
+    assert _steps(doc)["cuda"]["status"] == "ok"

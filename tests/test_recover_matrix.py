@@ -21,6 +21,7 @@ MATRIX = {
     "uvm_stale_major": {"container-config"},
     "uvm_missing": {"host-devices"},
     "container_stopped": {"container"},
+    "conf_devn_collision": {"container-config"},
     "mrrs_512": {"pcie-mrrs"},
     "numa_balancing": {"numa-balancing"},
     "nccl_missing": {"nccl-env"},

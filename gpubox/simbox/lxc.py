@@ -22,6 +22,8 @@ FAULTS = {
     "conf_pending": "the container config has a [pve:pending] section (pending memory/swap change)",
     "conf_locked": "the container config carries `lock: backup` (a backup is running)",
     "conf_v1": "the container config uses cgroup v1 `lxc.cgroup.devices.allow` lines (ignored on cgroup v2)",
+    "conf_devn_collision": "someone added `dev0: /dev/nvidia0` while a mount entry passes it too: the next start "
+                           "fails (autodev hook: File exists)",
 }
 
 UVM_MAJOR, STALE_UVM_MAJOR = 511, 508
@@ -91,6 +93,10 @@ def conf_text(sim: SimBox, faults: set[str]) -> str:
         f"rootfs: local-zfs:subvol-{sim.vmid}-disk-0,size=300G",
         "swap: 0",
         "unprivileged: 0",
+    ]
+    if "conf_devn_collision" in faults:  # Proxmox writes keys sorted: dev0 after cores/arch
+        main.insert(main.index("features: nesting=1"), "dev0: /dev/nvidia0,mode=0666")
+    main += [
         f"{key}: c 195:* rwm",
         f"{key}: c {uvm}:* rwm",
         f"{key}: c {CAPS_MAJOR}:* rwm",
@@ -140,7 +146,7 @@ def build(sim: SimBox, faults: set[str]) -> None:
     conf = h(f"/etc/pve/lxc/{sim.vmid}.conf")
     # A pending change is made while the CT runs (pct start would apply it: LXC.pm vm_start), so the
     # file gets its [pve:pending] section only after the start below.
-    conf.write_text(conf_text(sim, faults - {"conf_pending"}))
+    conf.write_text(conf_text(sim, faults - {"conf_pending", "conf_devn_collision"}))
     os.chmod(conf, 0o640)
     # The container's userspace driver matches the host kernel module (same version string).
     lib = sim.cpath("/usr/lib/x86_64-linux-gnu")

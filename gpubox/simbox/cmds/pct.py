@@ -275,14 +275,35 @@ def _vm_start(sim: SimBox, vmid: int, conf: dict, *, hook_checks_lock: bool = Fa
     return rules, devs
 
 
+def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
+    """Fail where the real start fails, from the one start model (provision.lxcmodel, written from
+    lxc cgfsng.c / cgroup2_devices.c and lxc-pve-autodev-hook): an unparsable device rule, a devN node
+    that a mount entry already put in place (EEXIST). Lines as print_ct_stderr_log shows them."""
+    from provision.lxcmodel import StartModel, host_rdev_under
+
+    entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
+    entries += [(None, k, v) for k, v in conf.get("lxc", [])]
+    model = StartModel.build(entries, host_rdev_under(str(sim.hpath("/"))),
+                             lambda p: os.path.lexists(sim.hpath(p)))
+    for e in model.errors:
+        if e.startswith("Failed to parse device rule"):
+            raise StandinError("ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:"
+                               f"bpf_device_cgroup_prepare:2891 - "
+                               f"Invalid argument - {e}\nstartup for container '{vmid}' failed", _TASK_FAIL)
+        if e.startswith("Could not mknod"):
+            raise StandinError(f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - "
+                               "Script exited with status 255"
+                               f"\nstartup for container '{vmid}' failed", _TASK_FAIL)
+    return model.allow_strings()
+
+
 def _lxc_start(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list) -> None:
     from ..lxc import mknod
 
+    rules[:] = _refuse_like_lxc(sim, vmid, conf)  # what the bpf program allows, as lxc builds it
     binds = []
     for k, v in conf.get("lxc", []):
-        if k == "lxc.cgroup2.devices.allow":
-            rules.append(v.strip())
-        elif k == "lxc.mount.entry":
+        if k == "lxc.mount.entry":
             f = v.split()
             if len(f) >= 4 and "bind" in f[3].split(","):
                 binds.append((f[0], f[1], "optional" in f[3].split(",")))
