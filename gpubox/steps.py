@@ -194,6 +194,12 @@ def run_steps(ctx, steps: Iterable[Step], mode: str = "check",
     """Run steps in order; in apply mode a step is skipped when a step it requires did not end well."""
     if mode not in MODES:
         raise ValueError(mode)
+    from .boxlock import lock_for
+    with lock_for(ctx, mode):       # every change to a box holds its one lock
+        return _run_steps(ctx, steps, mode, on_result)
+
+
+def _run_steps(ctx, steps, mode, on_result) -> RunReport:
     t0 = time.monotonic()
     report = RunReport(box=getattr(getattr(ctx, "box", None), "name", "-"), mode=mode)
     final: dict[str, str] = {}
