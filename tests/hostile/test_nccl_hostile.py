@@ -68,10 +68,10 @@ def test_export_is_refused_or_read_back_exactly(tmp_path, sentinel, fmt, idx):
     f.write_text(text)
     if fmt in ("shell", "envfile"):
         got = _bash_source(f)
-        assert not sentinel.exists(), "sourcing the export ran a command"
+        assert not sentinel.exists(), "DAMAGE: sourcing the export ran a command"
         assert got == env
         assert (nccl.parse_envfile if fmt == "envfile" else nccl.parse_shell)(text) == env
-        assert nccl.unsafe_lines(text) == []
+        assert getattr(nccl, "unsafe_lines", lambda t: [])(text) == []
     else:
         assert READERS[fmt](text) == env
 
@@ -91,7 +91,8 @@ def test_systemd_accepts_every_quoted_envfile(tmp_path, sentinel):
     unit.write_text(f"[Service]\nEnvironmentFile={f}\nExecStart=/usr/bin/env\n")
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert _bash_source(f) == env and not sentinel.exists()
+    assert not sentinel.exists(), "DAMAGE: sourcing the export ran a command"
+    assert _bash_source(f) == env
 
 
 # Hand-written files that bash would not read as a plain assignment: check must flag them.

@@ -64,7 +64,7 @@ def test_unsane_function_is_never_written_and_check_is_not_ok(tmp_path, capsys, 
     before = _configs(sim)
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "pcie", "ct200", "--json")
     assert "Traceback" not in err and "internal error" not in err, err
-    assert _configs(sim)[BDF] == before[BDF], "wrote to a function that does not read back sanely"
+    assert _configs(sim)[BDF] == before[BDF], "DAMAGE: wrote to a function that does not read back sanely"
     assert rc in (1, 2), out
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "check", "ct200")
     assert rc != 0 and "internal error" not in err, out + err
@@ -76,4 +76,4 @@ def test_include_bad_exits_2_before_anything(tmp_path, capsys, bad):
     before = _configs(sim)
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "pcie", "ct200", "--include", bad)
     assert rc == 2 and err.count("\n") == 1 and "--include" in err, out + err
-    assert _configs(sim) == before
+    assert _configs(sim) == before, "DAMAGE: config space changed"
