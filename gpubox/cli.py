@@ -81,7 +81,8 @@ class State:
 def cli(ctx: click.Context, inventory: str | None, verbose: int) -> None:
     """Bring a GPU inference box back to a known-good, fast state after a reboot, and prove it.
 
-    Exit status: 0 healthy/ok, 1 problems found or remaining, 2 bad input or could not run.
+    Exit status: 0 healthy/ok, 1 problems found or remaining, 2 bad input or could not run,
+    130 interrupted.
     """
     ctx.obj = State(inventory, verbose)
 
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     except UnicodeDecodeError as exc:
         click.echo(f"gpubox: error: input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
                    f"{exc.start} (re-save it as UTF-8)", err=True)
+        sys.exit(2)
+    except UnicodeEncodeError as exc:   # e.g. a non-UTF-8 file name (surrogate-escaped) printed
+        click.echo(f"gpubox: error: a name is not UTF-8 text ({exc.object[exc.start:exc.end]!a}); rename it "
+                   "(or set a UTF-8 locale)", err=True)
         sys.exit(2)
     except OSError as exc:
         from .errors import os_error

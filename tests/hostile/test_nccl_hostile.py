@@ -115,3 +115,15 @@ def test_nccl_check_flags_shell_metacharacters(tmp_path, capsys, text):
 def test_tune_nccl_writes_quoted_line(tmp_path):
     text = nccl.render({"NCCL_SOCKET_IFNAME": "eth0|/tmp/x.sh"}, "envfile")
     assert "NCCL_SOCKET_IFNAME='eth0|/tmp/x.sh'" in text
+
+
+REAL = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "nccl" / "realworld"
+
+
+@pytest.mark.parametrize("name,flagged", [("flagai_run_multi.sh", []), ("slurm_ifname_exclude.sh", []),
+                                          ("sc24_export_frontier_vars.sh", [2, 8])])
+def test_real_files(name, flagged):
+    """Real exports written by people: plain ones pass the shell-safety rule, an expansion is flagged."""
+    text = (REAL / name).read_text()
+    got = [no for no, _ in getattr(nccl, "unsafe_lines", lambda t: [(0, "")])(text)]
+    assert got == flagged
