@@ -74,7 +74,8 @@ def box_lock(box: str, what: str | None = None):
                     f.seek(0)
                     holder = " ".join(f.read().split())[:200] or "another gpubox process"
                     raise GpuboxError(f"{box} is being changed by {holder}",
-                                      f"wait for it to finish (or set {WAIT_ENV}=SECONDS to wait longer)") from None
+                                      f"wait for it to finish (or set {WAIT_ENV}=SECONDS to wait longer)"
+                                      ) from None
                 time.sleep(0.1)
         what = what or " ".join(["gpubox", *sys.argv[1:]])[:120]
         f.seek(0)

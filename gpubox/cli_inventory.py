@@ -55,7 +55,8 @@ def show(ctx: click.Context, box: str, as_json: bool) -> None:
         return
     con = console()
     for part in ("container", "proxmox_host"):
-        t = Table(title=escape(f"{part}: {doc[part]['name']} (groups: {', '.join(doc[part]['groups']) or '-'})"))
+        groups = ", ".join(doc[part]["groups"]) or "-"
+        t = Table(title=escape(f"{part}: {doc[part]['name']} (groups: {groups})"))
         t.add_column("variable")
         t.add_column("value", overflow="fold")
         for k, v in doc[part]["vars"].items():

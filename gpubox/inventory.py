@@ -98,7 +98,8 @@ def _read_source(f: Path) -> str:
         from .errors import os_error
         raise os_error(exc) from None
     if len(data) > MAX_BYTES:
-        raise InventoryError(f"{f} is {len(data)} bytes", f"an inventory file over {MAX_BYTES >> 20} MiB is refused")
+        raise InventoryError(f"{f} is {len(data)} bytes",
+                             f"an inventory file over {MAX_BYTES >> 20} MiB is refused")
     try:
         return data.decode()
     except UnicodeDecodeError as exc:

@@ -107,7 +107,8 @@ def check_host(name: str, vars: dict[str, Any]) -> None:
                                  f"fix {key} in the inventory")
     if vars.get("gpubox_simulated") is True and str(vars.get("gpubox_root") or "/") == "/":
         raise InventoryError(f"{name}: gpubox_simulated is true but gpubox_root is missing",
-                             "set gpubox_root to the simulated box's root; gpubox will not touch this machine's /")
+                             "set gpubox_root to the simulated box's root; "
+                             "gpubox will not touch this machine's /")
 
 
 def _show(v: Any) -> str:

@@ -182,11 +182,12 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
     except OSError as exc:     # EROFS, EPERM (immutable), ENOSPC, ENOTDIR...: the cause, not "internal error"
         from .errors import os_error
         err = os_error(exc)
-        res = StepResult(step.name, step.host_name(ctx), FAILED, detail=err.problem, title=step.title or step.name,
-                         repair=err.fix)
+        res = StepResult(step.name, step.host_name(ctx), FAILED, detail=err.problem,
+                         title=step.title or step.name, repair=err.fix)
     except UnicodeDecodeError as exc:
         res = StepResult(step.name, step.host_name(ctx), FAILED, title=step.title or step.name,
-                         detail=f"input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
+                         detail=f"input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+                                f"at offset {exc.start}",
                          repair="fix or re-save the file as UTF-8")
     except Exception as exc:  # a bug or an unexpected state: report it on the step, keep going
         if getattr(ctx, "verbose", False):

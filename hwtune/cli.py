@@ -198,8 +198,9 @@ def nccl_check(file, use_env, fmt, as_json):
         env, source, only_nccl = parse(text, fmt), f"{file} ({fmt})", fmt not in ("json",)
         env = {k: v for k, v in env.items() if not only_nccl or k.strip().startswith("NCCL_") or k != k.strip()}
         if fmt in ("shell", "envfile"):     # what `set -a; . FILE` would run or expand, not just assign
-            unsafe = [Issue("error", f"line {no}", f"{line.strip()[:80]!r}: a shell sourcing this file would "
-                            "not read a plain value (unquoted metacharacter); quote it as `gpubox nccl export` does")
+            unsafe = [Issue("error", f"line {no}", f"{line.strip()[:80]!r}: a shell sourcing this file "
+                            "would not read a plain value (unquoted metacharacter); quote it as "
+                            "`gpubox nccl export` does")
                       for no, line in unsafe_lines(text)]
     issues = unsafe + validate(env, only_nccl=only_nccl)
     bad = errors(issues)

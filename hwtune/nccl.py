@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import re
-import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping

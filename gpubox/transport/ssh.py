@@ -329,7 +329,8 @@ def load_known_hosts(keys: "paramiko.HostKeys", path: str, name: str) -> list:
     try:
         data = open(path, "rb").read()
     except OSError as exc:
-        raise TransportError(f"{name}: cannot read known_hosts {path}: {exc.strerror}", "check its permissions") from None
+        raise TransportError(f"{name}: cannot read known_hosts {path}: {exc.strerror}",
+                             "check its permissions") from None
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:
@@ -370,7 +371,8 @@ class _RevokedAwarePolicy(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client, hostname, key):
         if (key.get_name(), key.asbytes()) in self.revoked:
-            raise TransportError(f"{self.name}: host key of {self.where} is marked @revoked in known_hosts; refused",
+            raise TransportError(f"{self.name}: host key of {self.where} is marked @revoked in known_hosts; "
+                                 "refused",
                                  "the key was revoked on purpose: verify the host before trusting a new key")
         raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
 

@@ -24,7 +24,8 @@ def _one_line(err: str) -> bool:
 
 
 USAGE = [
-    ("nosuchcommand",), ("tune",  "pcie"), ("inventory", "show", "--bogus", "x"), ("tune", "pcie", "ct200", "--mrrs"),
+    ("nosuchcommand",), ("tune", "pcie"), ("inventory", "show", "--bogus", "x"),
+    ("tune", "pcie", "ct200", "--mrrs"),
     ("nccl", "export", "--format", "yaml"), ("-i",), ("bench", "--nope"), ("lxc", "fix"),
 ]
 

@@ -51,11 +51,6 @@ def _configs(sim):
     return {d.name: (d / "config").read_bytes() for d in sorted(root.iterdir())}
 
 
-@pytest.fixture(scope="module")
-def box_template(tmp_path_factory):
-    return tmp_path_factory.mktemp("pcie") / "box"
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_unsane_function_is_never_written_and_check_is_not_ok(tmp_path, capsys, case):
     sim = build(tmp_path / "box", ("mrrs_512",), gpus=2)

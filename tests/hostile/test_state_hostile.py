@@ -3,7 +3,6 @@ gpubox.state.safe_name), and long names never hit NAME_MAX."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -16,7 +15,8 @@ NAMES = ["../../../../tmp/x", "..", ".", "/etc/passwd", "a/b", "x" * 300, "é" *
 @pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
 def test_backup_and_lock_paths_stay_inside(tmp_path, name):
     root = state.state_dir().resolve()
-    paths = [lambda: state.backup_path(name, "/etc/pve/lxc/200.conf"), lambda: state.backup_path("pve1", "/" + name)]
+    paths = [lambda: state.backup_path(name, "/etc/pve/lxc/200.conf"),
+             lambda: state.backup_path("pve1", "/" + name)]
     try:                    # the lock and results paths (absent before the fix: only backups counted)
         from gpubox.boxlock import lock_path
         paths += [lambda: lock_path(name), lambda: state.sub_dir("results", name)]
