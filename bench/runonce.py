@@ -57,7 +57,9 @@ def run_lock(box: str, base: Path | None = None):
         f.truncate()
         f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
         f.flush()
-        yield path
+        from gpubox.boxlock import box_lock
+        with box_lock(box):     # the one per-box lock too: no repair may restart the box mid-benchmark
+            yield path
     finally:
         f.close()
 

@@ -81,7 +81,8 @@ class State:
 def cli(ctx: click.Context, inventory: str | None, verbose: int) -> None:
     """Bring a GPU inference box back to a known-good, fast state after a reboot, and prove it.
 
-    Exit status: 0 healthy/ok, 1 problems found or remaining, 2 bad input or could not run.
+    Exit status: 0 healthy/ok, 1 problems found or remaining, 2 bad input or could not run,
+    130 interrupted.
     """
     ctx.obj = State(inventory, verbose)
 
@@ -110,6 +111,14 @@ def hoist_global_options(args: list[str]) -> list[str]:
     return front + rest
 
 
+def usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line plus the hint (click prints usage, hint and error on three)."""
+    ctx = exc.ctx
+    path = ctx.command_path if ctx is not None else "gpubox"
+    msg = " ".join(exc.format_message().split())
+    return f"{path}: error: {msg} (see '{path} --help')"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
     args = hoist_global_options(list(argv if argv is not None else sys.argv[1:]))
@@ -122,15 +131,28 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         click.echo(f"gpubox: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("gpubox: aborted", err=True)
-        sys.exit(2)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2)
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # click turns Ctrl-C into Abort; either way it is SIGINT: 128 + 2, as shells report it.
         click.echo("gpubox: interrupted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        click.echo(usage_line(exc), err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"gpubox: error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(2)
+    except UnicodeDecodeError as exc:
+        click.echo(f"gpubox: error: input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
+                   f"{exc.start} (re-save it as UTF-8)", err=True)
+        sys.exit(2)
+    except UnicodeEncodeError as exc:   # e.g. a non-UTF-8 file name (surrogate-escaped) printed
+        click.echo(f"gpubox: error: a name is not UTF-8 text ({exc.object[exc.start:exc.end]!a}); rename it "
+                   "(or set a UTF-8 locale)", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        from .errors import os_error
+        click.echo(f"gpubox: error: {os_error(exc)}", err=True)
+        sys.exit(2)
     except Exception as exc:  # a bug or an unforeseen state: still one line, and "could not run"
         if verbose:
             import traceback

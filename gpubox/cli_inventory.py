@@ -6,7 +6,8 @@ import click
 from rich.table import Table
 
 from .clihelp import json_option, state
-from .output import console, print_json
+from .output import console, plain, print_json
+from rich.markup import escape
 
 
 @click.group()
@@ -31,11 +32,11 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         print_json({"inventory": str(inv.path), "boxes": rows,
                     "hosts": sorted(n for n in inv.hosts if n not in inv.box_names())})
         return
-    t = Table(title=f"boxes in {inv.path}")
+    t = Table(title=escape(f"boxes in {inv.path}"))
     for c in ("box", "vmid", "proxmox host", "connection", "root"):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["box"], str(r["vmid"]), r["proxmox_host"], r["connection"], r["root"])
+        t.add_row(*(plain(r[k]) for k in ("box", "vmid", "proxmox_host", "connection", "root")))
     console().print(t)
 
 
@@ -54,11 +55,12 @@ def show(ctx: click.Context, box: str, as_json: bool) -> None:
         return
     con = console()
     for part in ("container", "proxmox_host"):
-        t = Table(title=f"{part}: {doc[part]['name']} (groups: {', '.join(doc[part]['groups']) or '-'})")
+        groups = ", ".join(doc[part]["groups"]) or "-"
+        t = Table(title=escape(f"{part}: {doc[part]['name']} (groups: {groups})"))
         t.add_column("variable")
         t.add_column("value", overflow="fold")
         for k, v in doc[part]["vars"].items():
-            t.add_row(k, _short(v))
+            t.add_row(plain(k), plain(_short(v)))
         con.print(t)
 
 

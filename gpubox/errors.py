@@ -39,3 +39,48 @@ class CommandError(GpuboxError):
         tail = (stderr or "").strip().splitlines()[-1:] or [""]
         super().__init__(f"`{' '.join(map(str, argv))}` exited {rc}{where}: {tail[0]}".rstrip(": "))
         self.argv, self.rc, self.stderr = list(argv), rc, stderr
+
+
+def not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> GpuboxError:
+    """The one-line cause for bytes that are not UTF-8 text, with where they are."""
+    line = data.count(b"\n", 0, exc.start) + 1
+    return GpuboxError(f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} "
+                       f"(line {line})", "re-save it as UTF-8 (iconv -t UTF-8), or fix the bytes")
+
+
+def read_text_file(path, *, what: str = "file") -> str:
+    """A local text file, or a one-line GpuboxError (missing, unreadable, not UTF-8)."""
+    try:
+        data = open(path, "rb").read()
+    except OSError as exc:
+        raise os_error(exc) from None
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise not_utf8(f"{what} {path}", data, exc) from None
+
+
+_OS_FIX = {
+    "EROFS": "the file system is read-only: remount it read-write or choose another path",
+    "EPERM": "the file may be immutable (lsattr; chattr -i) or the operation needs root",
+    "EACCES": "run with the rights to that path (root?), or choose another path",
+    "ENOSPC": "free space on that file system and re-run (nothing was half-written)",
+    "EDQUOT": "free space within the quota and re-run",
+    "ENOTDIR": "a file stands where a directory is needed: move it away",
+    "EEXIST": "something else already stands at that path: move it away",
+    "EISDIR": "a directory stands where a file is needed: move it away",
+    "ENAMETOOLONG": "a path component is too long: use a shorter name",
+    "ENOENT": "check the path",
+    "ELOOP": "too many symlinks: check the path",
+}
+
+
+def os_error(exc: OSError) -> GpuboxError:
+    """An OSError as the one-line cause and fix (errno name, strerror, the path)."""
+    import errno as _errno
+    name = _errno.errorcode.get(exc.errno or 0, "OSError")
+    where = f" {exc.filename}" if exc.filename else ""
+    if getattr(exc, "filename2", None):
+        where += f" -> {exc.filename2}"
+    msg = f"cannot use{where}: {exc.strerror or exc} [{name}]"
+    return GpuboxError(msg, _OS_FIX.get(name, "check the path and its permissions"))

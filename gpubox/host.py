@@ -67,11 +67,16 @@ class Host:
 
     def read_text(self, path: str, default: str | None = None) -> str:
         try:
-            return self.read_bytes(path).decode()
+            data = self.read_bytes(path)
         except FileNotFoundError:
             if default is None:
                 raise
             return default
+        try:
+            return data.decode()
+        except UnicodeDecodeError as exc:   # a one-line cause naming the file, never "internal error"
+            from .errors import not_utf8
+            raise not_utf8(f"{self.name}:{path}", data, exc) from None
 
     def exists(self, path: str) -> bool:
         return self.transport.stat(self.path(path)) is not None

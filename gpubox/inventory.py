@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import InventoryError
+from .invschema import check_host
 
 INVENTORY_ENV = "GPUBOX_INVENTORY"
 CONTAINER_GROUP = "gpu_containers"
@@ -70,8 +71,10 @@ def _precheck(path: Path) -> None:
         raise InventoryError(f"inventory {path} does not exist",
                              f"pass -i PATH or set ${INVENTORY_ENV}")
     for f in _yaml_files(path):
+        text = _read_source(f)
         try:
-            data = yaml.load(f.read_text(), Loader=_CheckLoader)
+            _bounded(f, text)
+            data = yaml.load(text, Loader=_CheckLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{f}:{mark.line + 1}" if mark else str(f)
@@ -82,6 +85,75 @@ def _precheck(path: Path) -> None:
         if data is not None and not isinstance(data, dict):
             kind = "variables file" if in_vars_dir else "inventory"
             raise InventoryError(f"{f} is not a YAML mapping", f"a {kind} must be a mapping of names")
+
+
+MAX_BYTES = 4 << 20          # an inventory file larger than this is not an inventory
+MAX_NODES = 200_000          # YAML nodes after alias expansion (a real inventory has hundreds)
+
+
+def _read_source(f: Path) -> str:
+    try:
+        data = f.read_bytes()
+    except OSError as exc:
+        from .errors import os_error
+        raise os_error(exc) from None
+    if len(data) > MAX_BYTES:
+        raise InventoryError(f"{f} is {len(data)} bytes",
+                             f"an inventory file over {MAX_BYTES >> 20} MiB is refused")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        from .errors import not_utf8
+        raise not_utf8(f"inventory file {f}", data, exc) from None
+
+
+def _bounded(f: Path, text: str) -> None:
+    """Refuse a YAML alias bomb (billion laughs) before anything expands it.
+
+    PyYAML shares aliased nodes, but Ansible's loader, its variable merging and templating copy
+    them out: nine levels of nine aliases are 387 million values, minutes and gigabytes. So the
+    node graph is composed (cheap: aliases stay shared) and its expanded size counted with
+    memoisation; a recursive alias counts as unbounded."""
+    try:
+        root = yaml.compose(text, Loader=_CheckLoader)
+    except RecursionError:
+        raise InventoryError(f"{f} nests too deeply", "flatten the structure") from None
+    if root is None:
+        return
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise InventoryError(f"{f}: a YAML alias refers to itself (line {node.start_mark.line + 1})",
+                                 "remove the recursive anchor/alias")
+        active.add(key)
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                n += size(child)
+                if n > MAX_NODES:
+                    break
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                n += size(k) + size(v)
+                if n > MAX_NODES:
+                    break
+        active.discard(key)
+        memo[key] = n
+        if n > MAX_NODES:
+            raise InventoryError(f"{f}: YAML aliases expand to more than {MAX_NODES} values "
+                                 f"(near line {node.start_mark.line + 1}; an alias bomb?)",
+                                 "write the values out, or use fewer nested aliases")
+        return n
+
+    try:
+        size(root)
+    except RecursionError:
+        raise InventoryError(f"{f} nests too deeply", "flatten the structure") from None
 
 
 @dataclass
@@ -164,6 +236,7 @@ class Inventory:
                         continue
                     resolved[k] = _plain(_template(templar, h.name, k, v, AnsibleError))
                 groups = sorted(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
+                check_host(h.name, resolved)
                 self._hosts[h.name] = HostEntry(h.name, resolved, groups)
         except AnsibleError as exc:
             msg = " ".join(str(exc).split())[:300]

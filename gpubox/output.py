@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
 from .steps import DRIFT, FAILED, FIXED, OK, SKIPPED, RunReport
 
@@ -20,6 +21,12 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
+def plain(value: Any) -> Text:
+    """User data (inventory values, paths, names, remote output) for a rich table cell or print:
+    a Text is never parsed as markup, so `[/path]` or `[bold]` in a value is shown as written."""
+    return Text(str(value))
+
+
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
@@ -27,7 +34,7 @@ def print_json(obj: Any) -> None:
 def render_report(report: RunReport, con: Console | None = None, *, show_changes: bool = True,
                   title: str | None = None) -> None:
     con = con or console()
-    t = Table(title=title or f"{report.box}: {report.mode}", show_lines=False)
+    t = Table(title=escape(title or f"{report.box}: {report.mode}"), show_lines=False)
     t.add_column("step")
     t.add_column("host")
     t.add_column("status")
@@ -41,7 +48,7 @@ def render_report(report: RunReport, con: Console | None = None, *, show_changes
                 detail += f"\n[dim]cause:[/] {escape(s.cause)}"
             if s.repair:
                 detail += f"\n[dim]repair:[/] {escape(s.repair)}"
-        t.add_row(s.name, s.host, f"[{st}]{s.status}[/]", detail, f"{s.seconds:.2f}")
+        t.add_row(plain(s.name), plain(s.host), f"[{st}]{s.status}[/]", detail, f"{s.seconds:.2f}")
     con.print(t)
     if show_changes:
         for s in report.steps:
@@ -54,7 +61,7 @@ def render_report(report: RunReport, con: Console | None = None, *, show_changes
             for argv in s.commands:
                 con.print("  $ " + escape(" ".join(_q(a) for a in argv)))
     verdict = "[green]ok[/]" if report.ok else "[red]problems remain[/]"
-    con.print(f"{report.box}: {verdict} ({report.seconds:.2f} s)")
+    con.print(f"{escape(report.box)}: {verdict} ({report.seconds:.2f} s)")
 
 
 def _q(a: str) -> str:

@@ -58,6 +58,12 @@ def run_pipeline(ctx, nodes: Iterable[Node], mode: str = "check", *,
                  on_result: Callable[[StepResult], None] | None = None,
                  parallel: bool = True) -> RunReport:
     """Run nodes lane by lane; in apply mode a node whose requirement did not end ok/fixed is skipped."""
+    from .boxlock import lock_for
+    with lock_for(ctx, mode):       # every change to a box holds its one lock
+        return _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel)
+
+
+def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
     nodes = list(nodes)
     _check_order(nodes)
     names = {n.name for n in nodes}

@@ -1,13 +1,34 @@
 """The control node's state directory: backups, results, history, locks.
 
 $GPUBOX_STATE_DIR, else $XDG_STATE_HOME/gpubox, else ~/.local/state/gpubox.
+
+Names from the inventory (hosts, boxes) and remote paths become file names here only through
+safe_name(): an inventory is user input, and `../../../../tmp/x` or a 300-character host name
+must neither leave the state directory nor exceed NAME_MAX (255 bytes on Linux).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 from pathlib import Path
+
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_NAME = 96        # well under NAME_MAX, leaving room for the suffixes we add (.lock, .<stamp>)
+
+
+def safe_name(name: str, *, limit: int = MAX_NAME) -> str:
+    """One path component for NAME: itself when plain and short (ct200, pve1.lan), else a readable
+    slug plus a hash of the full name, so two different names never share a file and nothing can
+    contain '/', '..', NUL or control characters."""
+    name = str(name)
+    if _PLAIN.match(name) and len(name) <= limit and name not in (".", ".."):
+        return name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[: max(8, limit - 17)] or "x"
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"{slug}-{digest}"
 
 
 def state_dir() -> Path:
@@ -21,10 +42,15 @@ def state_dir() -> Path:
     return p
 
 
+def sub_dir(*parts: str) -> Path:
+    """<state dir>/<part>/... with every part made safe; created."""
+    d = state_dir().joinpath(*(safe_name(p) for p in parts))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def backup_path(host: str, path: str) -> Path:
     """Where a timestamped copy of `path` on `host` goes before gpubox overwrites it."""
     stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}"
     flat = path.strip("/").replace("/", "__") or "root"
-    d = state_dir() / "backups" / host
-    d.mkdir(parents=True, exist_ok=True)
-    return d / f"{flat}.{stamp}"
+    return sub_dir("backups", host) / f"{safe_name(flat, limit=160)}.{stamp}"

@@ -179,6 +179,16 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
         raise
     except GpuboxError as exc:
         res = StepResult(step.name, step.host_name(ctx), FAILED, detail=str(exc), title=step.title or step.name)
+    except OSError as exc:     # EROFS, EPERM (immutable), ENOSPC, ENOTDIR...: the cause, not "internal error"
+        from .errors import os_error
+        err = os_error(exc)
+        res = StepResult(step.name, step.host_name(ctx), FAILED, detail=err.problem,
+                         title=step.title or step.name, repair=err.fix)
+    except UnicodeDecodeError as exc:
+        res = StepResult(step.name, step.host_name(ctx), FAILED, title=step.title or step.name,
+                         detail=f"input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+                                f"at offset {exc.start}",
+                         repair="fix or re-save the file as UTF-8")
     except Exception as exc:  # a bug or an unexpected state: report it on the step, keep going
         if getattr(ctx, "verbose", False):
             traceback.print_exc()
@@ -194,6 +204,12 @@ def run_steps(ctx, steps: Iterable[Step], mode: str = "check",
     """Run steps in order; in apply mode a step is skipped when a step it requires did not end well."""
     if mode not in MODES:
         raise ValueError(mode)
+    from .boxlock import lock_for
+    with lock_for(ctx, mode):       # every change to a box holds its one lock
+        return _run_steps(ctx, steps, mode, on_result)
+
+
+def _run_steps(ctx, steps, mode, on_result) -> RunReport:
     t0 = time.monotonic()
     report = RunReport(box=getattr(getattr(ctx, "box", None), "name", "-"), mode=mode)
     final: dict[str, str] = {}

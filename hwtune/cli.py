@@ -30,6 +30,9 @@ def _run(ctx: click.Context, box: str, names: tuple[str, ...], *, as_json: bool,
     if "pcie-mrrs" in names and options.get("mrrs") is None:
         from .pcie import parse_mrrs
         parse_mrrs(c.box.var("gpubox_pcie_mrrs", 4096))     # a bad inventory value is bad input too
+    if options.get("include"):
+        from .pcie import select_functions
+        select_functions(c.host, _split_include(options["include"]))   # --include BAD: exit 2, nothing run
     if "numa-balancing" in names:
         from .numa import desired
         desired(c)
@@ -39,6 +42,11 @@ def _run(ctx: click.Context, box: str, names: tuple[str, ...], *, as_json: bool,
     finally:
         c.close()
     emit(report, as_json, title=title)
+
+
+def _split_include(inc) -> tuple[str, ...]:
+    items = (inc,) if isinstance(inc, str) else tuple(inc)
+    return tuple(p for i in items for p in i.split(","))
 
 
 # -- gpubox tune ---------------------------------------------------------------------------------
@@ -179,14 +187,22 @@ def nccl_check(file, use_env, fmt, as_json):
     from .nccl import detect_format, errors, parse, validate
     if bool(file) == bool(use_env):
         raise GpuboxError("give exactly one of FILE or --env", "e.g. gpubox nccl check /etc/gpubox/nccl.env")
+    unsafe = []
     if use_env:
         env, source, only_nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}, "environment", True
     else:
-        text = Path(file).read_text()
+        from gpubox.errors import read_text_file
+        from .nccl import Issue, unsafe_lines
+        text = read_text_file(file, what="NCCL env file")
         fmt = detect_format(text, file) if fmt == "auto" else fmt
         env, source, only_nccl = parse(text, fmt), f"{file} ({fmt})", fmt not in ("json",)
         env = {k: v for k, v in env.items() if not only_nccl or k.strip().startswith("NCCL_") or k != k.strip()}
-    issues = validate(env, only_nccl=only_nccl)
+        if fmt in ("shell", "envfile"):     # what `set -a; . FILE` would run or expand, not just assign
+            unsafe = [Issue("error", f"line {no}", f"{line.strip()[:80]!r}: a shell sourcing this file "
+                            "would not read a plain value (unquoted metacharacter); quote it as "
+                            "`gpubox nccl export` does")
+                      for no, line in unsafe_lines(text)]
+    issues = unsafe + validate(env, only_nccl=only_nccl)
     bad = errors(issues)
     if as_json:
         print_json({"source": source, "ok": not bad, "env": env,

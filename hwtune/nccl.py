@@ -7,9 +7,9 @@ env.rst) with a did-you-mean, every value against its type, and debug-class or d
 (MIN/MAX_NCHANNELS -> MIN/MAX_CTAS) give warnings.
 
 Formats and the rules of their readers:
-- shell:   `export K=V`, shlex-quoted (bash `source`).
-- envfile: systemd EnvironmentFile=; values needing it are single-quoted, which systemd and bash
-           both take verbatim (no $ expansion, no backslash escapes).
+- shell:   `export K=V` and
+- envfile: systemd EnvironmentFile= (also `set -a; . FILE`): one quoting rule, quote(), whose three
+           forms bash and systemd read to the same literal; `nccl check` flags any other form.
 - docker:  `docker run --env-file`: `K=V` taken literally, no quoting at all.
 - ncclconf: /etc/nccl.conf or $NCCL_CONF_FILE: NCCL's setEnvFile (src/misc/param.cc) skips lines
            starting with '#', splits at the first '=', and takes both sides literally (no trimming).
@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import re
-import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -43,7 +42,10 @@ ALGOS = ["Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "P
 PROTOS = ["LL", "LL128", "Simple"]
 FUNCS = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"]    # src/init.cc ncclFuncStr
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=^|-]*$")
+# The one quoting rule (shell and envfile): a value is written bare only when it consists of these
+# characters, none of which bash or systemd give a meaning (no | & ; < > ( ) $ ` \\ " ' space * ? [ ~ # !).
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=^-]*$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # -- the documented table ----------------------------------------------------------------------
@@ -299,7 +301,11 @@ def load_profile(name_or_path: str, *, strict: bool = True) -> Profile:
 
 
 # -- export ------------------------------------------------------------------------------------
-def _envfile_value(v: str) -> str:
+def quote(v: str) -> str:
+    """The one quoting rule for `source`-able files (shell and envfile): bare when SAFE_VALUE,
+    else '...' when there is no single quote, else "..." with \\ " ` $ escaped. bash and systemd's
+    EnvironmentFile parser (env-file.c) read all three forms to the same literal value, and no
+    form leaves a character that bash would run, expand or split on."""
     if SAFE_VALUE.match(v):
         return v
     if "'" not in v:
@@ -307,29 +313,63 @@ def _envfile_value(v: str) -> str:
     return '"' + re.sub(r'(["\\`$])', r"\\\1", v) + '"'
 
 
+_envfile_value = quote
+
+
+def refuse_unexportable(k: str, v: str, fmt: str) -> None:
+    """What no format can carry: a bad name, control characters (a newline would start a new
+    assignment in every line-based reader), or edge whitespace where the reader keeps it."""
+    if not NAME_RE.match(k):
+        raise GpuboxError(f"cannot export {k!r}: not a variable name", "fix the profile")
+    if CONTROL.search(v):
+        raise GpuboxError(f"cannot export {k}: value contains a control character (newline, NUL, ESC...)",
+                          "fix the profile")
+    if fmt in ("docker", "ncclconf") and v != v.strip():
+        raise GpuboxError(f"cannot export {k} as {fmt}: leading/trailing whitespace would be kept literally",
+                          "trim the value")
+
+
 def render(env: Mapping[str, str], fmt: str, *, header: str | None = None) -> str:
     """The env in one export format; refuses what the format cannot carry."""
     if fmt not in FORMATS:
         raise GpuboxError(f"unknown export format {fmt!r}", f"use one of {', '.join(FORMATS)}")
     for k, v in env.items():
-        if not NAME_RE.match(k):
-            raise GpuboxError(f"cannot export {k!r}: not a variable name", "fix the profile")
-        if "\n" in v or "\r" in v or "\x00" in v:
-            raise GpuboxError(f"cannot export {k}: value contains a newline or NUL", "fix the profile")
-        if fmt in ("docker", "ncclconf") and v != v.strip():
-            raise GpuboxError(f"cannot export {k} as {fmt}: leading/trailing whitespace would be kept literally",
-                              "trim the value")
+        refuse_unexportable(k, str(v), fmt)
     if fmt == "json":
         return json.dumps(dict(env), indent=2) + "\n"
-    lines = [f"# {line}" for line in (header or "").splitlines()]
+    lines = [f"# {' '.join(line.split())}" for line in (header or "").splitlines()]
     for k, v in env.items():
         if fmt == "shell":
-            lines.append(f"export {k}={shlex.quote(v)}")
+            lines.append(f"export {k}={quote(v)}")
         elif fmt == "envfile":
-            lines.append(f"{k}={_envfile_value(v)}")
+            lines.append(f"{k}={quote(v)}")
         else:   # docker, ncclconf: literal
             lines.append(f"{k}={v}")
     return "\n".join(lines) + "\n"
+
+
+_DQ_BODY = re.compile(r'(?:[^"\\`$]|\\.)*')
+
+
+def unsafe_lines(text: str) -> list[tuple[int, str]]:
+    """Lines of a shell/envfile export that `set -a; . FILE` would not read as a plain literal
+    assignment (a pipe, command substitution, expansion, a second command...): (line number, line).
+    Both readers agree only on what the one quoting rule writes, so anything else is flagged."""
+    bad = []
+    for no, line in enumerate(text.split("\n"), 1):
+        s = line.strip()
+        if not s or s.startswith(("#", ";")):
+            continue
+        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", s)
+        if not m:
+            bad.append((no, line))
+            continue
+        v = m.group(2)
+        if SAFE_VALUE.fullmatch(v) or re.fullmatch(r"'[^']*'", v) \
+                or (len(v) >= 2 and v[0] == v[-1] == '"' and _DQ_BODY.fullmatch(v[1:-1])):
+            continue
+        bad.append((no, line))
+    return bad
 
 
 # -- parse (what each consumer would read) -----------------------------------------------------
@@ -427,20 +467,10 @@ def parse_envfile(text: str) -> dict[str, str]:
 
 
 def parse_shell(text: str) -> dict[str, str]:
-    """`export K=V` / `K=V` lines as bash would assign them (shlex for the quoting)."""
-    out = {}
-    for line in text.splitlines():
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as exc:
-            raise GpuboxError(f"shell file: cannot parse {line!r}: {exc}", "fix the quoting") from None
-        if words and words[0] == "export":
-            words = words[1:]
-        for w in words:
-            if "=" in w:
-                k, v = w.split("=", 1)
-                out[k] = v
-    return out
+    """`export K=V` / `K=V` lines as bash assigns the three forms quote() writes ('...', "..." with
+    \\ " ` $ escapes, bare): the same value reader as the envfile once `export ` is dropped (shlex
+    does not unescape `\\$` inside double quotes as bash does). Other forms: see unsafe_lines()."""
+    return parse_envfile(re.sub(r"(?m)^([ \t]*)export[ \t]+", r"\1", text))
 
 
 def detect_format(text: str, path: str = "") -> str:

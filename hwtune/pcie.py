@@ -145,10 +145,55 @@ def read_regs(host, bdf: str) -> dict[str, int]:
             raise GpuboxError(f"setpci is not installed on {host.name}", "install pciutils")
         raise GpuboxError(f"setpci could not read {bdf} on {host.name}: {(r.stderr or r.stdout).strip()}",
                           "run as root; check the BDF with lspci -D")
-    vals = [int(x, 16) for x in r.stdout.split()]
+    try:
+        vals = [int(x, 16) for x in r.stdout.split()]
+    except ValueError:
+        vals = []
     if len(vals) != 3:
         raise GpuboxError(f"setpci printed {r.stdout!r} for {bdf}", "report this: unexpected pciutils output")
-    return {"devctl": vals[0], "lnkcap": vals[1], "lnksta": vals[2]}
+    regs = {"devctl": vals[0], "lnkcap": vals[1], "lnksta": vals[2]}
+    problem = insane_regs(regs)
+    if problem:
+        raise Unreadable(f"{bdf}: {problem}", UNREADABLE_FIX)
+    return regs
+
+
+class Unreadable(GpuboxError):
+    """Config space that does not read back sanely: never written to."""
+
+
+UNREADABLE_FIX = ("the device may have fallen off the bus: check dmesg/lspci -vvv, reseat or reboot; "
+                  "gpubox writes nothing to it")
+
+
+def insane_regs(regs: dict[str, int]) -> str | None:
+    """Why these register values cannot come from a healthy function, or None.
+
+    PCIe base spec, Device Control: bit 15 (Initiate FLR) always reads 0; MPS (7:5) and MRRS
+    (14:12) codes 6 and 7 are reserved. A read of all-ones is what a function that fell off the
+    bus (or a truncated config file) returns. Writing a masked value back to any of these would
+    act on garbage (FACTS "PCIe Device Control")."""
+    dc = regs["devctl"]
+    if dc == 0xFFFF or regs.get("lnkcap") == 0xFFFFFFFF or regs.get("lnksta") == 0xFFFF:
+        return "PCIe registers read all-ones (device unreadable / fallen off the bus, or config truncated)"
+    if dc & FLR_BIT:
+        return f"DevCtl 0x{dc:04x} has bit 15 (Initiate FLR) set, which always reads 0 on a sane device"
+    if (dc & MRRS_MASK) >> 12 > 5 or (dc & MPS_MASK) >> 5 > 5:
+        return f"DevCtl 0x{dc:04x} holds a reserved MaxPayload/MaxReadReq encoding (6 or 7)"
+    return None
+
+
+def config_problem(host, bdf: str) -> str | None:
+    """The function's config header read from sysfs: too short or vendor all-ones = unreadable."""
+    try:
+        head = host.read_bytes(f"{DEVICES}/{bdf}/config")[:64]
+    except OSError as exc:
+        return f"config space cannot be read ({exc.strerror or exc})"
+    if len(head) < 64:
+        return f"config space truncated ({len(head)} of at least 64 header bytes)"
+    if head[0:2] == b"\xff\xff":
+        return "config space reads all-ones (vendor 0xffff): the device fell off the bus"
+    return None
 
 
 def lockdown_mode(host) -> str | None:
@@ -166,6 +211,7 @@ class DeviceState:
     devctl: int | None = None
     error: str | None = None
     link: dict = field(default_factory=dict)
+    unreadable: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -187,8 +233,15 @@ def read_states(host, include=()) -> list[DeviceState]:
     out = []
     for f in select_functions(host, include):
         st = DeviceState(f.bdf, f.kind, f.numa_node)
+        problem = config_problem(host, f.bdf)
+        if problem:
+            st.error, st.unreadable = f"{f.bdf}: {problem}", True
+            out.append(st)
+            continue
         try:
             regs = read_regs(host, f.bdf)
+        except Unreadable as exc:
+            st.error, st.unreadable = exc.problem, True
         except NoPcieCap as exc:
             st.error = str(exc)
         else:
@@ -228,7 +281,8 @@ def _target(ctx) -> int:
 
 def _include(ctx) -> tuple[str, ...]:
     inc = ctx.opt("include") or ()
-    return tuple(inc.split(",")) if isinstance(inc, str) else tuple(inc)
+    items = (inc,) if isinstance(inc, str) else tuple(inc)
+    return tuple(p for i in items for p in i.split(","))
 
 
 def _unit_drift(host, bdfs: list[str], code: int) -> tuple[str | None, str]:
@@ -258,6 +312,11 @@ class PcieMrrsStep(Step):
         if not states:
             return Finding.ok("no NVIDIA GPU functions found in sysfs", target=want, devices=[])
         refused = [s for s in states if s.error]
+        broken = [s for s in states if s.unreadable]
+        if broken:      # refuse every write on this host: a bus problem is not ours to tune around
+            return Finding.failed("; ".join(s.error for s in broken),
+                                  cause="config space does not read back sanely", repair=UNREADABLE_FIX,
+                                  target=want, devices=[s.to_dict() for s in states])
         todo = [s for s in states if s.devctl is not None and (s.devctl & MRRS_MASK) >> 12 != code]
         ev = {"target": want, "devices": [s.to_dict() for s in states]}
         problems = []

@@ -168,7 +168,8 @@ def _progress(ctx):
 
 
 def _last_run_path(box: str) -> Path:
-    return state_dir() / f"recover-{box}.json"
+    from gpubox.state import safe_name
+    return state_dir() / f"recover-{safe_name(box)}.json"
 
 
 def doctor(ctx, skip=(), only=()) -> RunReport:
@@ -229,7 +230,8 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     except ModuleNotFoundError:
         outcome.notes.append("benchmark not available in this installation")
         return
-    out = Path(out_dir or (state_dir() / "results" / ctx.box.name))
+    from gpubox.state import sub_dir
+    out = Path(out_dir or sub_dir("results", ctx.box.name))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     from bench.runonce import run_lock

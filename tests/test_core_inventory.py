@@ -231,7 +231,7 @@ def test_box_without_proxmox_host(tmp_path, capsys):
     with pytest.raises(InventoryError, match="'pve1' is not in the inventory.*name one of: pve7"):
         Inventory(f).box("ct200")
     f.write_text("all:\n  hosts:\n    pve1: {}\n    ct200: {gpubox_vmid: two, gpubox_proxmox_host: pve1}\n")
-    with pytest.raises(InventoryError, match="gpubox_vmid 'two' is not a number"):
+    with pytest.raises(InventoryError, match="gpubox_vmid = 'two' is not a whole number"):
         Inventory(f).box("ct200")
 
 

@@ -86,11 +86,12 @@ class SSHTransport(Transport):
             raise TransportError(f"{self.name}: SSH key file {self.key_filename} does not exist",
                                  "fix ansible_ssh_private_key_file or remove it to use ssh-agent / default keys")
         c = paramiko.SSHClient()
-        c.load_system_host_keys()
         kh = self.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-        if os.path.exists(kh):
-            c.load_host_keys(kh)
-        c.set_missing_host_key_policy(paramiko.RejectPolicy() if self.verify_host_key
+        revoked: list = []
+        for f in dict.fromkeys([os.path.expanduser("~/.ssh/known_hosts"), kh]):
+            if os.path.exists(f):
+                revoked += load_known_hosts(c.get_host_keys(), f, self.name)
+        c.set_missing_host_key_policy(_RevokedAwarePolicy(revoked, self.name, where) if self.verify_host_key
                                       else paramiko.WarningPolicy())
         # Our own TCP connect: refused / timed out / no route map to one clear message naming the
         # host, before paramiko's handshake errors get involved.
@@ -115,6 +116,9 @@ class SSHTransport(Transport):
                       password=self._password, timeout=self.connect_timeout, sock=sock,
                       banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                       allow_agent=True, look_for_keys=self.key_filename is None)
+        except TransportError:
+            c.close()
+            raise
         except paramiko.BadHostKeyException:
             c.close()
             raise TransportError(f"{self.name}: host key of {where} does NOT match known_hosts ({kh})",
@@ -311,3 +315,64 @@ class SSHTransport(Transport):
 
     def remove(self, path: str) -> None:
         self.sftp.remove(path)
+
+
+def load_known_hosts(keys: "paramiko.HostKeys", path: str, name: str) -> list:
+    """Load an OpenSSH known_hosts file into KEYS; return its @revoked keys.
+
+    paramiko reads neither markers (`@revoked`, `@cert-authority`: InvalidHostKey) nor non-UTF-8
+    bytes (UnicodeDecodeError), and would end the run with an internal error. Like OpenSSH
+    (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"), a malformed line is skipped; a revoked key is never
+    trusted, even when another line lists it; certificate authorities are not supported, so those
+    lines trust nothing. Non-UTF-8 bytes are a one-line error naming the file and line."""
+    from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
+    try:
+        data = open(path, "rb").read()
+    except OSError as exc:
+        raise TransportError(f"{name}: cannot read known_hosts {path}: {exc.strerror}",
+                             "check its permissions") from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TransportError(f"{name}: known_hosts {path} line {line} is not UTF-8 text",
+                             "remove or fix that line (ssh-keygen -R HOST)") from None
+    revoked, trusted = [], []
+    for raw in text.splitlines():
+        line = raw.strip()
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.partition(" ")
+        try:
+            entry = HostKeyEntry.from_line(line.strip()) if line and not line.startswith("#") else None
+        except (InvalidHostKey, paramiko.SSHException, ValueError, IndexError, UnicodeError, TypeError):
+            entry = None
+        if entry is None or entry.key is None:
+            continue
+        if marker == "@revoked":
+            revoked.append(entry.key)
+        elif marker is None:
+            trusted.append(entry)
+    bad = {(k.get_name(), k.asbytes()) for k in revoked}
+    for e in trusted:
+        if (e.key.get_name(), e.key.asbytes()) in bad:
+            continue
+        for host in e.hostnames:
+            keys.add(host, e.key.get_name(), e.key)
+    return revoked
+
+
+class _RevokedAwarePolicy(paramiko.MissingHostKeyPolicy):
+    """RejectPolicy that says so when the unknown key is one known_hosts marks @revoked."""
+
+    def __init__(self, revoked: list, name: str, where: str):
+        self.revoked = {(k.get_name(), k.asbytes()) for k in revoked}
+        self.name, self.where = name, where
+
+    def missing_host_key(self, client, hostname, key):
+        if (key.get_name(), key.asbytes()) in self.revoked:
+            raise TransportError(f"{self.name}: host key of {self.where} is marked @revoked in known_hosts; "
+                                 "refused",
+                                 "the key was revoked on purpose: verify the host before trusting a new key")
+        raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
+
