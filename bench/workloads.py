@@ -253,6 +253,35 @@ async def agentic(c: Client, p: Point, turns: int, prefix_tokens: int, turn_toke
     return p.rec(samples=samples, acceptance=acc, **kw)
 
 
+def apply_overrides(prof: dict[str, Any], *, concurrency: list[int] | None = None,
+                    output_len: int | None = None, prompt_len: int | None = None) -> dict[str, Any]:
+    """A profile with `bench run` flags applied: --concurrency replaces the sweep (added when the
+    profile has none), --output-len every output length, --prompt-len the prompt size."""
+    prof = copy.deepcopy(prof)
+    for v, what in ((output_len, "--output-len"), (prompt_len, "--prompt-len")):
+        if v is not None and v < 1:
+            raise GpuboxError(f"{what} {v} must be >= 1", f"give a positive token count to {what}")
+    if concurrency is not None and (not concurrency or min(concurrency) < 1):
+        raise GpuboxError(f"--concurrency {concurrency} must be >= 1", "e.g. --concurrency 1,8,32")
+    if prompt_len is not None:
+        prof["prompt_tokens"] = prompt_len
+    ws = prof["workloads"]
+    if concurrency is not None:
+        conc = [w for w in ws if w["kind"] == "concurrency"]
+        if conc:
+            for w in conc:
+                w["concurrency"] = list(concurrency)
+        else:
+            ws.append({"kind": "concurrency", "concurrency": list(concurrency), "output_len": 1024})
+    if output_len is not None:
+        for w in ws:
+            if w["kind"] == "decode":
+                w["output_lens"] = [output_len]
+            elif "output_len" in w or w["kind"] == "concurrency":
+                w["output_len"] = output_len
+    return prof
+
+
 def plan(profile: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The workload points of a profile for one server, in run order: (kind, kwargs)."""
     out: list[tuple[str, dict[str, Any]]] = []
