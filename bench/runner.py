@@ -56,7 +56,8 @@ async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[st
     out: list[dict[str, Any]] = []
     dead_reason: str | None = None
     from .sizing import LocalTokenizer
-    async with Client(url, timeout=timeout, tokenizer=LocalTokenizer.load(tokenizer_dir)) as c:
+    async with Client(url, timeout=timeout, phase_timeout=min(30.0, timeout),
+                      tokenizer=LocalTokenizer.load(tokenizer_dir)) as c:
         for kind, kw in points:
             on_point(f"TP{tp} {label} {kind} {next(iter(kw.values()))}", False)
             if dead_reason:
@@ -257,7 +258,7 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
 def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = None, tp: int = 1,
             method: str = "custom", box: str | None = None, expect: dict | None = None, timeout: float = 120.0,
             settings: dict[str, Any] | None = None, console=None, baseline=None,
-            tokenizer_dir: str | None = None, phase_timeout: float = 30.0,
+            tokenizer_dir: str | None = None, phase_timeout: float | None = None,
             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Measure an already running server at URL (no launch, no teardown).
 
@@ -269,7 +270,7 @@ def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = N
         prof = apply_overrides(prof, **overrides)
     if method != "custom":
         parse_method(method)
-    info = asyncio.run(_server_info(url, phase_timeout))  # exit 2 with the cause when nothing sane answers
+    info = asyncio.run(_server_info(url, phase_timeout or min(30.0, timeout)))  # exit 2 with the cause when nothing sane answers
     box = box or server_identity(url, info.model)
     points = plan(prof)
     doc = results.new_document(box, profile, simulated=bool(settings.get("simulated")),

@@ -126,6 +126,12 @@ def measurement(*, tp: int, label: str, method: str, budget: int | None, workloa
             agg.append(toks / wall if wall > 0 else None)
         agg = [a for a in agg if a]
         m["aggregate_tok_s"] = _r(statistics.median(agg), 2) if agg else None
+    if m["tok_s"] is None and workload != "concurrency":
+        # every token arrived in the same read (a buffering proxy, a server that batches the whole
+        # answer): there is no decode time to measure, so no figure rather than an invented one
+        m["status"], m["reason"] = "failed", "no decode time measurable: all output tokens arrived at once"
+        m["acceptance"], m["aggregate_tok_s"] = None, None
+        return m
     ttft = [s.ttft_s for s in samples]
     tpot = [s.tpot_s * 1000 for s in samples if s.tpot_s is not None]
     m["ttft_s"] = {"p50": _r(pct(ttft, 50), 5), "p99": _r(pct(ttft, 99), 5)}
