@@ -166,6 +166,70 @@ async def _read_bounded(r: httpx.Response, limit: int) -> bytes:
     return bytes(buf)
 
 
+class SSEReader:
+    """The SSE body of one completion stream, fed as it arrives; raises BadAnswer on broken input.
+
+    Written here rather than taken from an SSE library because the stamps matter: each feed comes
+    with the time its bytes reached the socket, and the first content chunk takes that time.
+    Bounded: `cap` bytes in all, MAX_LINE_BYTES per line."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.size, self.buf = cap, 0, b""
+        self.first: float | None = None
+        self.end: float | None = None
+        self.usage: dict | None = None
+        self.done = self.finished = False
+        self.chunks = 0
+        self.text: list[str] = []
+
+    def feed(self, raw: bytes, stamp) -> bool:
+        """Take bytes; `stamp()` gives their arrival time. True once [DONE] was read."""
+        self.size += len(raw)
+        if self.size > self.cap:
+            raise BadAnswer(f"stream larger than {self.cap >> 10} KiB (endless body?)")
+        self.buf += raw
+        while True:
+            i = self.buf.find(b"\n")
+            if i < 0:
+                if len(self.buf) > MAX_LINE_BYTES:
+                    raise BadAnswer(f"SSE line longer than {MAX_LINE_BYTES >> 10} KiB")
+                return False
+            line, self.buf = self.buf[:i].rstrip(b"\r"), self.buf[i + 1:]
+            if line.startswith(b"data:") and self._data(line[5:].strip(), stamp):
+                return True
+
+    def _data(self, data: bytes, stamp) -> bool:
+        if data == b"[DONE]":
+            self.done, self.end = True, stamp()
+            return True
+        try:
+            d = json.loads(data)
+        except ValueError:
+            raise BadAnswer(f"malformed SSE data after {self.chunks} chunks: "
+                            f"{data[:60].decode(errors='replace')!r}") from None
+        if not isinstance(d, dict):
+            raise BadAnswer(f"SSE data is not a JSON object: {data[:60].decode(errors='replace')!r}")
+        if d.get("error"):
+            raise BadAnswer(f"server error in stream: {' '.join(str(d['error']).split())[:200]}")
+        if isinstance(d.get("usage"), dict):
+            self.usage = d["usage"]
+        choices = d.get("choices")
+        ch = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+        text = ch.get("text") if "text" in ch else delta.get("content")
+        reasoning = delta.get("reasoning_content")
+        if text or reasoning:
+            t = stamp()
+            if self.first is None:
+                self.first = t  # when these bytes left the socket, not now
+            self.chunks += 1
+            self.text.append(str(text or "") + str(reasoning or ""))
+            self.end = t
+        if ch.get("finish_reason"):
+            self.finished, self.end = True, stamp()
+        return False
+
+
 class Client:
     """One connection pool to one server. Use as `async with Client(url) as c:`.
 
@@ -314,12 +378,7 @@ class Client:
         """One request. `fixed`: the caller asked for exactly `asked` tokens, so fewer is a failure."""
         t0 = time.perf_counter()
         s.started = t0
-        first = end = None
-        usage = None
-        finished = done = False
-        text_parts: list[str] = []
-        buf = b""
-        size, cap = 0, asked * BYTES_PER_TOKEN + MAX_JSON_BYTES
+        cap = asked * BYTES_PER_TOKEN + MAX_JSON_BYTES
         async with self._http.stream("POST", path, json=payload) as r:
             t_sent = sent(r) or t0
             s.send_wait_s = max(t_sent - t0, 0.0)
@@ -328,52 +387,14 @@ class Client:
                 body = await _read_bounded(r, MAX_JSON_BYTES)
                 s.error = _line_error(body, r.status_code)
                 return "extras-rejected" if extras and _names_extras(r.status_code, body) else None
+            rd = SSEReader(cap)
             async for raw in r.aiter_raw():
-                size += len(raw)
-                if size > cap:
-                    raise BadAnswer(f"stream larger than {cap >> 10} KiB for {asked} tokens (endless body?)")
-                buf += raw
-                if len(buf) > MAX_LINE_BYTES and b"\n" not in buf:
-                    raise BadAnswer(f"SSE line longer than {MAX_LINE_BYTES >> 10} KiB")
-                while True:
-                    i = buf.find(b"\n")
-                    if i < 0:
-                        break
-                    line, buf = buf[:i].rstrip(b"\r"), buf[i + 1:]
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        done = True
-                        end = arrival(r)
-                        break
-                    try:
-                        d = json.loads(data)
-                    except ValueError:
-                        raise BadAnswer(f"malformed SSE data after {s.chunks} chunks: "
-                                        f"{data[:60].decode(errors='replace')!r}") from None
-                    if not isinstance(d, dict):
-                        raise BadAnswer(f"SSE data is not a JSON object: {data[:60].decode(errors='replace')!r}")
-                    if d.get("error"):
-                        raise BadAnswer(f"server error in stream: {str(d['error'])[:200]}")
-                    if isinstance(d.get("usage"), dict):
-                        usage = d["usage"]
-                    choices = d.get("choices") or []
-                    ch = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-                    delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
-                    text = ch.get("text") if "text" in ch else delta.get("content")
-                    reasoning = delta.get("reasoning_content")
-                    if text or reasoning:
-                        if first is None:
-                            first = arrival(r)  # when these bytes left the socket, not now
-                        s.chunks += 1
-                        text_parts.append(str(text or "") + str(reasoning or ""))
-                        end = arrival(r)
-                    if ch.get("finish_reason"):
-                        finished = True
-                        end = arrival(r)
-                if done:
+                if rd.feed(raw, lambda: arrival(r)):
                     break
+                s.chunks = rd.chunks
+        s.chunks = rd.chunks
+        first, end, usage, text_parts = rd.first, rd.end, rd.usage, rd.text
+        done, finished = rd.done, rd.finished
         if not (done or finished):
             s.error = f"stream ended early after {s.chunks} chunks (no [DONE], no finish_reason)"
             return None
