@@ -308,21 +308,43 @@ class Client:
         return await self.sizer.count(text)
 
     async def prompt_of(self, tokens: int, *, salt: int = 0) -> str:
-        """A prompt of exactly `tokens` tokens as the server counts them."""
-        n = max(tokens, 1)
-        words = [WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n)]
-        count = None
-        for _ in range(8):
-            count = await self.count(" ".join(words))
-            if count == tokens:
-                return " ".join(words)
-            diff = tokens - count
-            if diff > 0:
-                words += [WORDS[(len(words) + salt) % len(WORDS)] for _ in range(diff)]
+        """A prompt of `tokens` tokens as the server counts them: exactly where the tokenizer allows.
+
+        Tokenizers differ in tokens per word (GuideLLM's mock counts each space: 2n-1 for n words),
+        so the word count is found by bisection, then a short suffix closes an odd gap; when no
+        prompt hits the count exactly, the nearest below within 1% is used and noted."""
+        tokens = max(tokens, 1)
+
+        def text(n: int) -> str:
+            return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(max(n, 1)))
+
+        lo, hi = 1, max(tokens, 1)
+        c_hi = await self.count(text(hi))
+        while c_hi < tokens and hi < 64 * tokens:  # fewer tokens than words: grow the bracket
+            hi *= 2
+            c_hi = await self.count(text(hi))
+        best, best_c = None, -1
+        while lo <= hi:  # the most words whose count is <= tokens
+            mid = (lo + hi) // 2
+            c = await self.count(text(mid))
+            if c == tokens:
+                return text(mid)
+            if c < tokens:
+                best, best_c, lo = mid, c, mid + 1
             else:
-                del words[max(len(words) + diff, 1):]
-        raise GpuboxError(f"could not build a prompt of exactly {tokens} tokens (last {count})",
-                          "the server's tokenizer merges words unexpectedly; report this")
+                hi = mid - 1
+        if best is None:
+            raise GpuboxError(f"cannot build a prompt of {tokens} tokens: one word is already more",
+                              "use a larger --prompt-len")
+        for suffix in (" ", ".", " a", ",", "\n", " ."):
+            if await self.count(text(best) + suffix) == tokens:
+                return text(best) + suffix
+        if tokens - best_c <= max(1, tokens // 100):
+            self.note(f"prompts sized to within 1% (e.g. {best_c} for {tokens}): the server's tokenizer "
+                      "cannot give every length")
+            return text(best)
+        raise GpuboxError(f"could not build a prompt of {tokens} tokens (nearest {best_c})",
+                          "the server's tokenizer merges words unexpectedly; give --tokenizer DIR")
 
     async def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse before sending what the server would answer with HTTP 400 (FACTS: seed's 25k case)."""
