@@ -90,7 +90,7 @@ class Capture:
 async def _gpubox(url: str, conc: int, n: int, out: int, cap_port: int, tmp: Path):
     async with Client(url, timeout=60) as c:
         prompt = await c.prompt_of(16)
-        await c.stream(Request(8, prompt=prompt))
+        await run_concurrent(c, [Request(8, prompt=prompt) for _ in range(conc)], conc)  # C open connections
         with Capture(cap_port, tmp) as cap:
             smp, _ = await run_concurrent(c, [Request(out, prompt=prompt) for _ in range(n)], conc)
     bad = [s.error for s in smp if not s.ok]
