@@ -63,7 +63,7 @@ class Handler(BaseHTTPRequestHandler):
                                   "text/plain")
             return self._json(b"# nothing\n", 200, "text/plain")
         if self.path == "/health":
-            return self._json(b"", 404 if b.get("health") == "absent" else 200)
+            return self._json(b"", {"absent": 404, "loading": 503}.get(b.get("health"), 200))
         self._json({"detail": "Not Found"}, 404)
 
     def do_POST(self) -> None:
@@ -158,3 +158,10 @@ def hostile(**behaviour):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+if __name__ == "__main__":  # python -m tests.hostile.server PORT KEY=VALUE...: a launchable server
+    import sys
+    srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    srv.b = dict(a.split("=", 1) for a in sys.argv[2:])
+    srv.serve_forever()
