@@ -106,7 +106,6 @@ def gpubox_bench(url: str, out: int, conc: int, tmp: Path, tokenizer: Path | Non
                                               {"kind": "concurrency", "concurrency": [conc], "output_len": out}]}))
     argv = [sys.executable, "-m", "gpubox.cli", "bench", "run", "--url", url, "--profile-file", str(prof),
             "--out", str(tmp / "results"), "--json"] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
-    t0 = time.process_time()
     r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp / "state")})
     if not r.stdout.strip():
