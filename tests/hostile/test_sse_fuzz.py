@@ -91,3 +91,26 @@ def test_cap_bounds_an_endless_body():
             rd.feed(b": keep-alive\n" * 100, lambda: 0.0)
     except BadAnswer as exc:
         assert "endless body" in str(exc) and rd.size <= (1 << 16) + 1400
+
+
+# -- real servers' answers (tests/fixtures/bench/realworld, PROVENANCE.md) -------------------------
+REAL = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "realworld"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from([("transformers-5.24-serve-completions.sse", 4, False, " anddundundun"),
+                        ("guidellm-0.8.1-mock-completions.sse", 4, True, "Score each ")]),
+       st.lists(st.integers(0, 3000), max_size=8))
+def test_real_server_streams_however_split(case, cuts):
+    name, n, done, text = case
+    body = (REAL / name).read_bytes()
+    pts = sorted({c % (len(body) + 1) for c in cuts})
+    r = feed_all([body[a:b] for a, b in zip([0, *pts], [*pts, len(body)])])
+    assert isinstance(r, SSEReader), r
+    assert r.finished and r.done == done and r.usage["completion_tokens"] == n and "".join(r.text) == text
+
+
+def test_real_tokenize_answers():
+    from bench.sizing import _from_answer
+    d = json.loads((REAL / "tokenize.json").read_text())["guidellm-0.8.1-mock"]
+    assert _from_answer(d["answer"]) == 7 and _from_answer(d["answer_vllm_shape"]) is None
