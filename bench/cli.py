@@ -20,6 +20,21 @@ def _csv(value: str | None, cast=str) -> list | None:
         raise GpuboxError(f"bad list {value!r}", "give comma-separated values, e.g. --tp 1,4,8") from None
 
 
+def _load_profile(path: str) -> dict:
+    """One profile from a YAML file, checked to be a mapping with a workloads list."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise GpuboxError(f"cannot read profile file {path}: {type(exc).__name__}",
+                          "give a readable UTF-8 YAML file") from None
+    if not isinstance(d, dict) or not isinstance(d.get("workloads"), list):
+        raise GpuboxError(f"profile file {path} has no 'workloads' list",
+                          "write e.g. workloads: [{kind: decode, output_lens: [256]}]")
+    return d
+
+
 def render(doc: dict, con=None) -> None:
     """A table of measurements and the verdict with its reasons."""
     from rich.markup import escape
@@ -56,7 +71,7 @@ def render(doc: dict, con=None) -> None:
     colour = {"healthy": "green", "degraded": "yellow", "failed": "bold red"}[v["status"]]
     con.print(f"verdict: [{colour}]{v['status']}[/]")
     for r in v["reasons"]:
-        con.print(f"  - [{r['level']}] {escape(r['message'])}")
+        con.print(f"  - {escape('[' + r['level'] + ']')} {escape(r['message'])}")
     if doc.get("path"):
         con.print(f"[dim]result: {escape(doc['path'])}[/]")
 
@@ -118,18 +133,33 @@ def bench_box(ctx, box_name, profile, tp, methods, out, as_json):
 @click.option("--tp", "tp", default=1, type=int, show_default=True, help="The TP size the server runs at.")
 @click.option("--method", default="custom", show_default=True, help="What the server runs: auto, linear:B, ddtree:B.")
 @click.option("--profile", default="health", show_default=True)
+@click.option("--profile-file", default=None, type=click.Path(dir_okay=False),
+              help="YAML file with one profile's keys (workloads, repetitions, ...): no inventory needed.")
+@click.option("--concurrency", default=None, help="Concurrency sweep, comma-separated (e.g. 1,8,32).")
+@click.option("--output-len", default=None, type=int, help="Output tokens per request (every workload).")
+@click.option("--prompt-len", default=None, type=int, help="Prompt tokens per request.")
+@click.option("--tokenizer", default=None, type=click.Path(),
+              help="Model directory (or tokenizer.json) to size prompts with, instead of asking the server.")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds without data before a request fails.")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False))
 @json_option
 @click.pass_context
-def bench_run(ctx, url, box_name, tp, method, profile, timeout, out, as_json):
-    """Measure an already running server (no launch, no teardown)."""
+def bench_run(ctx, url, box_name, tp, method, profile, profile_file, concurrency, output_len, prompt_len,
+              tokenizer, timeout, out, as_json):
+    """Measure an already running server (no launch, no teardown).
+
+    Without --box the run's history is this server's own (URL + model id)."""
     from .runner import run_url
-    settings, expect, name = {}, None, "url"
+    settings, expect, name = {}, None, None
     if box_name:
         box = state(ctx).inventory.box(box_name)
         settings = dict(box.var("gpubox_bench", {}) or {})
         expect, name = settings.get("expect"), box_name
+    if profile_file:
+        settings = {**settings, "profiles": {**(settings.get("profiles") or {}), "file": _load_profile(profile_file)}}
+        profile = "file"
+    overrides = {"concurrency": _csv(concurrency, int), "output_len": output_len, "prompt_len": prompt_len}
     doc = run_url(url, profile=profile, out_dir=out, tp=tp, method=method, box=name, expect=expect,
-                  timeout=timeout, settings=settings, console=None if as_json else console(stderr=True))
+                  timeout=timeout, settings=settings, console=None if as_json else console(stderr=True),
+                  tokenizer_dir=tokenizer, overrides={k: v for k, v in overrides.items() if v is not None})
     _emit(doc, as_json)

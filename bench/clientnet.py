@@ -89,6 +89,8 @@ class TimedStream(httpcore.AsyncNetworkStream):
     def __init__(self, proto: _Proto) -> None:
         self._p = proto
         self.arrival: float | None = None
+        self.sent: float | None = None  # when the current request's first bytes went to the socket
+        self._new_request = True
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         p = self._p
@@ -121,6 +123,7 @@ class TimedStream(httpcore.AsyncNetworkStream):
             p.paused = False
             p.transport.resume_reading()
         self.arrival = t
+        self._new_request = True  # the next write starts the next request on this connection
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -128,6 +131,9 @@ class TimedStream(httpcore.AsyncNetworkStream):
         if p.eof or p.transport.is_closing():
             raise httpcore.WriteError("connection closed")
         p.transport.write(buffer)
+        if self._new_request:  # TTFT starts here: the request is on the wire, not queued in the client
+            self.sent = time.perf_counter()
+            self._new_request = False
         if p.drained is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(p.drained), timeout)
@@ -145,6 +151,8 @@ class TimedStream(httpcore.AsyncNetworkStream):
         p = self._p
         if info == "arrival":
             return self.arrival
+        if info == "sent":
+            return self.sent
         if info == "is_readable":  # httpcore asks this of idle keep-alive connections
             return bool(p.segs) or p.eof
         if info == "ssl_object":
@@ -261,6 +269,12 @@ class LaneTransport(httpx.AsyncBaseTransport):
 def timed_transport(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
     """The client's transport for http:// servers: free-listed lanes over TimedBackend."""
     return LaneTransport(limits)
+
+
+def sent(response: httpx.Response) -> float | None:
+    """When the request of this response was written to the socket (None without TimedStream)."""
+    ns = response.extensions.get("network_stream")
+    return ns.get_extra_info("sent") if ns is not None else None
 
 
 def arrival(response: httpx.Response) -> float:

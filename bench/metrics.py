@@ -21,10 +21,19 @@ from prometheus_client.parser import text_string_to_metric_families
 PREFIX = "vllm:spec_decode_"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POS = "num_accepted_tokens_per_pos"
+MAX_BYTES = 32 << 20  # vLLM's /metrics is ~100 KiB; more is not a metrics page
 
 
 def parse(text: str) -> dict[str, Any] | None:
-    """Spec-decode counters summed over engines/models; None when the server has none."""
+    """Spec-decode counters summed over engines/models; None when the server has none or the text
+    is not Prometheus exposition (issue 16: garbage /metrics fails nothing, it is just absent)."""
+    try:
+        return _parse(text)
+    except Exception:  # prometheus_client raises ValueError, IndexError, ... on garbage
+        return None
+
+
+def _parse(text: str) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     per_pos: dict[int, float] = {}
     for fam in text_string_to_metric_families(text):
@@ -45,13 +54,20 @@ def parse(text: str) -> dict[str, Any] | None:
 
 def scrape(base_url: str, timeout: float = 5.0) -> dict[str, Any] | None:
     """Counters now, or None when /metrics is missing or has no spec-decode counters."""
+    import time
+    deadline = time.monotonic() + timeout  # whole-scrape bound: a trickling /metrics cannot hang a run
+    buf = bytearray()
     try:
-        r = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout)
+        with httpx.stream("GET", base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
+            if r.status_code != 200:
+                return None
+            for part in r.iter_raw():
+                buf += part
+                if len(buf) > MAX_BYTES or time.monotonic() > deadline:
+                    return None
     except httpx.HTTPError:
         return None
-    if r.status_code != 200:
-        return None
-    return parse(r.text)
+    return parse(buf.decode("utf-8", errors="replace"))
 
 
 def acceptance(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:

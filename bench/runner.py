@@ -43,15 +43,21 @@ def _progress(console, total: int):
 async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[str, dict]], prof: dict[str, Any],
                          timeout: float, alive: Callable[[], bool] = lambda: True,
                          on_point: Callable[[str, bool], None] = lambda d, a=True: None,
-                         died: Callable[[], str] | None = None) -> list[dict[str, Any]]:
-    """Every workload point against one running server; never raises for a failing server."""
+                         died: Callable[[], str] | None = None, tokenizer_dir: str | None = None,
+                         learned: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every workload point against one running server; never raises for a failing server.
+
+    `learned` receives what the client found out about the server (how prompts were sized, which
+    sampling fields it rejected, where output tokens came from) for the result document."""
     method, budget, label = parse_method(label) if label != "custom" else ("custom", None, "custom")
     p = Point(tp, method, budget, label, int(prof.get("warmup", 1)), int(prof.get("repetitions", 3)),
               int(prof.get("prompt_tokens", 128)), metrics_url=url,
               deadline_s=float(prof.get("request_deadline_s", max(timeout * 8, 60.0))))
     out: list[dict[str, Any]] = []
     dead_reason: str | None = None
-    async with Client(url, timeout=timeout) as c:
+    from .sizing import LocalTokenizer
+    async with Client(url, timeout=timeout, phase_timeout=min(30.0, timeout),
+                      tokenizer=LocalTokenizer.load(tokenizer_dir)) as c:
         for kind, kw in points:
             on_point(f"TP{tp} {label} {kind} {next(iter(kw.values()))}", False)
             if dead_reason:
@@ -62,13 +68,35 @@ async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[st
                 m = await RUNNERS[kind](c, p, **kw)
             except GpuboxError as exc:
                 m = not_run(tp, method, budget, label, kind, kw, "failed", str(exc), p.reps)
+            except Exception as exc:  # any surprise fails this measurement, never the run (issue 16)
+                why = " ".join(str(exc).split())[:200]
+                m = not_run(tp, method, budget, label, kind, kw, "failed", f"{type(exc).__name__}: {why}", p.reps)
             if not alive():
                 dead_reason = died() if died else "the server died"
                 if m["status"] == "failed":
                     m["reason"] = f"{m['reason']} ({dead_reason})"
             out.append(m)
             on_point("", True)
+        if learned is not None:
+            learned.update({"prompt_sizing": c.sizer.source if c.sizer else None,
+                            "prompt_sizing_tried": c.sizer.tried if c.sizer else [],
+                            "sampling_extras_accepted": c.extras_ok, "notes": list(c.notes)})
     return out
+
+
+def server_identity(url: str, model: str | None) -> str:
+    """A history name for a server measured by URL: host, port and model id, never one shared "url".
+
+    Readable where it can be, plus a short hash of the exact URL and model so two servers whose
+    names slug the same never share a baseline (issue 19: a 150 tok/s server was judged against
+    another server's median)."""
+    import hashlib
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    raw = f"{u.hostname or 'host'}-{u.port or ''}-{(model or 'model').rsplit('/', 1)[-1]}"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")[:60]
+    h = hashlib.sha256(f"{url.rstrip('/')}|{model}".encode()).hexdigest()[:8]
+    return f"url-{slug}-{h}"
 
 
 def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
@@ -121,6 +149,16 @@ def _finish(doc: dict[str, Any], expect: dict | None, box: str, out_dir, baselin
     return doc
 
 
+def bounded_tps(profile_tps: list, box_tps: list | None) -> list[int]:
+    """The profile's TP sizes that the box's own `gpubox_bench.tp` allows (issue 19: a profile
+    from gpubox_bench.profiles asked a `tp: [1]` box for TP 4 and 8); --tp overrides both."""
+    want = [int(t) for t in profile_tps]
+    if not box_tps:
+        return want
+    allowed = {int(t) for t in box_tps}
+    return [t for t in want if t in allowed] or sorted(allowed)
+
+
 def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, *, tps: list[int] | None = None,
             methods: list[str] | None = None, baseline=None) -> dict[str, Any]:
     """Benchmark the box's server at each TP x method; returns the (written) result document.
@@ -131,7 +169,7 @@ def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, 
     settings = dict(ctx.box.var("gpubox_bench", {}) or {})
     name = profile or settings.get("profile", "health")
     prof = resolve_profile(name, settings)
-    tps = [int(t) for t in (tps or prof["tp"])]
+    tps = [int(t) for t in (tps or bounded_tps(prof["tp"], settings.get("tp")))]
     methods = [str(m) for m in (methods or prof["methods"])]
     for m in methods:
         parse_method(m)  # bad input fails before anything starts
@@ -197,8 +235,11 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
                     return f"server died: {exc.problem}"
 
                 try:
+                    rec["client"] = learned = {}
                     ms = asyncio.run(measure_server(server.url, tp=tp, label=spec.label, points=points, prof=prof,
-                                                    timeout=timeout, alive=server.alive, on_point=step, died=died))
+                                                    timeout=timeout, alive=server.alive, on_point=step, died=died,
+                                                    tokenizer_dir=settings.get("tokenizer") or spec.model or None,
+                                                    learned=learned))
                     doc["measurements"] += ms
                     try:
                         import httpx
@@ -215,32 +256,48 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
 
 
 def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = None, tp: int = 1,
-            method: str = "custom", box: str = "url", expect: dict | None = None, timeout: float = 120.0,
-            settings: dict[str, Any] | None = None, console=None, baseline=None) -> dict[str, Any]:
-    """Measure an already running server at URL (no launch, no teardown)."""
+            method: str = "custom", box: str | None = None, expect: dict | None = None, timeout: float = 120.0,
+            settings: dict[str, Any] | None = None, console=None, baseline=None,
+            tokenizer_dir: str | None = None, phase_timeout: float | None = None,
+            overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure an already running server at URL (no launch, no teardown).
+
+    Without `box` the history is the server's own (server_identity: URL + model id)."""
     settings = settings or {}
     prof = resolve_profile(profile, settings)
-    try:
-        import httpx
-        httpx.get(url.rstrip("/") + "/v1/models", timeout=5).raise_for_status()
-    except Exception as exc:
-        raise GpuboxError(f"no OpenAI-compatible server answers at {url} ({type(exc).__name__})",
-                          "check the URL and that the server is up (GET /v1/models)") from None
+    if overrides:
+        from .workloads import apply_overrides
+        prof = apply_overrides(prof, **overrides)
     if method != "custom":
         parse_method(method)
+    info = asyncio.run(_server_info(url, phase_timeout or min(30.0, timeout)))  # exit 2 with the cause when nothing sane answers
+    box = box or server_identity(url, info.model)
     points = plan(prof)
     doc = results.new_document(box, profile, simulated=bool(settings.get("simulated")),
                                sim_speed=settings.get("sim_speed"), url=url)
+    learned: dict[str, Any] = {}
     doc["servers"].append({"tp": tp, "method": method.split(":")[0], "budget": None, "label": method,
                            "gpus": [], "command": [], "env": {}, "status": "ok", "error": None,
-                           "log_tail": None, "startup_s": None, "max_model_len": None, "url": url})
+                           "log_tail": None, "startup_s": None, "max_model_len": info.max_model_len, "url": url,
+                           "model": info.model, "client": learned})
     prog, step = _progress(console, len(points))
     if prog:
         prog.start()
     try:
         doc["measurements"] = asyncio.run(measure_server(url, tp=tp, label=method, points=points, prof=prof,
-                                                         timeout=timeout, on_point=step))
+                                                         timeout=timeout, on_point=step,
+                                                         tokenizer_dir=tokenizer_dir or settings.get("tokenizer"),
+                                                         learned=learned))
     finally:
         if prog:
             prog.stop()
     return _finish(doc, expect, box, out_dir, baseline)
+
+
+async def _server_info(url: str, phase_timeout: float):
+    async with Client(url, timeout=min(phase_timeout, 10.0), phase_timeout=phase_timeout) as c:
+        try:
+            return await c.server_info()
+        except GpuboxError as exc:
+            raise GpuboxError(f"no OpenAI-compatible server answers at {url}: {exc.problem}",
+                              "check the URL and that the server is up (GET /v1/models)") from None

@@ -126,6 +126,12 @@ def measurement(*, tp: int, label: str, method: str, budget: int | None, workloa
             agg.append(toks / wall if wall > 0 else None)
         agg = [a for a in agg if a]
         m["aggregate_tok_s"] = _r(statistics.median(agg), 2) if agg else None
+    if m["tok_s"] is None and workload != "concurrency":
+        # every token arrived in the same read (a buffering proxy, a server that batches the whole
+        # answer): there is no decode time to measure, so no figure rather than an invented one
+        m["status"], m["reason"] = "failed", "no decode time measurable: all output tokens arrived at once"
+        m["acceptance"], m["aggregate_tok_s"] = None, None
+        return m
     ttft = [s.ttft_s for s in samples]
     tpot = [s.tpot_s * 1000 for s in samples if s.tpot_s is not None]
     m["ttft_s"] = {"p50": _r(pct(ttft, 50), 5), "p99": _r(pct(ttft, 99), 5)}
@@ -251,6 +257,35 @@ async def agentic(c: Client, p: Point, turns: int, prefix_tokens: int, turn_toke
             break
     acc = metrics.acceptance(before, _scrape(p))
     return p.rec(samples=samples, acceptance=acc, **kw)
+
+
+def apply_overrides(prof: dict[str, Any], *, concurrency: list[int] | None = None,
+                    output_len: int | None = None, prompt_len: int | None = None) -> dict[str, Any]:
+    """A profile with `bench run` flags applied: --concurrency replaces the sweep (added when the
+    profile has none), --output-len every output length, --prompt-len the prompt size."""
+    prof = copy.deepcopy(prof)
+    for v, what in ((output_len, "--output-len"), (prompt_len, "--prompt-len")):
+        if v is not None and v < 1:
+            raise GpuboxError(f"{what} {v} must be >= 1", f"give a positive token count to {what}")
+    if concurrency is not None and (not concurrency or min(concurrency) < 1):
+        raise GpuboxError(f"--concurrency {concurrency} must be >= 1", "e.g. --concurrency 1,8,32")
+    if prompt_len is not None:
+        prof["prompt_tokens"] = prompt_len
+    ws = prof["workloads"]
+    if concurrency is not None:
+        conc = [w for w in ws if w["kind"] == "concurrency"]
+        if conc:
+            for w in conc:
+                w["concurrency"] = list(concurrency)
+        else:
+            ws.append({"kind": "concurrency", "concurrency": list(concurrency), "output_len": 1024})
+    if output_len is not None:
+        for w in ws:
+            if w["kind"] == "decode":
+                w["output_lens"] = [output_len]
+            elif "output_len" in w or w["kind"] == "concurrency":
+                w["output_len"] = output_len
+    return prof
 
 
 def plan(profile: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

