@@ -187,7 +187,8 @@ def test_syntax_check_every_playbook(tmp_path):
 def test_ansible_lint_production_profile_is_clean():
     p = subprocess.run(["ansible-lint", "--offline", "--nocolor", "-c", str(PLAYBOOKS / ".ansible-lint"),
                         "--profile", "production", "playbooks/"], capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, NO_COLOR="1"), timeout=300)
+                       env=dict(os.environ, NO_COLOR="1", ANSIBLE_COLLECTIONS_PATH=str(PLAYBOOKS / "collections")),
+                       timeout=300)
     assert p.returncode == 0, _explain(p)
     assert "Profile 'production' was required, and it passed" in p.stdout + p.stderr
 
