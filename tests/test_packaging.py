@@ -82,3 +82,26 @@ def test_no_module_in_the_wheel_imports_the_old_top_level_names(wheel):
     bad = [f"{n}: {m.group(0).strip()}" for n in z.namelist() if n.endswith(".py")
            for m in pat.finditer(z.read(n).decode())]
     assert bad == []
+
+
+def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, tmp_path):
+    """A checkout masks a forgotten old name (the folders are importable from it); an installed wheel
+    does not. Every PROVIDERS entry of recover must import from the wheel with the old names blocked."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                    "--disable-pip-version-check", "--target", str(target), str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    code = (
+        "import sys, importlib, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('bench', 'provision', 'hwtune'):\n"
+        "            raise ModuleNotFoundError(f'old top-level name imported: {name}', name=name)\n"
+        "sys.meta_path.insert(0, Block()); sys.path.insert(0, sys.argv[1])\n"
+        "import gpubox.provision.recover as r, gpubox.cli as c\n"
+        "for m in r.PROVIDERS: importlib.import_module(m)\n"
+        "for t in c.COMMANDS.values(): importlib.import_module(t.split(':')[0])\n"
+        "print(len(r.PROVIDERS), len(c.COMMANDS))\n")
+    r = subprocess.run([sys.executable, "-I", "-c", code, str(target)], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
