@@ -154,13 +154,21 @@ def run_remote(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: li
     launches = len(tps) * len(methods)
     timeout = remote_timeout(prof, settings, launches)
     argv = [python, "-m", "bench.remote"]
-    if ctx.console is not None:
-        via = type(ctx.container.transport).__name__.replace("Transport", "").lower() or "remote"
-        with ctx.console.status(f"{ctx.box.name}: benchmarking inside the container over {via} "
-                                f"({launches} server launch{'es' if launches != 1 else ''}, profile {name})"):
-            r = ctx.container.run(argv, input=json.dumps(req, default=str), timeout=timeout)
-    else:
-        r = ctx.container.run(argv, input=json.dumps(req, default=str), timeout=timeout)
+    from gpubox.progress import Relay, without_progress
+    from .runner import _progress
+    from .workloads import plan
+
+    # Each measurement as the container runs it: its progress lines, relayed live by the transport.
+    prog, step = _progress(ctx.console, launches * len(plan(prof)))
+    relay = Relay(step=step)
+    if prog:
+        prog.start()
+    try:
+        r = ctx.container.run(argv, input=json.dumps(req, default=str), timeout=timeout, on_stderr=relay)
+    finally:
+        if prog:
+            prog.stop()
+    r.stderr = without_progress(r.stderr)
     doc = _parse_reply(ctx, python, r)
     if ctx.console is not None and getattr(ctx, "verbose", False) and r.stderr.strip():
         ctx.console.print(r.stderr.rstrip(), markup=False, highlight=False)
@@ -231,10 +239,11 @@ def serve(req: dict[str, Any], step=None) -> dict[str, Any]:
                        settings, dict(req.get("facts") or {}), log_root, step=step)
 
 
-def _stderr_step(desc: str, advance: bool = True) -> None:
-    """Progress as plain lines on stderr (the control side shows them with -v)."""
-    if desc:
-        print(f"gpubox bench: {desc}", file=sys.stderr, flush=True)
+def _line_step(beat):
+    """Progress as gpubox.progress lines on stderr, relayed live to the control node."""
+    def step(desc: str, advance: bool = True) -> None:
+        beat.emit(ev="step", desc=desc, advance=bool(advance))
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise GpuboxError(f"benchmark request on stdin is not JSON ({exc})",
                               "this entry point is called by `gpubox bench`/`recover`; send it their request") from None
-        doc = serve(req, step=_stderr_step)
+        from gpubox.progress import Heartbeat
+        with Heartbeat() as beat:  # "alive" while a server starts: minutes without a step
+            doc = serve(req, step=_line_step(beat))
     except GpuboxError as exc:
         print(json.dumps({"error": {"problem": exc.problem, "fix": exc.fix}}), flush=True)
         return 2

@@ -55,7 +55,11 @@ class LazyGroup(click.Group):
             if exc.name == mod:
                 return None
             raise
-        return getattr(module, attr, None)
+        cmd = getattr(module, attr, None)
+        if cmd is not None:
+            from .completion import attach_box_completion
+            attach_box_completion(cmd)
+        return cmd
 
 
 class State:

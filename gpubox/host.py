@@ -53,11 +53,12 @@ class Host:
     # -- commands --------------------------------------------------------------------------
     def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False, check: bool = False) -> CmdResult:
+            become: bool = False, check: bool = False, on_stderr=None) -> CmdResult:
         merged = dict(self.env)
         if env:
             merged.update(env)
-        r = self.transport.run(argv, timeout=timeout, input=input, env=merged or None, cwd=cwd, become=become)
+        kw = {"on_stderr": on_stderr} if on_stderr is not None else {}  # live stderr lines (transport.base)
+        r = self.transport.run(argv, timeout=timeout, input=input, env=merged or None, cwd=cwd, become=become, **kw)
         r.host = self.name
         return r.check() if check else r
 

@@ -106,7 +106,15 @@ class StageStep(Step):
             except OSError as exc:
                 return {"error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
                         "fix": "check the paths and permissions in the container"}
-        r = host.run(["python3", "-", "--request", json.dumps(req)], input=engine.payload(), timeout=REMOTE_TIMEOUT)
+        # The copier's progress lines come back live through the transport (gpubox.progress).
+        from gpubox.progress import Relay, without_progress
+        relay = Relay(progress=progress)
+        try:
+            r = host.run(["python3", "-", "--request", json.dumps({**req, "progress": "lines"})],
+                         input=engine.payload(), timeout=REMOTE_TIMEOUT, on_stderr=relay)
+        finally:
+            relay.close()
+        r.stderr = without_progress(r.stderr)
         try:
             return json.loads(r.stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
@@ -207,7 +215,7 @@ class StageStep(Step):
         spec = plan.data["spec"]
         src = plan.data.get("src") or self._source(ctx, spec, download=True)
         progress = None
-        if ctx.container.transport.is_local and ctx.console is not None:
+        if ctx.console is not None:  # local: in-process; remote: relayed from the copier's lines
             progress = engine.rich_progress(ctx.console)
         req = {**self._request(ctx, spec, src, "stage"), "force": bool(ctx.opt("force"))}
         out = self._call(ctx, req, progress)

@@ -3,7 +3,16 @@
 Plugins: tests.sshd gives the `sshd` / `sshd_factory` fixtures (a real sshd on loopback).
 """
 
+import os
+import sys
+
 import pytest
+
+# The tests run the tools of the environment they run in (ansible-playbook, ansible-lint, gpubox), also
+# when started as `.venv/bin/python -m pytest` without activating the venv (README's test line).
+_bindir = os.path.dirname(sys.executable)
+if _bindir not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _bindir + os.pathsep + os.environ.get("PATH", "")
 
 pytest_plugins = ["tests.sshd"]
 

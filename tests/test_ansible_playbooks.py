@@ -59,6 +59,20 @@ def tree_digest(sim_dir: Path) -> dict[str, str]:
     return out
 
 
+def _venv_seeing_our_deps(venv: Path) -> None:
+    """When the tests run in a venv (README's `.venv`), `--system-site-packages` of a venv made from it
+    means the BASE interpreter's packages, which lack gpubox's dependencies (offline: gpubox_wheel_deps
+    is false). Make that venv the way the role would, plus a .pth naming this venv's site-packages
+    (appended after its own, so the role's wheel still wins over this checkout's editable install)."""
+    if sys.prefix == sys.base_prefix or (venv / "bin" / "python").exists():
+        return
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    import site
+    ours = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
+    (pure,) = {Path(p) for p in venv.glob("lib/python*/site-packages")}
+    (pure / "zz-gpubox-test-deps.pth").write_text("".join(f"{p}\n" for p in ours))
+
+
 class Fleet:
     """Simulated boxes, one inventory, and a runner for ansible-playbook."""
 
@@ -84,6 +98,7 @@ class Fleet:
         hv.update(conn)
         # The venv is made by this interpreter (over SSH `python3` would be the distribution's).
         hv["gpubox_venv_python"] = sys.executable
+        _venv_seeing_our_deps(venv)
         hv.update(gpubox_home=f"{venv}-home", gpubox_venv=str(venv), gpubox_venv_system_site_packages=True,
                   gpubox_wheel_deps=False,
                   gpubox_state_dir=str(self.base / f"state-{host}"))
@@ -187,7 +202,8 @@ def test_syntax_check_every_playbook(tmp_path):
 def test_ansible_lint_production_profile_is_clean():
     p = subprocess.run(["ansible-lint", "--offline", "--nocolor", "-c", str(PLAYBOOKS / ".ansible-lint"),
                         "--profile", "production", "playbooks/"], capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, NO_COLOR="1"), timeout=300)
+                       env=dict(os.environ, NO_COLOR="1", ANSIBLE_COLLECTIONS_PATH=str(PLAYBOOKS / "collections")),
+                       timeout=300)
     assert p.returncode == 0, _explain(p)
     assert "Profile 'production' was required, and it passed" in p.stdout + p.stderr
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat as _stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..errors import CommandError
 
@@ -67,6 +67,40 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+LineCallback = Callable[[str], None]
+
+
+class LineSplitter:
+    """Hands each complete line of a byte stream to a callback as soon as it has arrived (the
+    remote side's progress lines, shown live while the command still runs). A callback that
+    raises is dropped, so a display bug never breaks the command it watches."""
+
+    def __init__(self, callback: LineCallback | None):
+        self.callback = callback
+        self._buf = b""
+
+    def feed(self, data: bytes) -> None:
+        if self.callback is None:
+            return
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            self._emit(line)
+
+    def flush(self) -> None:
+        if self._buf:
+            self._emit(self._buf)
+            self._buf = b""
+
+    def _emit(self, line: bytes) -> None:
+        if self.callback is None:
+            return
+        try:
+            self.callback(line.decode(errors="replace").rstrip("\r"))
+        except Exception:  # noqa: BLE001 - see the class docstring
+            self.callback = None
+
+
 class Transport(ABC):
     """Run commands and touch files on one host. Paths here are real paths (no root prefix)."""
 
@@ -75,7 +109,9 @@ class Transport(ABC):
     @abstractmethod
     def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False) -> CmdResult: ...
+            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
+        """Run argv and collect its output. `on_stderr` gets each stderr line while the command
+        runs (it is in the result's stderr as well)."""
 
     @abstractmethod
     def read_bytes(self, path: str) -> bytes:

@@ -6,11 +6,12 @@ import os
 import signal
 import stat as _stat
 import subprocess
+import threading
 import time
 from typing import Mapping, Sequence
 
 from ..errors import TransportError
-from .base import CmdResult, FileStat, Transport, validate_argv
+from .base import CmdResult, FileStat, LineCallback, LineSplitter, Transport, validate_argv
 
 
 class LocalTransport(Transport):
@@ -24,7 +25,7 @@ class LocalTransport(Transport):
 
     def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False) -> CmdResult:
+            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
         argv = validate_argv(argv)
         if (become or self.default_become) and os.geteuid() != 0:
             argv = ["sudo", "-n", "--", *argv]
@@ -40,7 +41,10 @@ class LocalTransport(Transport):
         except FileNotFoundError:
             return CmdResult(argv, 127, "", f"{argv[0]}: command not found", time.monotonic() - t0, self.name)
         try:
-            out, err = proc.communicate(data, timeout=timeout)
+            if on_stderr is None:
+                out, err = proc.communicate(data, timeout=timeout)
+            else:
+                out, err = self._communicate_live(proc, data, timeout, on_stderr)
         except subprocess.TimeoutExpired:
             # Its own session: kill the whole process group, so no grandchild outlives the timeout.
             try:
@@ -52,6 +56,43 @@ class LocalTransport(Transport):
                                  "raise the timeout or check what the command waits for") from None
         return CmdResult(argv, proc.returncode, out.decode(errors="replace"),
                          err.decode(errors="replace"), time.monotonic() - t0, self.name)
+
+    @staticmethod
+    def _communicate_live(proc, data: bytes | None, timeout: float, on_stderr: LineCallback):
+        """communicate(), but stderr lines reach `on_stderr` as they are written."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+        lines = LineSplitter(on_stderr)
+
+        def _feed():
+            try:
+                if data:
+                    proc.stdin.write(data)
+                proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+
+        def _read(stream, chunks, splitter=None):
+            while True:
+                b = stream.read1(65536)
+                if not b:
+                    break
+                chunks.append(b)
+                if splitter is not None:
+                    splitter.feed(b)
+            if splitter is not None:
+                splitter.flush()
+
+        threads = [threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
+                   threading.Thread(target=_read, args=(proc.stderr, err, lines), daemon=True)]
+        if proc.stdin is not None:
+            threads.append(threading.Thread(target=_feed, daemon=True))
+        for th in threads:
+            th.start()
+        proc.wait(timeout=timeout)  # TimeoutExpired: the caller kills the process group
+        for th in threads:
+            th.join(timeout=5)
+        return b"".join(out), b"".join(err)
 
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:

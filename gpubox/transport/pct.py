@@ -12,7 +12,7 @@ import secrets
 import stat as _stat
 from typing import Mapping, Sequence
 
-from .base import CmdResult, FileStat, Transport, validate_argv
+from .base import CmdResult, FileStat, LineCallback, Transport, validate_argv
 
 
 class PctTransport(Transport):
@@ -22,20 +22,23 @@ class PctTransport(Transport):
         self.vmid = int(vmid)
         self.host_env = dict(host_env or {})  # env for `pct` itself on the host (e.g. PATH)
 
-    def _pct(self, *args: str, timeout: float = 60, input=None) -> CmdResult:
+    def _pct(self, *args: str, timeout: float = 60, input=None, on_stderr: LineCallback | None = None) -> CmdResult:
+        # `pct exec` execs lxc-attach in its own process (pve-container src/PVE/CLI/pct.pm, method exec:
+        # `exec(@lxc_attach_cmd)`, commit 94f5585), so the command's stderr reaches the host transport
+        # unbuffered and its live lines are the container's.
         return self.host.run(["pct", *args], timeout=timeout, input=input, env=self.host_env or None,
-                             become=True)
+                             become=True, on_stderr=on_stderr)
 
     def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False) -> CmdResult:
+            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
         argv = validate_argv(argv)
         inner = list(argv)
         if env:
             inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
         if cwd:
             inner = ["env", "-C", cwd, *inner]
-        r = self._pct("exec", str(self.vmid), "--", *inner, timeout=timeout, input=input)
+        r = self._pct("exec", str(self.vmid), "--", *inner, timeout=timeout, input=input, on_stderr=on_stderr)
         return CmdResult(list(argv), r.rc, r.stdout, r.stderr, r.seconds, self.name)
 
     def read_bytes(self, path: str) -> bytes:

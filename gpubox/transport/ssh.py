@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import paramiko
 
 from ..errors import TransportError
-from .base import CmdResult, FileStat, Transport, validate_argv
+from .base import CmdResult, FileStat, LineCallback, LineSplitter, Transport, validate_argv
 
 
 # paramiko logs handshake failures from its own thread; without a handler Python's last-resort
@@ -170,7 +170,7 @@ class SSHTransport(Transport):
     # -- commands --------------------------------------------------------------------------
     def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False) -> CmdResult:
+            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
         argv = validate_argv(argv)
         cmd = list(argv)
         if env:
@@ -202,12 +202,16 @@ class SSHTransport(Transport):
             except (OSError, EOFError, paramiko.SSHException):
                 pass
 
+        lines = LineSplitter(on_stderr)
+
         def _drain_err():  # stderr in a thread so a chatty command cannot stall stdout
             while True:
                 b = chan.recv_stderr(65536)
                 if not b:
                     break
                 err_chunks.append(b)
+                lines.feed(b)  # live: the remote side's progress lines
+            lines.flush()
 
         try:
             timer.start()

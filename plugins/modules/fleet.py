@@ -9,7 +9,7 @@ fields as `gpubox --json`), so it needs only the standard library: no gpubox ins
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpubox_fleet
+module: fleet
 short_description: Classify each box's gpubox result as healthy, degraded or failed and write a fleet summary
 description:
   - V(failed) - the run could not complete (unreachable host, bad input, gpubox error), a step
@@ -18,10 +18,10 @@ description:
     planned in check mode; in check mode also steps that fail behind a planned repair) or the
     benchmark verdict is degraded.
   - V(healthy) - every step ok or fixed, and the benchmark (when run) healthy.
-  - Writes O(dest) (JSON) when given. C(changed) is always false: the summary is a report on the
+  - Writes O(dest) (JSON) when given. C(changed) is always false, since the summary is a report on the
     control node, not a change to any box.
 version_added: "0.1.0"
-author: gpubox
+author: gpubox contributors (@gpubox)
 options:
   boxes:
     description: The boxes the play ran on (a box without a result counts as failed).
@@ -43,12 +43,12 @@ options:
 
 EXAMPLES = r"""
 - name: Summarise the fleet
-  gpubox_fleet:
+  gpubox.gpubox.fleet:
     boxes: "{{ ansible_play_hosts_all }}"
     results: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars, 'gpubox_box_result'))) }}"
+    dest: "{{ gpubox_results_dir }}/summary.json"
   delegate_to: localhost
   run_once: true
-    dest: "{{ gpubox_results_dir }}/summary.json"
 """
 
 RETURN = r"""
@@ -58,12 +58,13 @@ by_status:
   type: dict
   returned: always
 boxes:
-  description: Box -> {status, reason, changed, exit_code}.
+  description: Box -> its status, reason, changed and exit_code.
   type: dict
   returned: always
 lines:
   description: The summary as table lines for people.
   type: list
+  elements: str
   returned: always
 """
 

@@ -11,7 +11,7 @@ file when they are equal, so a second run changes nothing, anywhere.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpubox_wheel
+module: wheel
 short_description: Build the gpubox wheel from a checkout, keeping the old file when its contents did not change
 description:
   - Copies the checkout (without .git, tests, caches and build outputs) to a temporary directory
@@ -19,7 +19,7 @@ description:
     egg-info debris.
   - C(changed) only when the wheel's contents differ from the one already in O(dest).
 version_added: "0.1.0"
-author: gpubox
+author: gpubox contributors (@gpubox)
 options:
   src:
     description: The gpubox checkout (the directory holding pyproject.toml).
@@ -37,7 +37,7 @@ options:
 
 EXAMPLES = r"""
 - name: Build the gpubox wheel
-  gpubox_wheel:
+  gpubox.gpubox.wheel:
     src: "{{ playbook_dir }}/.."
     dest: "{{ playbook_dir }}/../.whl"
   delegate_to: localhost

@@ -11,7 +11,7 @@ bench.runner.run_box). No check, plan or repair logic lives here.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpubox_box
+module: box
 short_description: Check, repair, tune, stage or benchmark one gpubox box with the gpubox library
 description:
   - Runs on the box's Proxmox host (tasks for C(gpu_containers) hosts delegated to
@@ -21,7 +21,7 @@ description:
   - Results carry the same fields as C(gpubox ... --json).
   - In check mode, recover/tune/stage plan only (gpubox's C(--dry-run)) and change nothing.
 version_added: "0.1.0"
-author: gpubox
+author: gpubox contributors (@gpubox)
 options:
   action:
     description: What to run.
@@ -58,7 +58,7 @@ options:
   where:
     description:
       - V(host) when the module runs on the Proxmox host, V(container) when it runs inside the
-        container (bench: the server is launched where it runs).
+        container (for bench, since the server is launched where it runs).
     type: str
     default: host
     choices: [host, container]
@@ -106,7 +106,7 @@ options:
 
 EXAMPLES = r"""
 - name: Recover the box
-  gpubox_box:
+  gpubox.gpubox.box:
     action: recover
     box: "{{ inventory_hostname }}"
     box_vars: "{{ hostvars[inventory_hostname] | dict2items | selectattr('key', 'match', '^gpubox_') | items2dict }}"

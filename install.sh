@@ -1,0 +1,49 @@
+#!/bin/sh
+# Install gpubox from this checkout into its own venv, using the distribution's python3.
+#
+# Why a venv made by this script: Debian 12/13 (Proxmox VE 8/9) mark /usr/bin/python3 as externally
+# managed (PEP 668), so `pip install` into it is refused, and it should be: apt owns it. A venv under
+# /opt/gpubox owns nothing of the system, is removed with `rm -rf /opt/gpubox /usr/local/bin/gpubox`,
+# and needs only python3-venv from Debian itself (pipx would work too, but puts root's tools under
+# /root/.local and is one more thing to install and trust).
+#
+#   ./install.sh            /opt/gpubox/venv (root) or ~/.local/share/gpubox/venv, gpubox linked in
+#                           /usr/local/bin (root) or ~/.local/bin
+#   ./install.sh --dev      .venv in this checkout, editable, with the test extra (pytest, ansible-lint)
+#
+# GPUBOX_PYTHON picks the interpreter (default /usr/bin/python3: the distribution's, not a pyenv or
+# conda python3 that may come first on PATH); GPUBOX_PREFIX the install directory.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+py=${GPUBOX_PYTHON:-/usr/bin/python3}
+[ -x "$py" ] || py=$(command -v python3) || { echo "install.sh: no python3; apt-get install python3" >&2; exit 2; }
+
+if [ "${1:-}" = "--dev" ]; then
+    venv=$here/.venv
+    spec="-e $here[test]"
+    bindir=""
+else
+    if [ "$(id -u)" -eq 0 ]; then prefix=${GPUBOX_PREFIX:-/opt/gpubox}; bindir=/usr/local/bin
+    else prefix=${GPUBOX_PREFIX:-$HOME/.local/share/gpubox}; bindir=$HOME/.local/bin; fi
+    venv=$prefix/venv
+    spec=$here
+fi
+
+# Debian splits venv/ensurepip into python3-venv; say so instead of pip's long error.
+if ! "$py" -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "install.sh: $py has no venv module; apt-get install python3-venv" >&2
+    exit 2
+fi
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+# shellcheck disable=SC2086  # spec is one or two words on purpose (-e PATH)
+"$venv/bin/python" -m pip install -q --disable-pip-version-check $spec
+
+if [ -n "$bindir" ]; then
+    mkdir -p "$bindir"
+    ln -sf "$venv/bin/gpubox" "$bindir/gpubox"
+    echo "gpubox installed in $venv, linked as $bindir/gpubox"
+else
+    echo "gpubox (editable, with test tools) installed in $venv; run: $venv/bin/python -m pytest -q"
+fi
