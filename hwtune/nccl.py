@@ -235,6 +235,7 @@ class Profile:
     path: str
     notes: str = ""
     issues: list[Issue] = field(default_factory=list)
+    topologies: list[str] = field(default_factory=list)     # hwtune.links classes it is for (issue 18)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -258,6 +259,7 @@ def _load_profile_file(path: Path) -> Profile:
     p = Profile(str(doc.get("name") or path.stem), str(doc.get("description", "")).strip(), env, str(path),
                 str(doc.get("notes", "")).strip())
     p.issues = validate(env)
+    p.topologies = [str(t) for t in (doc.get("topologies") or [])]
     return p
 
 
@@ -482,6 +484,29 @@ def file_header(p: Profile, path: str) -> str:
             "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
 
 
+def _topology_misfit(ctx, prof: Profile) -> Finding | None:
+    """A profile written for another topology class is refused (issue 18: pcie-2numa's LL/Ring
+    halved 256 MiB all-reduce busbw on an NVLink pair). Also the A/B gate's verdict when
+    `tune nccl --measure` refused it."""
+    gate = ctx.opt("nccl_gate")
+    if gate and not gate.get("install"):
+        return Finding.failed(f"profile {prof.name} refused by the A/B gate: " + " | ".join(gate["reasons"]),
+                              cause="the profile is slower than NCCL's own tuning on this box, or gains nothing",
+                              repair="keep NCCL's defaults (unset gpubox_nccl_profile) or measure another profile",
+                              refused=True, gate=gate)
+    if not prof.topologies or "any" in prof.topologies:
+        return None
+    from .links import classify_topology
+    from .topology import discover
+    cls = classify_topology(discover(ctx))
+    if cls in ("unknown", "single-gpu") or cls in prof.topologies:
+        return None     # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
+    return Finding.failed(f"profile {prof.name} is for {', '.join(prof.topologies)}; this box is {cls}: not installed",
+                          cause="NCCL protocol/algorithm choices tuned for one topology can be slower on another",
+                          repair="use nccl-defaults or a profile for this topology; measure with "
+                                 "`gpubox probe --local --nccl-compare PROFILE`", refused=True, topology=cls)
+
+
 class NcclEnvStep(Step):
     name = "nccl-env"
     title = "NCCL environment profile in the container"
@@ -495,6 +520,9 @@ class NcclEnvStep(Step):
         prof = self._profile(ctx)
         if prof is None:
             return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults")
+        misfit = _topology_misfit(ctx, prof)
+        if misfit:
+            return misfit
         ct, want = ctx.container, prof.env
         problems, ev = [], {"profile": prof.name, "want": want, "files": {}}
         for path, fmt in box_files(ctx).items():
@@ -521,6 +549,8 @@ class NcclEnvStep(Step):
 
     def plan(self, ctx, finding: Finding) -> Plan:
         prof = self._profile(ctx)
+        if finding.evidence.get("refused"):
+            return Plan(f"nothing written: {finding.detail}", "", [], {})
         ct, writes, diff = ctx.container, {}, ""
         for path, fmt in box_files(ctx).items():
             new = render(prof.env, fmt, header=file_header(prof, path))
