@@ -15,8 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# GB/s per link and direction by NVLink version (see hwtune/probe.py NVLINK_GBPS_BY_VERSION).
-NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 26.562, 5: 50.0}
+# GB/s per link and direction by the value nvmlDeviceGetNvLinkVersion returns: an nvml.h enum
+# (NVML_NVLINK_VERSION_1_0 = 1, 2_0 = 2, 2_2 = 3, 3_0 = 4, 3_1 = 5, 4_0 = 6, 5_0 = 7), not the
+# version number: a real H200 answered 6 (NVLink 4.0). 26.562 GB/s is what `nvidia-smi nvlink
+# --status` printed per link on that machine (tests/fixtures/probe/h200x2_nvswitch/system.txt);
+# 25 GB/s (NVLink 2/3) and 50 GB/s (NVLink 5) are NVIDIA's per-link, per-direction figures.
+NVLINK_GBPS_BY_VERSION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 26.562, 7: 50.0}
+NVLINK_NAME = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 

@@ -175,6 +175,7 @@ def gpu_facts(nv, h, index: int) -> dict:
 
 
 _FI_NVLINK_SPEED_COMMON = 90     # nvml.h NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON
+_FI_NVLINK_GET_SPEED = 164       # nvml.h NVML_FI_DEV_NVLINK_GET_SPEED (per link, scopeId = link)
 
 
 def nvlink_facts(nv, h, f: _Fields) -> dict | None:
@@ -204,11 +205,24 @@ def nvlink_facts(nv, h, f: _Fields) -> dict | None:
     speed = None
     try:
         fv = nv.nvmlDeviceGetFieldValues(h, [getattr(nv, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", _FI_NVLINK_SPEED_COMMON)])
-        if fv and int(getattr(fv[0], "nvmlReturn", 0)) == 0:
+        ret = int(getattr(fv[0], "nvmlReturn", 0)) if fv else None
+        if ret == 0:
             val = fv[0].value
             speed = int(getattr(val, "uiVal", 0) or getattr(val, "ullVal", 0) or 0) or None
+        else:
+            f.unsupported["nvlink_speed"] = f"field value return {ret}"
     except Exception as exc:
         f.unsupported["nvlink_speed"] = _err(exc)
+    if speed is None:       # newer drivers: per-link NVML_FI_DEV_NVLINK_GET_SPEED (164), scope = link
+        try:
+            fv = nv.nvmlDeviceGetFieldValues(h, [(_FI_NVLINK_GET_SPEED, r["link"]) for r in links])
+            for r, v in zip(links, fv):
+                if int(getattr(v, "nvmlReturn", 1)) == 0:
+                    r["speed_mbps"] = int(getattr(v.value, "uiVal", 0) or getattr(v.value, "ullVal", 0) or 0) or None
+            got = sorted(r["speed_mbps"] for r in links if r.get("active") and r.get("speed_mbps"))
+            speed = got[0] if got else None     # the slowest active link: what a pair can count on
+        except Exception as exc:
+            f.unsupported["nvlink_speed_per_link"] = _err(exc)
     return {"links": links, "active": sum(1 for r in links if r["active"]), "speed_mbps_common": speed}
 
 
