@@ -7,9 +7,10 @@
 #   probe_report.json        gpubox probe --input probe.json --json (the verdict on it)
 #   nccl_compare_<P>.json    gpubox probe --local --nccl-compare P (current env vs + profile vs the current
 #                            env again = A/A noise floor, arms rotated over ROUNDS), with the A/B gate verdict
-#   gate_<P>.json            gpubox probe --input nccl_compare_<P>.json --json (the gate on the recorded file)
-#   ablation/                gpubox tune ablate --local: each NCCL variable of ABLATE on its own (+VAR, all-VAR),
-#                            repeats sized to the budget left; ablation.json/.md/.png (issue 18)
+#                            (run.log: the same gate again from the recorded file, gpubox probe --input)
+#   ablation.json, .png      gpubox tune ablate --local: each NCCL variable of ABLATE on its own (+VAR, all-VAR),
+#                            repeats sized to the budget left (issue 18); skipped with fewer than 2 GPUs
+# The device returns at most 8 files: keep it at that.
 #   run.log                  what ran, how long, exit codes
 #
 # Read-only on the GPUs: no clock, MIG, persistence or PCIe config-space change anywhere.
@@ -108,11 +109,12 @@ for p in $PROFILES; do
     run "nccl-compare $p" $CMP_LIMIT "$OUT/nccl_compare_$p.json" \
         $PY -m gpubox.cli probe --local --nccl-compare "$p" --rounds "$ROUNDS" --child-timeout "$CHILD_T" \
         ${QUICK:+--quick} --json
-    run "gate $p" 30 "$OUT/gate_$p.json" $PY -m gpubox.cli probe --input "$OUT/nccl_compare_$p.json" --json
+    $PY -m gpubox.cli probe --input "$OUT/nccl_compare_$p.json" --json 2>> "$LOG" | $PY -c \
+        'import json,sys; print("gate from the recorded file:", json.load(sys.stdin)["summary"])' 2>&1 | tee -a "$LOG" >&2
 done
 
 # Ablation: as many repeats (2..4) as the budget left allows, from the comparison's time per child.
-if [ -n "$ABLATE" ]; then
+if [ -n "$ABLATE" ] && [ -n "$SETS" ]; then
     PER_CHILD=$($PY - "$OUT" $PROFILES <<'EOF' 2>> "$LOG"
 import json, sys
 try:
@@ -129,9 +131,11 @@ EOF
     [ "$REP" -gt 4 ] && REP=4
     say "ablation: ~${PER_CHILD}s per child, ${LEFT}s left -> ${REP} repeats"
     if [ "$REP" -ge 2 ]; then
-        run "ablate $ABLATE" $((LEFT + 20)) "$OUT/ablation_stdout.json" \
+        ABL_DIR=$(mktemp -d)
+        run "ablate $ABLATE" $((LEFT + 20)) "$OUT/ablation.json" \
             $PY -m gpubox.cli tune ablate --local --profile "$ABLATE" --repeats "$REP" --sizes 1M,256M \
-            --child-timeout 60 --out "$OUT/ablation" --json
+            --child-timeout 60 --out "$ABL_DIR" --json
+        cp "$ABL_DIR/ablation.png" "$OUT/ablation.png" 2>> "$LOG"
     else
         say "skip ablation: under 2 repeats fit in the budget"
     fi
@@ -162,7 +166,7 @@ for f in sorted(glob.glob(os.path.join(out, "nccl_compare_*.json"))):
         print(f"  TP{row['tp']} {row['gpus']} {row['bytes']} B: {row['baseline']} -> {row['profile']} GB/s "
               f"x{row['ratio']}  (A/A {row.get('baseline_aa')})")
     print("  gate:", (c.get("gate") or {}).get("summary"))
-a = load("ablation/ablation.json") or {}
+a = load("ablation.json") or {}
 for row in a.get("rows") or []:
     print(f"  ablate {row['metric']:32} {row['arm']:18} {row['mean']} +/-{row['ci95']}  "
           f"{row['delta_pct']}% +/-{row['delta_ci95_pct']} {row['significant']}")
