@@ -84,6 +84,21 @@ def _nvlinks_between(ga: dict, gb: dict) -> tuple[int, int, bool]:
     return active, down, switch
 
 
+def _link_problems(g: dict) -> list[str]:
+    """An NVLink of this GPU that is down, or runs slower than the GPU's other links."""
+    links = (g.get("nvlink") or {}).get("links") or []
+    out = []
+    down = [r["link"] for r in links if not r.get("active")]
+    if down:
+        out.append(f"gpu{g.get('index')}: {len(down)} of {len(links)} NVLinks down (links {','.join(map(str, down))})")
+    speeds = [r.get("speed_mbps") for r in links if r.get("active") and r.get("speed_mbps")]
+    if speeds and min(speeds) < max(speeds):
+        slow = [r["link"] for r in links if r.get("active") and r.get("speed_mbps") and r["speed_mbps"] < max(speeds)]
+        out.append(f"gpu{g.get('index')}: links {','.join(map(str, slow))} at {min(speeds) / 1000:.1f} GB/s, "
+                   f"siblings {max(speeds) / 1000:.1f} GB/s")
+    return out
+
+
 def _down_links(g: dict) -> int:
     return sum(1 for r in ((g.get("nvlink") or {}).get("links") or []) if not r.get("active"))
 
@@ -98,9 +113,7 @@ def pair_path(doc: dict, a: int, b: int) -> Path:
     n, down, switch_a = _nvlinks_between(ga, gb)
     _, _, switch_b = _nvlinks_between(gb, ga)
     rate = link_gbps(ga.get("nvlink") or {}) or link_gbps(gb.get("nvlink") or {})
-    problems = []
-    if down:
-        problems.append(f"{down} NVLink(s) to gpu{b} down")
+    problems = [x for g in (ga, gb) for x in _link_problems(g)]
     if n and rate:
         return Path(a, b, "nvlink", round(n * rate, 1), f"NVLink {n} x {rate:.1f} GB/s = {n * rate:.0f} GB/s",
                     n, rate, numa, problems)
