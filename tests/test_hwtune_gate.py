@@ -264,3 +264,17 @@ def test_probe_script_reads_nvlink_and_numa_without_nvml_functions():
                         "probe.numa_facts(types.SimpleNamespace(), 1, None, f))"],
                        cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.strip() == "None {'node': None, 'source': None}"
+
+
+def test_tune_nccl_measure_installs_nothing_it_could_not_measure(tmp_path, capsys):
+    """No GPU here: the gate has nothing measured, refuses, and the missing profile stays missing."""
+    from gpubox.simbox import build
+    from tests.clirun import gpubox
+
+    sim = build(tmp_path / "box", ["nccl_missing"], gpus=8)
+    before = sorted(p.name for p in sim.cpath("/etc").iterdir())
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "nccl", "ct200", "--measure", "--json")
+    assert rc == 1, out + err
+    step = json.loads(out)["steps"][0]
+    assert step["status"] == "failed" and "refused by the A/B gate" in step["detail"] and "not measured" in step["detail"]
+    assert sorted(p.name for p in sim.cpath("/etc").iterdir()) == before
