@@ -496,9 +496,12 @@ def _topology_misfit(ctx, prof: Profile) -> Finding | None:
                               refused=True, gate=gate)
     if not prof.topologies or "any" in prof.topologies:
         return None
-    from .links import classify_topology
-    from .topology import discover
-    cls = classify_topology(discover(ctx))
+    cls = getattr(ctx, "_gpubox_topology_class", None)
+    if cls is None:                     # once per run: discovery reads sysfs/NVML through the transport
+        from .links import classify_topology
+        from .topology import discover
+        cls = classify_topology(discover(ctx))
+        ctx._gpubox_topology_class = cls
     if cls in ("unknown", "single-gpu") or cls in prof.topologies:
         return None     # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
     return Finding.failed(f"profile {prof.name} is for {', '.join(prof.topologies)}; this box is {cls}: not installed",
