@@ -484,6 +484,23 @@ def file_header(p: Profile, path: str) -> str:
             "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
 
 
+def _topology_class(ctx) -> str:
+    cls = getattr(ctx, "_gpubox_topology_class", None)
+    if cls is None:                     # once per run: discovery reads sysfs/NVML through the transport
+        from .links import classify_topology
+        from .topology import discover
+        cls = classify_topology(discover(ctx))
+        ctx._gpubox_topology_class = cls
+    return cls
+
+
+def pick_profile(topology_class: str) -> Profile | None:
+    """`gpubox_nccl_profile: auto`: the one profile written for this topology class (not `any`);
+    none, or more than one, -> None: NCCL's own tuning, never a forced protocol."""
+    fits = [p for p in list_profiles().values() if topology_class in p.topologies]
+    return fits[0] if len(fits) == 1 else None
+
+
 def _topology_misfit(ctx, prof: Profile) -> Finding | None:
     """A profile written for another topology class is refused (issue 18: pcie-2numa's LL/Ring
     halved 256 MiB all-reduce busbw on an NVLink pair). Also the A/B gate's verdict when
@@ -496,12 +513,7 @@ def _topology_misfit(ctx, prof: Profile) -> Finding | None:
                               refused=True, gate=gate)
     if not prof.topologies or "any" in prof.topologies:
         return None
-    cls = getattr(ctx, "_gpubox_topology_class", None)
-    if cls is None:                     # once per run: discovery reads sysfs/NVML through the transport
-        from .links import classify_topology
-        from .topology import discover
-        cls = classify_topology(discover(ctx))
-        ctx._gpubox_topology_class = cls
+    cls = _topology_class(ctx)
     if cls in ("unknown", "single-gpu") or cls in prof.topologies:
         return None     # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
     return Finding.failed(f"profile {prof.name} is for {', '.join(prof.topologies)}; this box is {cls}: not installed",
@@ -517,11 +529,15 @@ class NcclEnvStep(Step):
 
     def _profile(self, ctx) -> Profile | None:
         name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")
+        if str(name) == "auto":
+            return pick_profile(_topology_class(ctx))
         return load_profile(str(name)) if name else None
 
     def check(self, ctx) -> Finding:
         prof = self._profile(ctx)
         if prof is None:
+            if str(ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")) == "auto":
+                return Finding.ok(f"auto: no profile for this topology ({_topology_class(ctx)}): NCCL's own tuning")
             return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults")
         misfit = _topology_misfit(ctx, prof)
         if misfit:

@@ -278,3 +278,11 @@ def test_tune_nccl_measure_installs_nothing_it_could_not_measure(tmp_path, capsy
     step = json.loads(out)["steps"][0]
     assert step["status"] == "failed" and "refused by the A/B gate" in step["detail"] and "not measured" in step["detail"]
     assert sorted(p.name for p in sim.cpath("/etc").iterdir()) == before
+
+
+def test_auto_picks_the_profile_written_for_the_topology_and_nothing_for_unknown():
+    from hwtune.nccl import pick_profile
+
+    assert pick_profile("pcie-multi-numa").name == "pcie-2numa"
+    for cls in ("nvswitch", "nvlink", "unknown", "single-gpu"):
+        assert pick_profile(cls) is None          # NCCL's own tuning: no variables
