@@ -228,7 +228,8 @@ def render(result: Mapping[str, Any], con) -> None:
     from rich.table import Table
 
     t = Table(title=f"NCCL all-reduce busbw: current environment vs + profile {escape(result['profile'])}")
-    for col in ("TP", "GPUs", "size", "baseline GB/s", "profile GB/s", "profile / baseline"):
+    aa = any(r.get("baseline_aa") is not None for r in result["rows"])
+    for col in ("TP", "GPUs", "size", "baseline GB/s", "profile GB/s", "profile / baseline") + (("A/A GB/s",) if aa else ()):
         t.add_column(col, justify="right" if "GB/s" in col or "/" in col else "left")
     for r in result["rows"]:
         ratio = r.get("ratio")
@@ -236,7 +237,8 @@ def render(result: Mapping[str, Any], con) -> None:
         shown = "-" if ratio is None else f"[{style}]{ratio:.3f}[/]" if style else f"{ratio:.3f}"
         t.add_row(str(r["tp"]), ",".join(map(str, r["gpus"])), human_size(r["bytes"]),
                   "-" if r.get("baseline") is None else f"{r['baseline']:.2f}",
-                  "-" if r.get("profile") is None else f"{r['profile']:.2f}", shown)
+                  "-" if r.get("profile") is None else f"{r['profile']:.2f}", shown,
+                  *((("-" if r.get("baseline_aa") is None else f"{r['baseline_aa']:.2f}"),) if aa else ()))
     con.print(t)
     for r in result["rows"]:
         for arm in ("baseline", "profile"):
