@@ -485,13 +485,25 @@ def file_header(p: Profile, path: str) -> str:
 
 
 def _topology_class(ctx) -> str:
+    """The box's topology class, read through the container only: this step runs in the container's
+    lane, and reading the host from here would share the host's transport with the host lane's
+    steps. Sources: the inventory's `gpubox_topology`, NVML in the container, else the inventory
+    hint gpubox_numa_nodes (NVLink invisible there). Once per run."""
     cls = getattr(ctx, "_gpubox_topology_class", None)
-    if cls is None:                     # once per run: discovery reads sysfs/NVML through the transport
+    if cls is None:
         from .links import classify_topology
-        from .topology import discover
-        cls = classify_topology(discover(ctx))
-        ctx._gpubox_topology_class = cls
-    return cls
+        from .topology import from_inventory, from_nvml_doc, probe_nvml
+        cls = ctx.box.var("gpubox_topology")
+        if not cls:
+            doc = None
+            if not ctx.box.var("gpubox_simulated"):     # a simulated box has no GPU for NVML to find
+                try:
+                    doc = probe_nvml(ctx.container)
+                except GpuboxError:
+                    doc = None
+            cls = classify_topology(from_nvml_doc(doc) if doc else from_inventory(ctx.box))
+        ctx._gpubox_topology_class = str(cls)
+    return str(cls)
 
 
 def pick_profile(topology_class: str) -> Profile | None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpubox.errors import GpuboxError
 from hwtune import ablate, links, nccl_compare, nccl_gate
@@ -244,6 +245,10 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     from hwtune import steps
 
     sim = build(tmp_path / "box", (), gpus=8)
+    doc = yaml.safe_load(sim.inventory_path.read_text())
+    ct = doc["all"]["children"]["gpu_containers"]["hosts"]["ct200"]
+    ct["gpubox_numa_nodes"] = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}    # no NVML on a simulated box: the hint
+    sim.inventory_path.write_text(yaml.safe_dump(doc))
     inv = Inventory(sim.inventory_path)
     nv = tmp_path / "nvonly.yaml"
     nv.write_text("name: nvonly\ntopologies: [nvlink, nvswitch]\nenv:\n  NCCL_PROTO: Simple\n")
@@ -254,6 +259,12 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     assert "NCCL_PROTO=Simple" not in sim.cpath("/etc/nccl.conf").read_text()
     ctx2 = Context(box=inv.box("ct200"), inventory=inv, options={})
     assert run_steps(ctx2, steps(ctx2, ("nccl-env",)), "check").steps[0].status == "ok"
+    ct["gpubox_topology"] = "nvswitch"                     # stated in the inventory: wins
+    sim.inventory_path.write_text(yaml.safe_dump(doc))
+    inv = Inventory(sim.inventory_path)
+    ctx3 = Context(box=inv.box("ct200"), inventory=inv, options={})
+    s3 = run_steps(ctx3, steps(ctx3, ("nccl-env",)), "check").steps[0]
+    assert s3.status == "failed" and "this box is nvswitch" in s3.detail
 
 
 def test_probe_script_reads_nvlink_and_numa_without_nvml_functions():
