@@ -5,8 +5,12 @@
 #   probe.json               hwtune/probe.py: NVML facts, H2D/D2H/D2D per GPU, P2P every ordered pair,
 #                            all-reduce busbw over each TP set
 #   probe_report.json        gpubox probe --input probe.json --json (the verdict on it)
-#   nccl_compare_<P>.json    gpubox probe --local --nccl-compare P (current env vs + profile, side by side;
-#                            nccl-defaults adds nothing that changes NCCL's choices: an A/A noise floor)
+#   nccl_compare_<P>.json    gpubox probe --local --nccl-compare P (current env vs + profile vs the current
+#                            env again = A/A noise floor, arms rotated over ROUNDS), with the A/B gate verdict
+#                            (run.log: the same gate again from the recorded file, gpubox probe --input)
+#   ablation.json, .png      gpubox tune ablate --local: each NCCL variable of ABLATE on its own (+VAR, all-VAR),
+#                            repeats sized to the budget left (issue 18); skipped with fewer than 2 GPUs
+# The device returns at most 8 files: keep it at that.
 #   run.log                  what ran, how long, exit codes
 #
 # Read-only on the GPUs: no clock, MIG, persistence or PCIe config-space change anywhere.
@@ -22,8 +26,9 @@ cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/multigpu-out}
 PY=${PYTHON:-python3}
-PROFILES=${PROFILES:-"pcie-2numa nccl-defaults"}
-ROUNDS=${ROUNDS:-1}      # 2+ alternates the arms (A B A B); each child then gets less time
+PROFILES=${PROFILES:-"pcie-2numa"}
+ROUNDS=${ROUNDS:-3}      # arms rotate each round (A B A', B A' A, ...); medians are compared
+ABLATE=${ABLATE:-pcie-2numa}    # profile to take apart ('' for none)
 QUICK=${QUICK:-}
 BUDGET=${BUDGET:-560}     # seconds for the whole script: the device allows 600 per command
 mkdir -p "$OUT" || exit 2
@@ -97,13 +102,44 @@ run verdict 30 "$OUT/probe_report.json" $PY -m gpubox.cli probe --input "$OUT/pr
 
 # Each comparison: 2 x ROUNDS children; a hung child (NCCL waiting on a broken path) is killed
 # after its share, so the comparison still writes its JSON with what the others measured.
-CMP_LIMIT=160
-CHILD_T=$(( (CMP_LIMIT - 15) / (2 * ROUNDS) ))
+CMP_LIMIT=${CMP_LIMIT:-200}
+CHILD_T=$(( (CMP_LIMIT - 15) / (3 * ROUNDS) ))
+[ "$CHILD_T" -lt 30 ] && CHILD_T=30
 for p in $PROFILES; do
     run "nccl-compare $p" $CMP_LIMIT "$OUT/nccl_compare_$p.json" \
         $PY -m gpubox.cli probe --local --nccl-compare "$p" --rounds "$ROUNDS" --child-timeout "$CHILD_T" \
         ${QUICK:+--quick} --json
+    $PY -m gpubox.cli probe --input "$OUT/nccl_compare_$p.json" --json 2>> "$LOG" | $PY -c \
+        'import json,sys; print("gate from the recorded file:", json.load(sys.stdin)["summary"])' 2>&1 | tee -a "$LOG" >&2
 done
+
+# Ablation: as many repeats (2..4) as the budget left allows, from the comparison's time per child.
+if [ -n "$ABLATE" ] && [ -n "$SETS" ]; then
+    PER_CHILD=$($PY - "$OUT" $PROFILES <<'EOF' 2>> "$LOG"
+import json, sys
+try:
+    d = json.load(open(f"{sys.argv[1]}/nccl_compare_{sys.argv[2]}.json"))
+    n = sum(len(v) for v in d["child_env"].values())
+    print(max(5, int(d["seconds"] / max(n, 1)) + 2))
+except Exception:
+    print(12)
+EOF
+)
+    ARMS=8
+    LEFT=$((BUDGET - SECONDS - 25))
+    REP=$(( LEFT / (ARMS * PER_CHILD) ))
+    [ "$REP" -gt 4 ] && REP=4
+    say "ablation: ~${PER_CHILD}s per child, ${LEFT}s left -> ${REP} repeats"
+    if [ "$REP" -ge 2 ]; then
+        ABL_DIR=$(mktemp -d)
+        run "ablate $ABLATE" $((LEFT + 20)) "$OUT/ablation.json" \
+            $PY -m gpubox.cli tune ablate --local --profile "$ABLATE" --repeats "$REP" --sizes 1M,256M \
+            --child-timeout 60 --out "$ABL_DIR" --json
+        cp "$ABL_DIR/ablation.png" "$OUT/ablation.png" 2>> "$LOG"
+    else
+        say "skip ablation: under 2 repeats fit in the budget"
+    fi
+fi
 
 # A short summary in the log (the figures the closing note needs).
 $PY - "$OUT" <<'EOF' 2>&1 | tee -a "$LOG"
@@ -125,8 +161,14 @@ for s in r.get("steps") or []:
         print(f"  {s['status']:7} {s['name']}: {s['detail']}")
 for f in sorted(glob.glob(os.path.join(out, "nccl_compare_*.json"))):
     c = load(os.path.basename(f)) or {}
-    print("compare", c.get("profile"), "errors:", c.get("errors"))
+    print("compare", c.get("profile"), "class", c.get("topology_class"), "errors:", c.get("errors"))
     for row in c.get("rows") or []:
-        print(f"  TP{row['tp']} {row['gpus']} {row['bytes']} B: {row['baseline']} -> {row['profile']} GB/s  x{row['ratio']}")
+        print(f"  TP{row['tp']} {row['gpus']} {row['bytes']} B: {row['baseline']} -> {row['profile']} GB/s "
+              f"x{row['ratio']}  (A/A {row.get('baseline_aa')})")
+    print("  gate:", (c.get("gate") or {}).get("summary"))
+a = load("ablation.json") or {}
+for row in a.get("rows") or []:
+    print(f"  ablate {row['metric']:32} {row['arm']:18} {row['mean']} +/-{row['ci95']}  "
+          f"{row['delta_pct']}% +/-{row['delta_ci95_pct']} {row['significant']}")
 EOF
 say "done in ${SECONDS}s"

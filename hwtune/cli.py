@@ -100,9 +100,46 @@ def tune_numa(ctx, box, dry_run, persist, as_json):
 @dry_run_option
 @json_option
 @click.pass_context
-def tune_nccl(ctx, box, profile, dry_run, as_json):
+@click.option("--measure", "measure_gate", is_flag=True,
+              help="Measure first (this machine's GPUs: A/B all-reduce with an A/A arm); "
+                   "install only if the profile is slower nowhere and faster somewhere.")
+def tune_nccl(ctx, box, profile, dry_run, as_json, measure_gate):
     """Write the NCCL profile where BOX's server reads it (EnvironmentFile + /etc/nccl.conf)."""
-    _run(ctx, box, ("nccl-env",), as_json=as_json, title=f"{box}: tune nccl", profile=profile, dry_run=dry_run)
+    gate = _measure_gate(ctx, box, profile, as_json) if measure_gate else None
+    _run(ctx, box, ("nccl-env",), as_json=as_json, title=f"{box}: tune nccl", profile=profile, dry_run=dry_run,
+         nccl_gate=gate)
+
+
+def _measure_gate(ctx, box, profile, as_json) -> dict:
+    """The A/B gate on this machine's GPUs (gpubox runs where the server's GPUs are, or a copy of
+    the box's hardware): see hwtune/nccl_gate.py."""
+    from . import nccl_compare, nccl_gate
+    from .cli_probe import render_gate
+    from .links import classify_topology
+    from .nccl import load_profile
+    from .topology import discover_local
+
+    c = box_context(ctx, box, as_json=as_json)
+    try:
+        name = profile or c.box.var("gpubox_nccl_profile")
+    finally:
+        c.close()
+    if not name:
+        raise GpuboxError("no profile to measure", "give --profile or set gpubox_nccl_profile")
+    prof = load_profile(str(name))
+    topo = discover_local()
+    result = nccl_compare.run(prof, nccl_compare.tp_sets(topo), rounds=2, quick=True, aa=True, timeout=120.0)
+    result["topology_class"] = classify_topology(topo)
+    result["profile_topologies"] = list(prof.topologies)
+    gate = nccl_gate.judge(result)
+    if not as_json:
+        render_gate(gate, console(stderr=True))
+    return gate
+
+
+from .cli_ablate import tune_ablate  # noqa: E402
+
+tune.add_command(tune_ablate)
 
 
 # -- gpubox nccl ---------------------------------------------------------------------------------

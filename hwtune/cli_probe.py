@@ -37,13 +37,15 @@ from .probe_verdict import limits, parse, report
 @click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
               help="With --nccl-compare: alternate the two arms this many times; medians are compared.")
 @click.option("--sizes", metavar="SIZES", help="With --nccl-compare: all-reduce sizes [default: 1M,256M].")
+@click.option("--aa/--no-aa", default=True, show_default=True,
+              help="With --nccl-compare: also run the baseline twice (A/A) for the gate's noise floor.")
 @click.option("--child-timeout", type=click.FloatRange(1, 3600), default=300.0, show_default=True,
               help="With --nccl-compare: seconds one child (one arm of one round) may run.")
 @json_option
 @click.pass_context
 def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | None, no_bandwidth: bool,
           quick: bool, no_p2p: bool, p2p_pairs: str | None, allreduce_sets: str | None,
-          compare_profile: str | None, rounds: int, sizes: str | None, child_timeout: float,
+          compare_profile: str | None, rounds: int, sizes: str | None, aa: bool, child_timeout: float,
           as_json: bool) -> None:
     """Probe the GPUs of BOX's container (or this machine with --local).
 
@@ -58,7 +60,8 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
       gpubox probe ct200 --quick --json
       gpubox probe --local             # this machine
       gpubox probe --input run.json    # judge a recorded probe
-      gpubox probe --local --nccl-compare pcie-2numa --rounds 2
+      gpubox probe --local --nccl-compare pcie-2numa --rounds 2   # + A/B gate verdict
+      gpubox probe --input nccl_compare.json                      # the gate on a recorded comparison
     """
     if local and input_path:
         raise GpuboxError("--local and --input exclude each other", "probe now (--local) or judge a file (--input)")
@@ -70,7 +73,7 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
             raise GpuboxError("--nccl-compare (and --sizes) run on this machine only",
                               "use: gpubox probe --local --nccl-compare PROFILE")
         _compare(compare_profile, sets_arg, rounds=rounds, quick=quick, sizes=sizes, as_json=as_json,
-                 timeout=child_timeout)
+                 timeout=child_timeout, aa=aa)
         return
     flags = dict(quick=quick, bandwidth=not no_bandwidth, p2p=not no_p2p)
     expect = None
@@ -87,6 +90,9 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
             text = Path(input_path).read_text()
         except OSError as exc:
             raise GpuboxError(f"cannot read {input_path}: {exc.strerror}", "give the path of a probe JSON file") from None
+        if _is_compare(text):
+            _gate_file(text, input_path, as_json)
+            return
         doc = parse(text, source=input_path)
     else:
         spin = None if as_json else console(stderr=True).status(f"probing {name}: NVML, PCIe link, copy bandwidth …")
@@ -164,10 +170,46 @@ def _parse_pairs(text: str | None):
     return pairs
 
 
+def _is_compare(text: str) -> bool:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == "gpubox.nccl-compare/1"
+
+
+def _gate_file(text: str, path: str, as_json: bool) -> None:
+    """`--input` of a recorded comparison: the A/B gate's verdict, the same as at measuring time."""
+    from . import nccl_compare, nccl_gate
+
+    doc = json.loads(text)
+    gate = nccl_gate.judge(doc)
+    if as_json:
+        print_json(gate)
+    else:
+        con = console()
+        nccl_compare.render(doc, con)
+        render_gate(gate, con)
+    sys.exit(0 if gate["verdict"] != nccl_gate.REFUSE else 1)
+
+
+def render_gate(gate: dict, con) -> None:
+    from rich.markup import escape
+
+    color = {"install": "green", "refuse": "red", "no-gain": "yellow"}[gate["verdict"]]
+    con.print(f"[bold {color}]A/B gate: {escape(gate['profile'] or '?')}: {gate['verdict']}[/]"
+              + ("" if gate["aa_measured"] else " [dim](no A/A arm: noise floor is the minimum only)[/]"))
+    for r in gate["rows"]:
+        con.print(f"  {r['verdict']:10} {escape(r['detail'])}")
+    for why in gate["reasons"]:
+        con.print(f"  [{color}]{escape(why)}[/]")
+
+
 def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: str | None, as_json: bool,
-             timeout: float = 300.0) -> None:
+             timeout: float = 300.0, aa: bool = True) -> None:
     """`--local --nccl-compare PROFILE`: see hwtune/nccl_compare.py."""
-    from . import nccl_compare
+    from . import nccl_compare, nccl_gate
+    from .links import classify_topology
     from .nccl import load_profile
     from .topology import discover_local
 
@@ -178,12 +220,12 @@ def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: st
     if sizes and (not size_list or min(size_list) < 4):
         raise GpuboxError(f"--sizes {sizes!r} is not a list of byte sizes", "e.g. 1M,256M or 1048576")
     profile = load_profile(profile_name)
+    topo = discover_local()
     if sets_arg is not None:
         sets = [{"tp": len(s), "gpus": s, "crosses_numa": None, "reason": "given with --allreduce-sets"}
                 for s in sets_arg if len(s) > 1]
         topo_note = "sets given with --allreduce-sets"
     else:
-        topo = discover_local()
         sets = nccl_compare.tp_sets(topo)
         nodes = ", ".join(f"{'?' if k is None else k}: {','.join(map(str, v))}" for k, v in topo.nodes().items())
         topo_note = (f"topology ({topo.source}): {len(topo.gpus)} GPU(s), NUMA nodes {nodes or '-'}; "
@@ -193,16 +235,22 @@ def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: st
     if spin:
         spin.start()
     try:
-        result = nccl_compare.run(profile, sets, sizes=size_list, rounds=rounds, quick=quick, timeout=timeout)
+        result = nccl_compare.run(profile, sets, sizes=size_list, rounds=rounds, quick=quick, timeout=timeout,
+                                  aa=aa)
     finally:
         if spin:
             spin.stop()
     result["notes"].insert(0, topo_note)
+    result["topology_class"] = classify_topology(topo)
+    result["profile_topologies"] = list(profile.topologies)
+    result["gate"] = nccl_gate.judge(result)
     if as_json:
         print_json(result)
     else:
         nccl_compare.render(result, console())
-    sys.exit(nccl_compare.exit_code(result))
+        render_gate(result["gate"], console())
+    code = nccl_compare.exit_code(result)
+    sys.exit(code if code else (1 if result["gate"]["verdict"] == nccl_gate.REFUSE else 0))
 
 
 def _p2p_table(con, doc) -> None:

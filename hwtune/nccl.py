@@ -237,6 +237,7 @@ class Profile:
     path: str
     notes: str = ""
     issues: list[Issue] = field(default_factory=list)
+    topologies: list[str] = field(default_factory=list)     # hwtune.links classes it is for (issue 18)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -260,6 +261,7 @@ def _load_profile_file(path: Path) -> Profile:
     p = Profile(str(doc.get("name") or path.stem), str(doc.get("description", "")).strip(), env, str(path),
                 str(doc.get("notes", "")).strip())
     p.issues = validate(env)
+    p.topologies = [str(t) for t in (doc.get("topologies") or [])]
     return p
 
 
@@ -512,6 +514,56 @@ def file_header(p: Profile, path: str) -> str:
             "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
 
 
+def _topology_class(ctx) -> str:
+    """The box's topology class, read through the container only: this step runs in the container's
+    lane, and reading the host from here would share the host's transport with the host lane's
+    steps. Sources: the inventory's `gpubox_topology`, NVML in the container, else the inventory
+    hint gpubox_numa_nodes (NVLink invisible there). Once per run."""
+    cls = getattr(ctx, "_gpubox_topology_class", None)
+    if cls is None:
+        from .links import classify_topology
+        from .topology import from_inventory, from_nvml_doc, probe_nvml
+        cls = ctx.box.var("gpubox_topology")
+        if not cls:
+            doc = None
+            if not ctx.box.var("gpubox_simulated"):     # a simulated box has no GPU for NVML to find
+                try:
+                    doc = probe_nvml(ctx.container)
+                except GpuboxError:
+                    doc = None
+            cls = classify_topology(from_nvml_doc(doc) if doc else from_inventory(ctx.box))
+        ctx._gpubox_topology_class = str(cls)
+    return str(cls)
+
+
+def pick_profile(topology_class: str) -> Profile | None:
+    """`gpubox_nccl_profile: auto`: the one profile written for this topology class (not `any`);
+    none, or more than one, -> None: NCCL's own tuning, never a forced protocol."""
+    fits = [p for p in list_profiles().values() if topology_class in p.topologies]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _topology_misfit(ctx, prof: Profile) -> Finding | None:
+    """A profile written for another topology class is refused (issue 18: pcie-2numa's LL/Ring
+    halved 256 MiB all-reduce busbw on an NVLink pair). Also the A/B gate's verdict when
+    `tune nccl --measure` refused it."""
+    gate = ctx.opt("nccl_gate")
+    if gate and not gate.get("install"):
+        return Finding.failed(f"profile {prof.name} refused by the A/B gate: " + " | ".join(gate["reasons"]),
+                              cause="the profile is slower than NCCL's own tuning on this box, or gains nothing",
+                              repair="keep NCCL's defaults (unset gpubox_nccl_profile) or measure another profile",
+                              refused=True, gate=gate)
+    if not prof.topologies or "any" in prof.topologies:
+        return None
+    cls = _topology_class(ctx)
+    if cls in ("unknown", "single-gpu") or cls in prof.topologies:
+        return None     # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
+    return Finding.failed(f"profile {prof.name} is for {', '.join(prof.topologies)}; this box is {cls}: not installed",
+                          cause="NCCL protocol/algorithm choices tuned for one topology can be slower on another",
+                          repair="use nccl-defaults or a profile for this topology; measure with "
+                                 "`gpubox probe --local --nccl-compare PROFILE`", refused=True, topology=cls)
+
+
 class NcclEnvStep(Step):
     name = "nccl-env"
     title = "NCCL environment profile in the container"
@@ -519,12 +571,19 @@ class NcclEnvStep(Step):
 
     def _profile(self, ctx) -> Profile | None:
         name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")
+        if str(name) == "auto":
+            return pick_profile(_topology_class(ctx))
         return load_profile(str(name)) if name else None
 
     def check(self, ctx) -> Finding:
         prof = self._profile(ctx)
         if prof is None:
+            if str(ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")) == "auto":
+                return Finding.ok(f"auto: no profile for this topology ({_topology_class(ctx)}): NCCL's own tuning")
             return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults")
+        misfit = _topology_misfit(ctx, prof)
+        if misfit:
+            return misfit
         ct, want = ctx.container, prof.env
         problems, ev = [], {"profile": prof.name, "want": want, "files": {}}
         for path, fmt in box_files(ctx).items():
@@ -551,6 +610,8 @@ class NcclEnvStep(Step):
 
     def plan(self, ctx, finding: Finding) -> Plan:
         prof = self._profile(ctx)
+        if finding.evidence.get("refused"):
+            return Plan(f"nothing written: {finding.detail}", "", [], {})
         ct, writes, diff = ctx.container, {}, ""
         for path, fmt in box_files(ctx).items():
             new = render(prof.env, fmt, header=file_header(prof, path))

@@ -147,8 +147,8 @@ def compare_rows(sets: list[dict], sizes: list[int], arms: dict[str, list[dict]]
 
 def run(profile, sets: list[dict], *, sizes: list[int] | None = None, rounds: int = 1, quick: bool = False,
         python: str = sys.executable, base_env: Mapping[str, str] | None = None, timeout: float = 300.0,
-        allow_conflicts: bool = False) -> dict[str, Any]:
-    """Measure both arms and compare. `profile` is an hwtune.nccl.Profile."""
+        allow_conflicts: bool = False, aa: bool = False) -> dict[str, Any]:
+    """Measure both arms (and an A/A arm with `aa`) and compare. `profile` is an hwtune.nccl.Profile."""
     sizes = list(sizes or DEFAULT_SIZES)
     if rounds < 1:
         raise GpuboxError(f"rounds = {rounds} is not a positive number", "use 1 or more")
@@ -164,20 +164,15 @@ def run(profile, sets: list[dict], *, sizes: list[int] | None = None, rounds: in
     if already and len(already) == len(profile.env):
         notes.append("the current environment already has every profile value: both arms are the same")
     envs = {"baseline": child_env(base), "profile": child_env(base, profile.env)}
-    arms: dict[str, list[dict]] = {"baseline": [], "profile": []}
+    if aa:
+        envs["baseline_aa"] = child_env(base)    # A/A: same environment again, the noise floor
     t0 = time.monotonic()
     if not sets:
         notes.append("no TP set of 2 or more GPUs fits on this machine: nothing to compare")
+        arms: dict[str, list[dict]] = {a: [] for a in envs}
     else:
-        argv = probe_argv(python, [s["gpus"] for s in sets], sizes, quick)
-        for _ in range(rounds):
-            for arm in ("baseline", "profile"):          # alternate, so neither arm always goes first
-                doc = run_child(argv, envs[arm][0], timeout)
-                if "error" not in doc:
-                    missing = verify_child_env(doc)
-                    if missing:
-                        doc = {"error": f"child ran without the NVLS safety: {', '.join(missing)}"}
-                arms[arm].append(doc)
+        arms = run_arms({a: e[0] for a, e in envs.items()}, probe_argv(python, [s["gpus"] for s in sets], sizes, quick),
+                        rounds, timeout)
     rows = compare_rows(sets, sizes, arms)
     first = next((d for docs in arms.values() for d in docs if "error" not in d), {})
     return {"schema": SCHEMA, "profile": profile.name, "profile_env": dict(profile.env),
@@ -188,6 +183,28 @@ def run(profile, sets: list[dict], *, sizes: list[int] | None = None, rounds: in
             "errors": [f"{arm}: {d['error']}" for arm, docs in arms.items() for d in docs if "error" in d],
             "torch": first.get("torch"), "gpu_bus_ids": (first.get("bandwidth") or {}).get("gpu_bus_ids"),
             "seconds": round(time.monotonic() - t0, 2)}
+
+
+def run_arms(envs: dict[str, dict[str, str]], argv: list[str], rounds: int, timeout: float,
+             child=None) -> dict[str, list[dict]]:
+    """Each arm once per round, in an order rotated every round (A B C, B C A, ...) so no arm always
+    runs first or right after the same neighbour. Every child's own record of its environment is
+    checked for the NVLink-multicast safety; one without it is an error, not a figure."""
+    child = child or run_child
+    names = list(envs)
+    arms: dict[str, list[dict]] = {a: [] for a in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for arm in names[k:] + names[:k]:
+            env = dict(envs[arm])
+            env.update(SAFETY_ENV)
+            doc = child(argv, env, timeout)
+            if "error" not in doc:
+                missing = verify_child_env(doc)
+                if missing:
+                    doc = {"error": f"child ran without the NVLS safety: {', '.join(missing)}"}
+            arms[arm].append(doc)
+    return arms
 
 
 def exit_code(result: Mapping[str, Any]) -> int:
@@ -211,7 +228,8 @@ def render(result: Mapping[str, Any], con) -> None:
     from rich.table import Table
 
     t = Table(title=f"NCCL all-reduce busbw: current environment vs + profile {escape(result['profile'])}")
-    for col in ("TP", "GPUs", "size", "baseline GB/s", "profile GB/s", "profile / baseline"):
+    aa = any(r.get("baseline_aa") is not None for r in result["rows"])
+    for col in ("TP", "GPUs", "size", "baseline GB/s", "profile GB/s", "profile / baseline") + (("A/A GB/s",) if aa else ()):
         t.add_column(col, justify="right" if "GB/s" in col or "/" in col else "left")
     for r in result["rows"]:
         ratio = r.get("ratio")
@@ -219,7 +237,8 @@ def render(result: Mapping[str, Any], con) -> None:
         shown = "-" if ratio is None else f"[{style}]{ratio:.3f}[/]" if style else f"{ratio:.3f}"
         t.add_row(str(r["tp"]), ",".join(map(str, r["gpus"])), human_size(r["bytes"]),
                   "-" if r.get("baseline") is None else f"{r['baseline']:.2f}",
-                  "-" if r.get("profile") is None else f"{r['profile']:.2f}", shown)
+                  "-" if r.get("profile") is None else f"{r['profile']:.2f}", shown,
+                  *((("-" if r.get("baseline_aa") is None else f"{r['baseline_aa']:.2f}"),) if aa else ()))
     con.print(t)
     for r in result["rows"]:
         for arm in ("baseline", "profile"):

@@ -41,6 +41,30 @@ def _read_numa_sysfs(bus_id: str):
         return None
 
 
+def _numa_from_affinity(nvml, h, sysroot="/sys/devices/system/node"):
+    """The node whose cpulist holds every CPU of NVML's CPU affinity for the GPU (as nvidia-smi
+    topo -m "NUMA Affinity"); None when they span nodes or nothing is known. numa_node is -1 in
+    VMs (FACTS), and nvmlDeviceGetNumaNodeId answers NotSupported there (seen on an H200 VM)."""
+    import os
+    try:
+        words = nvml.nvmlDeviceGetCpuAffinity(h, 16)
+        cpus = {w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1}
+        found = set()
+        for n in os.listdir(sysroot):
+            if n.startswith("node") and n[4:].isdigit():
+                with open(f"{sysroot}/{n}/cpulist") as fh:
+                    node = set()
+                    for part in fh.read().strip().split(","):
+                        if part:
+                            a, _, b = part.partition("-")
+                            node.update(range(int(a), int(b or a) + 1))
+                if cpus & node:
+                    found.add(int(n[4:]))
+        return found.pop() if len(found) == 1 else None
+    except Exception:
+        return None
+
+
 def _nvlink_p2p(nvml, a, b) -> bool:
     """NVML's own answer to "can these two GPUs talk P2P over NVLink" (False when it cannot tell)."""
     fn = getattr(nvml, "nvmlDeviceGetP2PStatus", None)
@@ -71,6 +95,8 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
                 numa = _try(errors, f"gpu{i} numa", nvml.nvmlDeviceGetNumaNodeId, h)
             if numa is None and read_numa is not None:
                 numa = read_numa(bus)
+            if (numa is None or numa < 0) and read_numa is _read_numa_sysfs:
+                numa = _numa_from_affinity(nvml, h)
             if numa is not None and numa < 0:
                 numa = None      # -1: no NUMA information (FACTS), not node 0
             gpus.append({

@@ -17,6 +17,8 @@ from typing import Any
 from gpubox.errors import GpuboxError
 from gpubox.steps import DRIFT, FAILED, OK, SKIPPED, RunReport, StepResult
 
+from .links import all_paths, pair_path, ring_reference
+
 REPORT_SCHEMA = "gpubox.probe-report/1"
 PROBE_SCHEMA = "gpubox.probe/1"
 
@@ -423,18 +425,24 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
         elif kind == "p2p" and p.get("src") == p.get("dst"):
             out.append(Check(label, SKIPPED, f"same GPU ({p['gbps']:.1f} GB/s): a code-path exercise, not a P2P figure", ev))
         elif kind == "p2p":
-            rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in (p.get("src"), p.get("dst"))]
-            ref = min(rates) if all(rates) else None
+            path = pair_path(doc, min(p["src"], p["dst"]), max(p["src"], p["dst"])) if _has_index(doc, p) else None
+            if path is None or (path.kind == "pcie" and lim.get("link_gbps")):
+                rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in (p.get("src"), p.get("dst"))]
+                ref = min(rates) if all(rates) else None
+                ref_label = f"link {ref} GB/s" if ref else "unknown link"
+            else:
+                ref, ref_label = path.gbps, path.label
+                ev["path"] = path.to_dict()
             ev["peer_access"] = p.get("peer_access")
             if p.get("peer_access") is False:
                 out.append(Check(label, DRIFT, f"{p['gbps']:.1f} GB/s without peer access (staged through host memory)", ev,
                                  cause="P2P is off between these GPUs: IOMMU/ACS on the PCIe path, or not supported",
                                  repair="check ACS/IOMMU settings (iommu=pt, ACS off on the switches); NCCL_P2P_LEVEL"))
                 continue
-            out.append(_pct_check(label, p["gbps"], ref, f"link {ref} GB/s" if ref else "unknown link",
+            out.append(_pct_check(label, p["gbps"], ref, ref_label,
                                   lim["p2p_min_pct"], "GB/s", ev, "P2P slow:",
-                                  "the pair crosses the CPU interconnect (SYS) or a switch is congested",
-                                  "see `nvidia-smi topo -m`; keep TP groups on one NUMA node"))
+                                  "an NVLink down or trained slower, or the pair crosses the CPU interconnect (SYS)",
+                                  "see `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; keep TP groups on one NUMA node"))
         else:
             gpus = p.get("gpus") or []
             if len(gpus) < 2:
@@ -450,12 +458,47 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
                                  cause=None if st == OK else "NCCL transport or topology (P2P off, cross-NUMA ring)",
                                  repair=None if st == OK else "check the NCCL profile (gpubox nccl) and P2P checks"))
                 continue
-            rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in gpus]
-            ref = min(rates) if rates and all(rates) else None
-            out.append(_pct_check(label, busbw, ref, f"link {ref} GB/s" if ref else "unknown link",
+            hop = ring_reference(doc, list(gpus)) if all(_has_index(doc, {"src": i}) for i in gpus) else None
+            if hop is not None and hop.gbps and not (hop.kind == "pcie" and lim.get("link_gbps")):
+                ref, ref_label = hop.gbps, f"slowest hop {hop.a}-{hop.b}: {hop.label}"
+                ev["path"] = hop.to_dict()
+            else:
+                rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in gpus]
+                ref = min(rates) if rates and all(rates) else None
+                ref_label = f"link {ref} GB/s" if ref else "unknown link"
+            out.append(_pct_check(label, busbw, ref, ref_label,
                                   lim["allreduce_min_pct"], "GB/s busbw", ev, "all-reduce slow:",
                                   "NCCL transport or topology (P2P off, cross-NUMA ring, wrong NCCL env)",
                                   "check the NCCL profile (gpubox nccl) and the P2P checks"))
+    return out
+
+
+def _has_index(doc: dict, p: dict) -> bool:
+    """The torch index maps to the NVML record of the same index (bus ids agree, or none recorded)."""
+    for i in (p.get("src"), p.get("dst")):
+        if i is None:
+            continue
+        g = _nvml_gpu_for(doc, _bus(doc, i), i)
+        if g is None or g.get("index") != i:
+            return False
+    return True
+
+
+def check_paths(doc: dict) -> list[Check]:
+    """One row per GPU pair with NVLink anywhere on the box: the path, and links down or slower
+    than the siblings (a degraded NVLink that sends traffic over PCIe)."""
+    if not any((g.get("nvlink") or {}).get("links") for g in _gpus(doc)):
+        return []
+    out = []
+    for path in all_paths(doc):
+        name = f"path gpu{path.a}-gpu{path.b}"
+        numa = {"cross": ", across NUMA nodes", "same": ", same NUMA node"}.get(path.numa, "")
+        if path.problems:
+            out.append(Check(name, DRIFT, f"{path.label}{numa}: " + "; ".join(path.problems), {"path": path.to_dict()},
+                             cause="an NVLink is down or trained slower (cable/bridge, NVSwitch, or a GPU fault)",
+                             repair="`nvidia-smi nvlink --status` / `-e` on the host; reset the GPUs or service the link"))
+        else:
+            out.append(Check(name, OK, path.label + numa, {"path": path.to_dict()}))
     return out
 
 
@@ -486,6 +529,7 @@ def judge(doc: dict, lim: dict | None = None, *, expect_gpus: int | None = None)
         if g.get("error"):
             continue
         out += [check_state(g, lim), check_link(doc, g, lim), check_memory(g), check_clocks(doc, g)]
+    out += check_paths(doc)
     out += check_bandwidth(doc, lim)
     out.append(check_xid(doc))
     return out
