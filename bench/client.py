@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench.clientnet import arrival, sent, timed_transport
+from gpubox.bench.clientnet import arrival, sent, timed_transport
 from gpubox.errors import GpuboxError
 
 WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be "

@@ -73,7 +73,7 @@ def gpus_for_tp(n: int, ctx=None) -> list[int]:
     if ctx is None:
         return list(range(n))
     try:
-        from hwtune import topology
+        from gpubox.hwtune import topology
     except ImportError:
         return list(range(n))
     topo = getattr(ctx, "_bench_topology", None)
@@ -98,7 +98,7 @@ def nccl_env(ctx) -> dict[str, str]:
     if not name:
         return {}
     try:
-        from hwtune import nccl
+        from gpubox.hwtune import nccl
     except ImportError:
         return {}
     return dict(nccl.load_profile(str(name)).env)

@@ -3,7 +3,7 @@
 The server has to start where the GPUs and the staged model are, and the client has to measure
 next to it (a WAN or `pct exec` hop between client and server would be part of every TTFT), so
 when the container is not local the control node sends one JSON request to
-`<gpubox_python> -m bench.remote` in the container, which runs the SAME measuring loop as a local
+`<gpubox_python> -m gpubox.bench.remote` in the container, which runs the SAME measuring loop as a local
 run (bench.runner.measure_box) and answers with the result document.
 
 Split of work (what needs which machine):
@@ -91,12 +91,12 @@ def _last_line(text: str) -> str:
 
 def probe(ctx, python: str) -> None:
     """Refuse early, with the fix, when the container's python cannot import gpubox's bench."""
-    r = ctx.container.run([python, "-c", "import bench.remote"], timeout=PROBE_TIMEOUT)
+    r = ctx.container.run([python, "-c", "import gpubox.bench.remote"], timeout=PROBE_TIMEOUT)
     if r.rc == 0:
         return
     why = _last_line(r.stderr) or _last_line(r.stdout) or f"exit {r.rc}"
     raise GpuboxError(
-        f"{ctx.box.name}: the benchmark runs inside the container, but `{python} -c 'import bench.remote'` "
+        f"{ctx.box.name}: the benchmark runs inside the container, but `{python} -c 'import gpubox.bench.remote'` "
         f"failed there: {why}",
         "install gpubox in the container (`ansible-playbook playbooks/bench.yml -l "
         f"{ctx.box.name}` puts it in /opt/gpubox/venv) or `pip install gpubox` in the serving venv, and set "
@@ -115,7 +115,7 @@ def _parse_reply(ctx, python: str, r) -> dict[str, Any]:
         raise GpuboxError(f"{ctx.box.name} (in the container): {e.get('problem')}", e.get("fix"))
     if r.rc != 0 or not isinstance(reply, dict) or not isinstance(reply.get("document"), dict):
         why = _last_line(r.stderr) or _last_line(r.stdout) or "no output"
-        raise GpuboxError(f"{ctx.box.name}: `{python} -m bench.remote` in the container exited {r.rc}: {why}",
+        raise GpuboxError(f"{ctx.box.name}: `{python} -m gpubox.bench.remote` in the container exited {r.rc}: {why}",
                           "run it by hand there with -v to see why, or check that gpubox there is as new as here")
     return reply["document"]
 
@@ -153,7 +153,7 @@ def run_remote(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: li
     req = build_request(ctx, name, tps, methods, settings)
     launches = len(tps) * len(methods)
     timeout = remote_timeout(prof, settings, launches)
-    argv = [python, "-m", "bench.remote"]
+    argv = [python, "-m", "gpubox.bench.remote"]
     from gpubox.progress import Relay, without_progress
     from .runner import _progress
     from .workloads import plan
@@ -194,7 +194,7 @@ class _HostOutOfReach:
 
 
 def _topology(d: dict[str, Any]):
-    from hwtune.topology import Gpu, Topology
+    from gpubox.hwtune.topology import Gpu, Topology
     fields = Gpu.__dataclass_fields__
     gpus = [Gpu(**{k: g.get(k) for k in fields}) for g in d.get("gpus", [])]
     return Topology(d.get("source") or "request", gpus, dict(d.get("pairs") or {}), d.get("driver"),

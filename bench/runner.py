@@ -106,7 +106,7 @@ def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
                              "model": settings.get("model") or (ctx.box.var("gpubox_model", {}) or {}).get("dest"),
                              "drafter": settings.get("drafter") or (ctx.box.var("gpubox_drafter", {}) or {}).get("dest")}
     try:
-        from hwtune import topology  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
+        from gpubox.hwtune import topology  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
         topo = getattr(ctx, "_bench_topology", None) or topology.discover(ctx)
         ctx._bench_topology = topo
         td = topo.to_dict()

@@ -114,7 +114,7 @@ def run_benchmark(inventory: str | None, box: str, profile: str, timeout: float,
 def doctor_report(ctx) -> dict[str, Any] | None:
     """Doctor's read-only checks (provision.recover) as a RunReport dict, when available."""
     try:
-        from provision.recover import doctor
+        from gpubox.provision.recover import doctor
     except ImportError:
         return None
     return doctor(ctx, (), ()).to_dict()

@@ -610,7 +610,7 @@ class Handler:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.simserver",
+    p = argparse.ArgumentParser(prog="python -m gpubox.bench.simserver",
                                 description="gpubox SIMULATOR of a vLLM OpenAI-compatible server (no GPU).")
     p.add_argument("--model", default="/dev/shm/Qwen3.6-27B")
     p.add_argument("--served-model-name", dest="served_name", default=None)

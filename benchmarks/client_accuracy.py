@@ -52,8 +52,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.client import WORDS, Client, Request, run_concurrent  # noqa: E402
-from bench.launcher import Server, free_port  # noqa: E402
+from gpubox.bench.client import WORDS, Client, Request, run_concurrent  # noqa: E402
+from gpubox.bench.launcher import Server, free_port  # noqa: E402
 
 TTFT = 0.050
 TOTAL_RATE = 2000.0  # tokens/s across all streams
@@ -65,7 +65,7 @@ PRIO = 0  # nice value for simulator and client (--nice)
 
 def start(rate: float, tmp: Path, pin: bool) -> Server:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.simserver", "--port", str(port), "--rate", str(rate), "--ttft", str(TTFT),
+    argv = [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--rate", str(rate), "--ttft", str(TTFT),
             "--no-contention", "--startup-s", "0", "--max-model-len", "100000"]
     s = Server(argv, {}, port=port, log_path=tmp / f"sim-{port}.log")
     s.start()

@@ -39,7 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.launcher import Server, free_port  # noqa: E402
+from gpubox.bench.launcher import Server, free_port  # noqa: E402
 
 BUILD = r'''
 import json, random, sys
@@ -71,7 +71,7 @@ print(json.dumps({"dir": str(out), "vocab": len(t)}))
 
 
 def build_model(py: str, dest: Path) -> Path:
-    from bench.client import WORDS
+    from gpubox.bench.client import WORDS
     if (dest / "config.json").exists():
         return dest
     r = subprocess.run([py, "-c", BUILD, str(dest), " ".join(WORDS)], capture_output=True, text=True, timeout=900)

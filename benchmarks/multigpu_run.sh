@@ -79,7 +79,7 @@ run topology 60 "$OUT/topology.json" $PY -m gpubox.cli gpus --local --json
 # uses by default (TP4 on 8 GPUs: 0-3 and 4-7), without duplicates.
 SETS=$($PY - "$OUT/topology.json" <<'EOF' 2>> "$LOG"
 import json, sys
-from hwtune.probe import default_sets
+from gpubox.hwtune.probe import default_sets
 try:
     doc = json.load(open(sys.argv[1]))
 except (OSError, ValueError):

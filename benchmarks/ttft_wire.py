@@ -35,8 +35,8 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.client import Client, Request, run_concurrent  # noqa: E402
-from bench.launcher import Server, free_port  # noqa: E402
+from gpubox.bench.client import Client, Request, run_concurrent  # noqa: E402
+from gpubox.bench.launcher import Server, free_port  # noqa: E402
 
 GOAL = 2.0
 HDR = re.compile(r"^(\d+\.\d+) IP6? (\S+)\.(\d+) > (\S+)\.(\d+): .*length (\d+)")
@@ -145,7 +145,7 @@ def main() -> int:
             url = a.url
             if not url:
                 port = free_port()
-                srv = Server([sys.executable, "-m", "bench.simserver", "--port", str(port), "--rate",
+                srv = Server([sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--rate",
                               str(min(2000.0 / conc, 500.0)), "--ttft", "0.05", "--no-contention", "--startup-s", "0"],
                              {}, port=port, log_path=tmp / f"sim-{port}.log")
                 srv.start()

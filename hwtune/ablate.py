@@ -10,7 +10,7 @@ MaxReadReq and NUMA balancing are host settings: this module measures only what 
 toggle for itself (NCCL variables); a box whose host gpubox may change gets those rows from the
 health benchmark (`gpubox tune ablate BOX`), a machine lent read-only does not, and the table says so.
 
-Metrics: all-reduce busbw per (TP set, size), from hwtune/probe.py in each child.
+Metrics: all-reduce busbw per (TP set, size), from gpubox.hwtune/probe.py in each child.
 """
 
 from __future__ import annotations

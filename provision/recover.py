@@ -22,11 +22,11 @@ from gpubox.steps import RunReport, Step, StepResult
 
 # Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order.
 PROVIDERS = [
-    "provision.lxc",          # host-devices, container-config, container, cuda
-    "hwtune",                 # pcie-mrrs, pcie-link, numa-balancing, nccl-env
-    "provision.stage_step",   # model-stage, drafter-stage
-    "hwtune.probe_step",      # gpu-probe (checks only)
-    "bench.step",             # bench: server health + latest verdict (doctor only; recover
+    "gpubox.provision.lxc",          # host-devices, container-config, container, cuda
+    "gpubox.hwtune",                 # pcie-mrrs, pcie-link, numa-balancing, nccl-env
+    "gpubox.provision.stage_step",   # model-stage, drafter-stage
+    "gpubox.hwtune.probe_step",      # gpu-probe (checks only)
+    "gpubox.bench.step",             # bench: server health + latest verdict (doctor only; recover
                               # runs the benchmark itself after the repairs)
 ]
 
@@ -226,7 +226,7 @@ def headline(doc: dict[str, Any]) -> str:
 
 def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
     try:
-        from bench import runner
+        from gpubox.bench import runner
     except ModuleNotFoundError:
         outcome.notes.append("benchmark not available in this installation")
         return
@@ -234,7 +234,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     out = Path(out_dir or sub_dir("results", ctx.box.name))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    from bench.runonce import run_lock
+    from gpubox.bench.runonce import run_lock
     try:
         with run_lock(ctx.box.name):  # never overlap a scheduled health check of the same box
             doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
@@ -254,7 +254,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
         seconds=time.monotonic() - t0, title="verification benchmark"))
     try:
-        from bench.report import make_report
+        from gpubox.bench.report import make_report
     except ImportError:
         return
     fmt = {"md": "md", "html": "html", "latex": "latex"}[report_format]

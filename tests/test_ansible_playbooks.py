@@ -133,7 +133,7 @@ class Fleet:
 
     def doctor_ok(self, box: str) -> bool:
         """The CLI's doctor, in-process, on the box's own simulated inventory."""
-        from provision.recover import doctor
+        from gpubox.provision.recover import doctor
         inv = Inventory(self.sims[box].inventory_path)
         return doctor(Context(box=inv.box(box), inventory=inv, options={})).ok
 

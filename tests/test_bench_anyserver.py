@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.launcher import LaunchError, Server, free_port
-from bench.runner import bounded_tps
-from bench.workloads import PROFILES, apply_overrides, plan
+from gpubox.bench.launcher import LaunchError, Server, free_port
+from gpubox.bench.runner import bounded_tps
+from gpubox.bench.workloads import PROFILES, apply_overrides, plan
 from gpubox.errors import GpuboxError
 from tests.clirun import gpubox
 from tests.hostile.server import hostile

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench import results
-from bench.step import BenchStep
+from gpubox.bench import results
+from gpubox.bench.step import BenchStep
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
@@ -30,7 +30,7 @@ def test_bench_box_healthy_json(sim, tmp_path, capsys):
     assert results.validate(doc) == []
     assert doc["simulated"] is True and doc["sim_speed"] == 20
     assert [s["tp"] for s in doc["servers"]] == [4, 8]
-    assert doc["servers"][0]["command"][1:3] == ["-m", "bench.simserver"]
+    assert doc["servers"][0]["command"][1:3] == ["-m", "gpubox.bench.simserver"]
     assert doc["servers"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     keys = [m["key"] for m in doc["measurements"]]
     assert keys == ["tp4/ddtree:15/decode/out1024", "tp4/ddtree:15/concurrency/c8",

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from bench import metrics
-from bench.client import Client, ContextTooLong, Request, run_concurrent
-from bench.runner import measure_server
-from bench.workloads import plan, resolve_profile
+from gpubox.bench import metrics
+from gpubox.bench.client import Client, ContextTooLong, Request, run_concurrent
+from gpubox.bench.runner import measure_server
+from gpubox.bench.workloads import plan, resolve_profile
 
 from tests.bench_helpers import simserver
 

@@ -11,8 +11,8 @@ import httpcore
 import httpx
 import pytest
 
-from bench.client import Client, Request, run_concurrent
-from bench.clientnet import LaneTransport, TimedBackend
+from gpubox.bench.client import Client, Request, run_concurrent
+from gpubox.bench.clientnet import LaneTransport, TimedBackend
 
 from tests.bench_helpers import simserver
 

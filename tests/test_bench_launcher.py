@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.launcher import (LaunchError, Server, ServerSpec, build_command, free_port, parse_method,
+from gpubox.bench.launcher import (LaunchError, Server, ServerSpec, build_command, free_port, parse_method,
                             port_in_use)
 from gpubox.errors import GpuboxError
 
@@ -113,7 +113,7 @@ def test_port_in_use_is_found_before_start(tmp_path):
 
 def test_crash_during_start_reports_log_tail(tmp_path):
     port = free_port()
-    s = Server([sys.executable, "-m", "bench.simserver", "--port", str(port), "--fail-start"], {}, port=port,
+    s = Server([sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--fail-start"], {}, port=port,
                log_path=tmp_path / "srv.log")
     s.start()
     with pytest.raises(LaunchError) as ei:

@@ -15,9 +15,9 @@ import socket
 
 import pytest
 
-from bench import results
-from bench.launcher import Server
-from bench.runner import run_url
+from gpubox.bench import results
+from gpubox.bench.launcher import Server
+from gpubox.bench.runner import run_url
 
 TTFT_MS, ITL_MS = 60.0, 12.0
 

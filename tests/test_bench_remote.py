@@ -2,7 +2,7 @@
 
 The simulated box with its container reached over REAL SSH (tests/sshd.py) or `pct exec` (the
 simulated Proxmox host's `pct` stand-in): `gpubox bench` and `gpubox recover` launch the simulated
-server inside the "container" through `<gpubox_python> -m bench.remote`, and the result comes back
+server inside the "container" through `<gpubox_python> -m gpubox.bench.remote`, and the result comes back
 with the verdict, the history entry and the server logs on the control side. A container whose
 python cannot import gpubox gives the one-line error naming the fix.
 
@@ -83,7 +83,7 @@ def test_bench_over_ssh_measures_inside_the_container(sshd, tmp_path, capsys):
     ok = [m for m in doc["measurements"] if m["status"] == "ok"]
     assert ok and len(ok) == len(doc["measurements"]) and all(m["samples"] for m in ok)
     # The probe and the measuring run both went through the container's gpubox_python over SSH...
-    assert calls.read_text().splitlines() == ["-c import bench.remote", "-m bench.remote"]
+    assert calls.read_text().splitlines() == ["-c import gpubox.bench.remote", "-m gpubox.bench.remote"]
     # ...the server was launched there (its log under the container's root)...
     remote_logs = _container_logs(sim)
     assert [p.name for p in remote_logs] == ["tp1-auto.log"] and doc["run_id"] in str(remote_logs[0])
@@ -125,7 +125,7 @@ def test_bench_through_pct_exec(tmp_path, capsys):
     doc = json.loads(out)
     assert doc["verdict"]["status"] == "healthy"
     assert len(_container_logs(sim)) == 1
-    assert any(c["argv"][:2] == ["exec", "200"] and c["argv"][-2:] == ["-m", "bench.remote"]
+    assert any(c["argv"][:2] == ["exec", "200"] and c["argv"][-2:] == ["-m", "gpubox.bench.remote"]
                for c in sim.calls("pct"))
 
 
@@ -154,7 +154,7 @@ def test_recover_keeps_repairs_and_fails_the_bench_row(sshd, tmp_path, capsys):
 
 def test_default_python_is_python3_and_local_runs_stay_in_process(tmp_path, capsys, monkeypatch):
     """A local container never goes through bench.remote (no probe, no subprocess)."""
-    from bench import remote
+    from gpubox.bench import remote
     sim = build(tmp_path / "box", [])
     inv = yaml.safe_load(sim.inventory_path.read_text())
     inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"].update(SMALL)
@@ -173,7 +173,7 @@ def test_default_python_is_python3_and_local_runs_stay_in_process(tmp_path, caps
 def test_request_carries_no_connection_secrets_and_resolves_host_facts(sshd, tmp_path):
     from gpubox.context import Context
     from gpubox.inventory import Inventory
-    from bench import remote
+    from gpubox.bench import remote
     sim = build(tmp_path / "box", ["numa_balancing"])
     inv = _inventory(sim, tmp_path, container=sshd.vars(), host=sshd.vars())
     ctx = Context(Inventory(inv).box("ct200"))
@@ -190,7 +190,7 @@ def test_request_carries_no_connection_secrets_and_resolves_host_facts(sshd, tmp
     assert req["container"]["vars"]["gpubox_bench"]["env"]["NCCL_ALGO"] == "Ring"
     assert {g["numa_node"] for g in req["topology"]["gpus"]} == {0, 1}
     # The container side rebuilds the same GPU choice (TP4 on one NUMA node) from the request.
-    from bench.launcher import gpus_for_tp
+    from gpubox.bench.launcher import gpus_for_tp
     rctx = remote.context_from(req)
     assert gpus_for_tp(4, rctx) == [0, 1, 2, 3]
     with pytest.raises(Exception, match="not reachable from inside the container"):
@@ -201,7 +201,7 @@ def test_request_carries_no_connection_secrets_and_resolves_host_facts(sshd, tmp
                                               ('{"protocol": 99}', "protocol 99")])
 def test_remote_entry_point_answers_bad_requests_with_an_error(stdin, fragment, capsys, monkeypatch):
     import io
-    from bench import remote
+    from gpubox.bench import remote
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     assert remote.main() == 2
     reply = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -15,10 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from bench.launcher import free_port
-from bench.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
+from gpubox.bench.launcher import free_port
+from gpubox.bench.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
 from gpubox.simbox import build
-from hwtune.nccl import load_profile
+from gpubox.hwtune.nccl import load_profile
 
 from tests.bench_helpers import simserver
 from tests.clirun import gpubox
@@ -111,7 +111,7 @@ def test_bad_nccl_proto_token_fails_start_at_tp4_only(tmp_path):
     """NCCL rejects a misspelled protocol token at init (FACTS); TP1 never initialises NCCL."""
     sim = build(tmp_path / "box", ["nccl_misspelled"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
-    base = [sys.executable, "-m", "bench.simserver", "--startup-s", "0", "--port", str(free_port()),
+    base = [sys.executable, "-m", "gpubox.bench.simserver", "--startup-s", "0", "--port", str(free_port()),
             "--host-root", str(sim.host_root), "--root", str(sim.ct_root)]
     p = subprocess.run(base + ["--tp", "4"], env=env, capture_output=True, text=True, timeout=20)
     assert p.returncode == 1

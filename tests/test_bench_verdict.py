@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import metrics, results
-from bench.verdict import evaluate, exit_code
+from gpubox.bench import metrics, results
+from gpubox.bench.verdict import evaluate, exit_code
 
 DOC = json.loads((Path(__file__).parent / "data" / "bench_result_sim.json").read_text())
 SPEED = DOC["sim_speed"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import history, regress
+from gpubox.bench import history, regress
 from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "history"

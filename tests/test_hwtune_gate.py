@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from gpubox.errors import GpuboxError
-from hwtune import ablate, links, nccl_compare, nccl_gate
-from hwtune.nccl import load_profile
-from hwtune.probe_verdict import judge
+from gpubox.hwtune import ablate, links, nccl_compare, nccl_gate
+from gpubox.hwtune.nccl import load_profile
+from gpubox.hwtune.probe_verdict import judge
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "probe" / "h200x2_nvswitch"
@@ -192,7 +192,7 @@ def test_arms_rotate_and_every_child_keeps_nvlink_multicast_off():
 
 
 def test_ablation_finds_the_variable_that_costs_and_writes_table_and_plot(tmp_path):
-    from hwtune.cli_ablate import table_md
+    from gpubox.hwtune.cli_ablate import table_md
 
     prof = load_profile("pcie-2numa")
     res = ablate.run(prof, [{"tp": 2, "gpus": [0, 1]}], sizes=[1 << 20, 256 << 20], repeats=3, python="x",
@@ -242,7 +242,7 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     from gpubox.inventory import Inventory
     from gpubox.simbox import build
     from gpubox.steps import run_steps
-    from hwtune import steps
+    from gpubox.hwtune import steps
 
     sim = build(tmp_path / "box", (), gpus=8)
     doc = yaml.safe_load(sim.inventory_path.read_text())
@@ -292,7 +292,7 @@ def test_tune_nccl_measure_installs_nothing_it_could_not_measure(tmp_path, capsy
 
 
 def test_auto_picks_the_profile_written_for_the_topology_and_nothing_for_unknown():
-    from hwtune.nccl import pick_profile
+    from gpubox.hwtune.nccl import pick_profile
 
     assert pick_profile("pcie-multi-numa").name == "pcie-2numa"
     for cls in ("nvswitch", "nvlink", "unknown", "single-gpu"):

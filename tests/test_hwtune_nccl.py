@@ -16,8 +16,8 @@ from gpubox.errors import GpuboxError
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
 from gpubox.steps import run_steps
-from hwtune import nccl, steps
-from hwtune.nccl import CONF_FILE, ENV_FILE
+from gpubox.hwtune import nccl, steps
+from gpubox.hwtune.nccl import CONF_FILE, ENV_FILE
 
 
 def gpubox(*args, env=None):

@@ -10,8 +10,8 @@ from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
 from gpubox.steps import run_steps
-from hwtune import steps
-from hwtune.numa import CONF, KNOB
+from gpubox.hwtune import steps
+from gpubox.hwtune.numa import CONF, KNOB
 
 
 def make(tmp_path, faults=(), **options):

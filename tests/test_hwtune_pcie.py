@@ -18,8 +18,8 @@ from gpubox.inventory import Inventory
 from gpubox.simbox import build
 from gpubox.simbox.pci import CAP_EXP, NO_CAP_BDF
 from gpubox.steps import run_steps
-from hwtune import steps
-from hwtune.pcie import UNIT, UNIT_PATH, decode_devctl, parse_mrrs, select_functions, write_argv
+from gpubox.hwtune import steps
+from gpubox.hwtune.pcie import UNIT, UNIT_PATH, decode_devctl, parse_mrrs, select_functions, write_argv
 
 pytestmark = pytest.mark.skipif(not shutil.which("setpci") or not shutil.which("lspci"), reason="needs pciutils")
 
@@ -214,7 +214,7 @@ def test_persist_installs_enabled_boot_unit(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
 def test_boot_unit_passes_systemd_analyze_verify(tmp_path):
-    from hwtune.pcie import unit_text
+    from gpubox.hwtune.pcie import unit_text
     p = tmp_path / UNIT
     p.write_text(unit_text(["0000:17:00.0", "0000:2a:00.0"], 5))
     r = subprocess.run(["systemd-analyze", "verify", str(p)], capture_output=True, text=True, timeout=60)

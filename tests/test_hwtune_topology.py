@@ -14,7 +14,7 @@ from gpubox.context import Context
 from gpubox.errors import GpuboxError
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
-from hwtune.topology import Gpu, Topology, discover, from_inventory, from_nvml, from_sysfs, gpus_for_tp
+from gpubox.hwtune.topology import Gpu, Topology, discover, from_inventory, from_nvml, from_sysfs, gpus_for_tp
 
 # A pynvml-shaped module over recorded values (NVML itself cannot run without a GPU). Errors are
 # raised the way pynvml raises them: an NVMLError subclass per return code.
@@ -215,7 +215,7 @@ def test_recorded_real_h200_probe_output():
     """nvml_probe.py's output recorded on a real H200 VM (driver 580.159.04) by the GPU-probe work."""
     from pathlib import Path
 
-    from hwtune.topology import from_nvml_doc
+    from gpubox.hwtune.topology import from_nvml_doc
     p = Path(__file__).parent / "fixtures" / "topology" / "h200_nvml_probe.json"
     if not p.exists():
         pytest.skip("recorded H200 fixture not present")

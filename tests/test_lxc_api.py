@@ -24,7 +24,7 @@ from gpubox.errors import GpuboxError, TransportError
 from gpubox.simbox import SimBox, build
 from gpubox.simbox.cmds import pct
 from gpubox.simbox.core import StandinError
-from provision.pve import ApiControl
+from gpubox.provision.pve import ApiControl
 from tests.clirun import gpubox
 
 TOKEN_USER, TOKEN_NAME, SECRET = "root@pam", "gpubox", "0f1e2d3c-aaaa-bbbb-cccc-0123456789ab"

@@ -6,9 +6,9 @@ import pytest
 
 from gpubox.errors import GpuboxError
 from tests.lxc_fakehost import FIXTURES, fake_host
-from provision.confedit import review
-from provision.devices import parse_proc_devices, read_host_devices
-from provision.lxcconf import LxcConf, digest
+from gpubox.provision.confedit import review
+from gpubox.provision.devices import parse_proc_devices, read_host_devices
+from gpubox.provision.lxcconf import LxcConf, digest
 
 INPUTS = sorted(p for p in FIXTURES.glob("*.conf") if not p.name.endswith(".expected.conf"))
 ALL = sorted(FIXTURES.glob("*.conf"))
@@ -119,7 +119,7 @@ def test_digest_is_sha1_of_the_file():
 
 def test_devn_path_key_spelling_is_understood(hd):
     # Config.pm $dev_desc: `path` is the default key, so `dev0: path=/dev/nvidia0,gid=44` is the same entry
-    from provision.confedit import devn_path
+    from gpubox.provision.confedit import devn_path
 
     assert devn_path("path=/dev/nvidia0,gid=44") == "/dev/nvidia0" == devn_path("/dev/nvidia0,mode=0666")
     text = (FIXTURES / "devn.conf").read_text().replace("dev0: /dev/nvidia0", "dev0: path=/dev/nvidia0")

@@ -13,7 +13,7 @@ import yaml
 
 from gpubox.simbox import build
 from gpubox.simbox.lxc import mknod
-from provision import cuda_probe
+from gpubox.provision import cuda_probe
 from tests.clirun import gpubox
 
 PROBE = cuda_probe.__file__

@@ -11,10 +11,10 @@ import pytest
 
 from gpubox.simbox.cmds import pct
 from gpubox.simbox.lxc import mknod
-from provision.confedit import _is_nvidia_path, review
-from provision.devices import read_host_devices
-from provision.lxcconf import LxcConf
-from provision.lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, host_rdev_under, parse_rule
+from gpubox.provision.confedit import _is_nvidia_path, review
+from gpubox.provision.devices import read_host_devices
+from gpubox.provision.lxcconf import LxcConf
+from gpubox.provision.lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, host_rdev_under, parse_rule
 from tests.lxc_fakehost import fake_host
 
 REAL = Path(__file__).parent / "fixtures" / "lxc" / "realworld"

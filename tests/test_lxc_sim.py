@@ -270,7 +270,7 @@ def test_pct_status_warnings_do_not_confuse_gpubox(tmp_path):
     from gpubox.host import Host
     from gpubox.inventory import HostEntry
     from gpubox.transport.local import LocalTransport
-    from provision.pve import PctControl
+    from gpubox.provision.pve import PctControl
 
     sim = _box(tmp_path, "conf_v1")
     r = _bin(sim, "pct", "status", "200")

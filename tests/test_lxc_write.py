@@ -13,8 +13,8 @@ from gpubox.errors import GpuboxError
 from gpubox.host import Host
 from gpubox.transport.local import LocalTransport
 from tests.lxc_fakehost import FIXTURES, fake_host
-from provision import lxcconf
-from provision.lxcconf import conf_path, digest, read_conf, write_conf
+from gpubox.provision import lxcconf
+from gpubox.provision.lxcconf import conf_path, digest, read_conf, write_conf
 
 OLD = (FIXTURES / "pve8_cgroup2_stale.conf").read_bytes()
 NEW = (FIXTURES / "pve8_cgroup2_stale.expected.conf").read_text()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from hwtune import nccl_compare
-from hwtune.topology import from_file
+from gpubox.hwtune import nccl_compare
+from gpubox.hwtune.topology import from_file
 from tests.clirun import gpubox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_cli_end_to_end_without_gpus(capsys):
 
 
 def test_cli_without_gpus_and_without_sets_compares_nothing(capsys):
-    from hwtune.topology import discover_local
+    from gpubox.hwtune.topology import discover_local
     if discover_local().gpus:
         pytest.skip("this machine has GPUs")
     rc, out, _ = gpubox(capsys, "probe", "--local", "--nccl-compare", "nccl-defaults")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hwtune import probe as probe_script
-from hwtune.probe_step import probe_args
-from hwtune.probe_verdict import judge, limits
-from hwtune.topology import from_file, gpus_for_tp
+from gpubox.hwtune import probe as probe_script
+from gpubox.hwtune.probe_step import probe_args
+from gpubox.hwtune.probe_verdict import judge, limits
+from gpubox.hwtune.topology import from_file, gpus_for_tp
 from tests.clirun import gpubox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def test_gpus_for_tp_when_node_0_is_short():
     doc = json.loads((TFIX / "synthetic_8gpu_2numa_pcie.json").read_text())
     for g in doc["gpus"]:
         g["numa_node"] = 0 if g["index"] < 3 else 1
-    from hwtune.topology import from_nvml_doc
+    from gpubox.hwtune.topology import from_nvml_doc
     topo = from_nvml_doc(doc)
     assert gpus_for_tp(topo, 4).gpus == [3, 4, 5, 6] and gpus_for_tp(topo, 4).crosses_numa is False
     assert gpus_for_tp(topo, 2).gpus == [0, 1]
@@ -214,7 +214,7 @@ def test_gpus_local_reads_nvml_in_process(tmp_path):
 
 def test_gpus_local_without_nvml_says_why(capsys):
     pytest.importorskip("pynvml")
-    from hwtune.topology import discover_local
+    from gpubox.hwtune.topology import discover_local
     if discover_local().gpus:
         pytest.skip("this machine has GPUs")
     rc, out, _ = gpubox(capsys, "gpus", "--local", "--json")
@@ -271,7 +271,7 @@ def test_nvswitch_links_make_every_pair_nvlink(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("pynvml_sw", tmp_path / "pynvml_sw.py")
     nv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nv)
-    from hwtune.topology import from_nvml
+    from gpubox.hwtune.topology import from_nvml
     topo = from_nvml(nv, read_numa=lambda bus: None)
     assert topo.relation(0, 5) == {"relation": "NV18", "level": "SYS", "nvlinks": 18, "via": "NVSwitch"}
     assert topo.relation(5, 6)["relation"] == "PCIe" and topo.relation(6, 7)["nvlinks"] == 0

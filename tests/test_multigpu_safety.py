@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from gpubox.errors import GpuboxError
-from hwtune import nccl_compare
-from hwtune.nccl import load_profile
-from hwtune.nccl_compare import SAFETY_ENV, child_env, profile_conflicts
+from gpubox.hwtune import nccl_compare
+from gpubox.hwtune.nccl import load_profile
+from gpubox.hwtune.nccl_compare import SAFETY_ENV, child_env, profile_conflicts
 from tests.clirun import gpubox
 
 BAD_PROFILE = """\

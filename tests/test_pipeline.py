@@ -113,7 +113,7 @@ def test_transport_error_aborts_the_run():
 
 
 def test_bench_headline_quotes_decode_figures_per_tp():
-    from provision.recover import headline
+    from gpubox.provision.recover import headline
     ms = [{"workload": "decode", "status": "ok", "output_len": 1024, "tp": tp, "label": lab, "tok_s": v}
           for tp, lab, v in [(1, "auto", 26.6), (4, "auto", 37.8), (1, "ddtree:15", 173.4), (4, "ddtree:15", 281.1)]]
     ms.append({"workload": "decode", "status": "failed", "output_len": 1024, "tp": 8, "label": "auto", "tok_s": None})

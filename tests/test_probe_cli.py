@@ -12,7 +12,7 @@ from gpubox import simbox
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.steps import SKIPPED, run_steps
-from hwtune import probe_step
+from gpubox.hwtune import probe_step
 from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "probe"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hwtune import probe
+from gpubox.hwtune import probe
 
 SCRIPT = Path(probe.__file__).read_text()
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpubox.errors import GpuboxError
 from gpubox.steps import DRIFT, FAILED, OK, SKIPPED
-from hwtune import probe_verdict as pv
+from gpubox.hwtune import probe_verdict as pv
 
 FIX = Path(__file__).parent / "fixtures" / "probe"
 

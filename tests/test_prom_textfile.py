@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import prom, regress
+from gpubox.bench import prom, regress
 from gpubox.host import Host
 from gpubox.inventory import HostEntry
 from gpubox.steps import Finding, Step, run_steps

@@ -65,7 +65,7 @@ def test_pct_transport_streams_through_the_host(tmp_path):
 
 
 def test_line_progress_batches_and_keeps_the_remote_audible():
-    from provision.stage import LineProgress
+    from gpubox.provision.stage import LineProgress
     buf = io.StringIO()
     p = LineProgress(buf, every=0.1, alive=0.3)
     p.start(1000, "staging m")
@@ -96,8 +96,8 @@ class Recorder:
 
 
 def test_remote_stage_over_ssh_shows_bytes_as_they_are_copied(tmp_path, sshd, monkeypatch):
-    from provision import stage as engine
-    from provision.stage_step import steps
+    from gpubox.provision import stage as engine
+    from gpubox.provision.stage_step import steps
     from gpubox.context import Context
     from gpubox.inventory import Inventory
     from gpubox.steps import run_steps
@@ -149,7 +149,7 @@ def _slow_start_inventory(sim, tmp_path, container, host=None, startup=3.0):
 
 @pytest.mark.parametrize("via", ["ssh", "pct"])
 def test_remote_bench_shows_each_measurement_and_never_goes_quiet(via, tmp_path, capsys, monkeypatch, request):
-    import bench.runner as runner
+    import gpubox.bench.runner as runner
     steps: list[tuple[float, str, bool]] = []
 
     def fake_progress(console, total):

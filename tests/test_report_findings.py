@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 
-from bench.report.data import from_doc
-from bench.report.findings import findings
+from gpubox.bench.report.data import from_doc
+from gpubox.bench.report.findings import findings
 
 FIX = Path(__file__).parent / "fixtures" / "results"
 
@@ -110,7 +110,7 @@ def test_before_after_delta_and_what_changed():
     assert "NUMA balancing 1 → 0" in ba.text and "MaxReadReq 512 → 4096" in ba.text
     assert ba.numbers["n"] == 27
     # the seed's documented tuning gains are in the data: +7.5% b15 at 256 tokens, +18.5% at C=8
-    from bench.report.findings import deltas
+    from gpubox.bench.report.findings import deltas
     d = {m.key: round(p, 1) for _, m, p in deltas(*runs)}
     assert d["tp4/ddtree:15/decode/out256"] == 7.5
     assert d["tp4/ddtree:15/concurrency/c8/out1024"] == 18.5

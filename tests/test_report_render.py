@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import tables as T
-from bench.report.data import load_runs
-from bench.report.latex import tex_escape
-from bench.report.markdown import md_escape
+from gpubox.bench.report import tables as T
+from gpubox.bench.report.data import load_runs
+from gpubox.bench.report.latex import tex_escape
+from gpubox.bench.report.markdown import md_escape
 from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "results"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import history
+from gpubox.bench import history
 from gpubox.cli import main
 from gpubox.simbox import build
 
@@ -119,7 +119,7 @@ def test_result_of_another_box_is_refused(tmp_path, capsys):
 
 
 def test_benchmark_that_cannot_run_becomes_a_failed_run(tmp_path):
-    from bench.runonce import run_benchmark
+    from gpubox.bench.runonce import run_benchmark
     doc = run_benchmark(str(tmp_path / "no-such-inventory.yml"), "ct200", "health", 60, True)
     assert doc["verdict"]["status"] == "failed" and doc["measurements"] == []
     assert "does not exist" in doc["verdict"]["reasons"][0]["message"]
@@ -179,7 +179,7 @@ def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, ca
 
 def test_manual_bench_is_refused_while_a_health_check_holds_the_lock(tmp_path, capsys):
     """`gpubox bench` takes the same per-box lock as the scheduled run."""
-    from bench.runonce import run_lock
+    from gpubox.bench.runonce import run_lock
     from gpubox.simbox import build
     from tests.clirun import gpubox
 

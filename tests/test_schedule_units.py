@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from bench import schedule
+from gpubox.bench import schedule
 from gpubox.errors import GpuboxError
 from gpubox.inventory import Box, HostEntry
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpubox.simbox.model import make_model
-from provision import safetensors_check as stc
-from provision import stage as st
+from gpubox.provision import safetensors_check as stc
+from gpubox.provision import stage as st
 
 SHARDS = [300_000, 200_000, 120_000]
 
@@ -185,7 +185,7 @@ def test_second_stager_refused(model, tmp_path):
     dest = tmp_path / "d"
     dest.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from provision.stage import Lock\n"
+        [sys.executable, "-c", "import sys; from gpubox.provision.stage import Lock\n"
          f"with Lock({str(dest)!r}):\n print('held', flush=True); sys.stdin.readline()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -1,7 +1,7 @@
 """Benchmark reports from result JSON (`gpubox.bench/1`): findings first, tables, plots, verdict,
 box facts; as LaTeX (optionally compiled to PDF), Markdown, or one self-contained HTML file.
 
-    from bench.report import make_report
+    from gpubox.bench.report import make_report
     out = make_report(["before.json", "after.json"], fmt="md", outdir="report", compare=True)
 
 Heavy imports (matplotlib, jinja2) happen inside make_report so `gpubox --help` stays fast.

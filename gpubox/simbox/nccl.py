@@ -27,7 +27,7 @@ NCCL_DEBUG=WARN
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    from hwtune.nccl import CONF_FILE, ENV_FILE, file_header, load_profile, render
+    from gpubox.hwtune.nccl import CONF_FILE, ENV_FILE, file_header, load_profile, render
 
     sim.inventory_extra["container"]["gpubox_nccl_profile"] = PROFILE
     if "nccl_missing" in faults:

@@ -19,16 +19,16 @@ def build(sim: SimBox, faults: set[str]) -> None:
     from ..transport.local import LocalTransport
 
     if not faults & {"uvm_missing"}:
-        from provision.lxc import persist_files
+        from gpubox.provision.lxc import persist_files
         for path, text in persist_files(sim.gpus).items():
             p = sim.hpath(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
     if not faults & {"numa_balancing", "no_numa_balancing"}:
-        from hwtune.numa import CONF, conf_text
+        from gpubox.hwtune.numa import CONF, conf_text
         sim.hpath(CONF).write_text(conf_text(0))
     if not faults & {"mrrs_512", "lockdown"}:
-        from hwtune.pcie import UNIT, UNIT_PATH, parse_mrrs, read_states, unit_text
+        from gpubox.hwtune.pcie import UNIT, UNIT_PATH, parse_mrrs, read_states, unit_text
         host = Host(HostEntry(sim.host, {"gpubox_root": str(sim.host_root)}), LocalTransport(sim.host))
         bdfs = [s.bdf for s in read_states(host) if s.devctl is not None]
         sim.hpath(UNIT_PATH).write_text(unit_text(bdfs, parse_mrrs(4096)))

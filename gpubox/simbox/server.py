@@ -41,7 +41,7 @@ def _literal(path) -> str:
 
 def build(sim: SimBox, faults: set[str]) -> None:
     ct = sim.inventory_extra["container"]
-    cmd = ["{python}", "-m", "bench.simserver", "--model", "{model}", "--drafter", "{drafter}",
+    cmd = ["{python}", "-m", "gpubox.bench.simserver", "--model", "{model}", "--drafter", "{drafter}",
            "--method", "{method}", "--budget", "{budget}", "--tp", "{tp}", "--host", "{host}",
            "--port", "{port}", "--max-model-len", "{max_model_len}", "--speed", str(SIM_SPEED),
            "--host-root", _literal(sim.host_root), "--root", _literal(sim.ct_root)]

@@ -209,20 +209,20 @@ def _run(p, ctx, check_mode):
     action, mode = p["action"], ("plan" if check_mode else "apply")
     ctx.options["dry_run"] = check_mode
     if action == "doctor":
-        from provision.recover import doctor
+        from gpubox.provision.recover import doctor
         rep = doctor(ctx, tuple(p["skip"]), tuple(p["only"]))
         return rep.to_dict(), rep.exit_code
     if action == "recover":
-        from provision.recover import recover
+        from gpubox.provision.recover import recover
         out = recover(ctx, dry_run=check_mode, skip=tuple(p["skip"]), only=tuple(p["only"]),
                       bench=False, profile=p["bench_profile"], out_dir=p["out_dir"])
         return out.to_dict(), out.exit_code
     if action == "tune":
-        import hwtune
+        from gpubox import hwtune
         rep = run_steps(ctx, hwtune.steps(ctx), mode)
         return rep.to_dict(), rep.exit_code
     if action == "stage":
-        from provision.stage_step import steps
+        from gpubox.provision.stage_step import steps
         rep = run_steps(ctx, steps(ctx), mode)
         if ctx.options.get("stage_summaries"):
             rep.extra["staged"] = ctx.options["stage_summaries"]
@@ -231,8 +231,8 @@ def _run(p, ctx, check_mode):
     if check_mode:
         return {"box": p["box"], "ok": True, "skipped": True,
                 "msg": "benchmark not run in check mode (it launches the inference server)"}, 0
-    from bench.runner import run_box
-    from bench.verdict import exit_code
+    from gpubox.bench.runner import run_box
+    from gpubox.bench.verdict import exit_code
     doc = run_box(ctx, profile=p["bench_profile"], out_dir=p["out_dir"], tps=p["tp"], methods=p["methods"])
     doc = dict(doc)
     # `path` in a module result makes Ansible add that file's owner/mode/size to the result.

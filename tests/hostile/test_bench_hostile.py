@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import results
+from gpubox.bench import results
 from tests.hostile.server import hostile
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -117,7 +117,7 @@ def test_write_faults_are_one_line_and_leave_nothing_half_written(tmp_path, caps
     (this machine cannot mount a read-only or full fs for a test): the boot unit gpubox would
     write is not left half-written and no temporary file stays behind."""
     import errno
-    from hwtune.pcie import UNIT_PATH
+    from gpubox.hwtune.pcie import UNIT_PATH
     sim = _sim(tmp_path)
     unit = sim.hpath(UNIT_PATH)
     real = getattr(os, where)

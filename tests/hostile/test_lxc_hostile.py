@@ -8,11 +8,11 @@ import os
 import pytest
 
 from gpubox.errors import GpuboxError
-from provision import lxcconf
-from provision.confedit import review
-from provision.devices import read_host_devices
-from provision.lxcconf import LxcConf, conf_path, digest, read_conf, write_conf
-from provision.lxcmodel import StartModel, host_rdev_under
+from gpubox.provision import lxcconf
+from gpubox.provision.confedit import review
+from gpubox.provision.devices import read_host_devices
+from gpubox.provision.lxcconf import LxcConf, conf_path, digest, read_conf, write_conf
+from gpubox.provision.lxcmodel import StartModel, host_rdev_under
 from tests.lxc_fakehost import FIXTURES, fake_host
 
 OLD = (FIXTURES / "pve8_cgroup2_stale.conf").read_bytes()
@@ -192,7 +192,7 @@ def test_cli_fix_on_a_symlinked_config_fails_with_the_reason(tmp_path, capsys, m
 
 
 def test_recorded_major_proves_a_stale_rule_is_ours(host, tmp_path, monkeypatch):
-    from provision.lxc import record_majors, recorded_majors
+    from gpubox.provision.lxc import record_majors, recorded_majors
 
     monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
     hd = read_host_devices(host, 2)

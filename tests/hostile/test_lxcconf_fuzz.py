@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpubox.errors import GpuboxError
-from provision.confedit import review
-from provision.devices import read_host_devices
-from provision.lxcconf import LxcConf
+from gpubox.provision.confedit import review
+from gpubox.provision.devices import read_host_devices
+from gpubox.provision.lxcconf import LxcConf
 from tests.lxc_fakehost import fake_host
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lxc"

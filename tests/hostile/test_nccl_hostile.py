@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from gpubox.errors import GpuboxError
-from hwtune import nccl
+from gpubox.hwtune import nccl
 from tests.clirun import gpubox
 
 # S is replaced by a sentinel path: if the file runs anything, the sentinel appears.

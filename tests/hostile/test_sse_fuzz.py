@@ -12,7 +12,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.client import MAX_LINE_BYTES, BadAnswer, SSEReader
+from gpubox.bench.client import MAX_LINE_BYTES, BadAnswer, SSEReader
 
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
                        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(
@@ -111,6 +111,6 @@ def test_real_server_streams_however_split(case, cuts):
 
 
 def test_real_tokenize_answers():
-    from bench.sizing import _from_answer
+    from gpubox.bench.sizing import _from_answer
     d = json.loads((REAL / "tokenize.json").read_text())["guidellm-0.8.1-mock"]
     assert _from_answer(d["answer"]) == 7 and _from_answer(d["answer_vllm_shape"]) is None

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpubox.simbox.model import make_model
-from provision import stage as st
+from gpubox.provision import stage as st
 from tests.clirun import gpubox
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -279,7 +279,7 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
     """Fail where the real start fails, from the one start model (provision.lxcmodel, written from
     lxc cgfsng.c / cgroup2_devices.c and lxc-pve-autodev-hook): an unparsable device rule, a devN node
     that a mount entry already put in place (EEXIST). Lines as print_ct_stderr_log shows them."""
-    from provision.lxcmodel import StartModel, host_rdev_under
+    from gpubox.provision.lxcmodel import StartModel, host_rdev_under
 
     entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
     entries += [(None, k, v) for k, v in conf.get("lxc", [])]
