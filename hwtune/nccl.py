@@ -31,6 +31,7 @@ import yaml
 
 from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
+from gpubox.state import backup_path
 from gpubox.steps import Finding, Plan, Step
 
 HERE = Path(__file__).resolve().parent
@@ -509,8 +510,11 @@ def box_files(ctx) -> dict[str, str]:
     return {str(ctx.box.var("gpubox_nccl_env_file", ENV_FILE)): "envfile", CONF_FILE: "ncclconf"}
 
 
+OWNED_MARK = "Managed by gpubox: NCCL profile"
+
+
 def file_header(p: Profile, path: str) -> str:
-    return (f"Managed by gpubox: NCCL profile {p.name} ({'EnvironmentFile' if path != CONF_FILE else 'nccl.conf'}).\n"
+    return (f"{OWNED_MARK} {p.name} ({'EnvironmentFile' if path != CONF_FILE else 'nccl.conf'}).\n"
             "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
 
 
@@ -564,6 +568,18 @@ def _topology_misfit(ctx, prof: Profile) -> Finding | None:
                                  "`gpubox probe --local --nccl-compare PROFILE`", refused=True, topology=cls)
 
 
+def owned_files(ctx, prof: Profile) -> dict[str, str]:
+    """The container's NCCL files that gpubox wrote for this profile (their first line is its
+    header), path -> text. Only these are removed when the profile is refused; a file an operator
+    wrote, or one of another profile, is left."""
+    out = {}
+    for path in box_files(ctx):
+        text = ctx.container.read_text(path, default="\0")
+        if text.startswith(f"# {OWNED_MARK} {prof.name} ("):
+            out[path] = text
+    return out
+
+
 class NcclEnvStep(Step):
     name = "nccl-env"
     title = "NCCL environment profile in the container"
@@ -583,6 +599,11 @@ class NcclEnvStep(Step):
             return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults")
         misfit = _topology_misfit(ctx, prof)
         if misfit:
+            owned = owned_files(ctx, prof)
+            if owned:       # refused, yet installed by an earlier run: take gpubox's own files out
+                return Finding.drift(f"{misfit.detail}; gpubox's files of it are installed: {', '.join(owned)}",
+                                     cause=misfit.cause, repair=f"gpubox tune nccl {ctx.box.name} (removes them)",
+                                     **{**misfit.evidence, "remove": owned})
             return misfit
         ct, want = ctx.container, prof.env
         problems, ev = [], {"profile": prof.name, "want": want, "files": {}}
@@ -610,6 +631,11 @@ class NcclEnvStep(Step):
 
     def plan(self, ctx, finding: Finding) -> Plan:
         prof = self._profile(ctx)
+        remove = finding.evidence.get("remove")
+        if remove:      # data maps a path to None: remove it (backed up first)
+            diff = "".join(unified(path, old, "") for path, old in remove.items())
+            return Plan(f"remove {', '.join(remove)} (the refused profile's files)", diff, [],
+                        dict.fromkeys(remove))
         if finding.evidence.get("refused"):
             return Plan(f"nothing written: {finding.detail}", "", [], {})
         ct, writes, diff = ctx.container, {}, ""
@@ -623,4 +649,8 @@ class NcclEnvStep(Step):
 
     def apply(self, ctx, plan: Plan) -> None:
         for path, text in plan.data.items():
-            ctx.container.write(path, text, mode=0o644)
+            if text is None:
+                backup_path(ctx.container.name, path).write_bytes(ctx.container.read_bytes(path))
+                ctx.container.remove(path)
+            else:
+                ctx.container.write(path, text, mode=0o644)

@@ -264,7 +264,8 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     inv = Inventory(sim.inventory_path)
     ctx3 = Context(box=inv.box("ct200"), inventory=inv, options={})
     s3 = run_steps(ctx3, steps(ctx3, ("nccl-env",)), "check").steps[0]
-    assert s3.status == "failed" and "this box is nvswitch" in s3.detail
+    # refused, and an earlier run installed it: drift, the repair takes gpubox's files of it out
+    assert s3.status == "drift" and "this box is nvswitch" in s3.detail and "files of it are installed" in s3.detail
 
 
 def test_probe_script_reads_nvlink_and_numa_without_nvml_functions():
@@ -297,3 +298,45 @@ def test_auto_picks_the_profile_written_for_the_topology_and_nothing_for_unknown
     assert pick_profile("pcie-multi-numa").name == "pcie-2numa"
     for cls in ("nvswitch", "nvlink", "unknown", "single-gpu"):
         assert pick_profile(cls) is None          # NCCL's own tuning: no variables
+
+
+def test_refused_profile_installed_earlier_is_removed_and_only_gpubox_files_go(tmp_path):
+    """pcie-2numa is in place on the healthy simulated box; once the box is known to be NVSwitch
+    (the x0.41 of the real H200 pair), the refused profile's files are taken out, backed up, with the
+    diff shown; an nccl.conf the operator wrote (no gpubox header) is left byte-identical; a second
+    run changes nothing and still reports the refusal."""
+    from gpubox.context import Context
+    from gpubox.hwtune import steps
+    from gpubox.inventory import Inventory
+    from gpubox.simbox import build
+    from gpubox.steps import run_steps
+
+    sim = build(tmp_path / "box", (), gpus=8)
+    doc = yaml.safe_load(sim.inventory_path.read_text())
+    ct = doc["all"]["children"]["gpu_containers"]["hosts"]["ct200"]
+    ct["gpubox_topology"] = "nvswitch"
+    ct["gpubox_nccl_profile"] = "pcie-2numa"
+    sim.inventory_path.write_text(yaml.safe_dump(doc))
+    inv = Inventory(sim.inventory_path)
+    conf = sim.cpath("/etc/nccl.conf")
+    assert conf.read_text().startswith("# Managed by gpubox: NCCL profile pcie-2numa")
+    env_files = [p for p in sim.cpath("/etc").rglob("*") if p.is_file() and p != conf
+                 and p.read_text(errors="replace").startswith("# Managed by gpubox: NCCL profile")]
+    assert env_files, "the healthy simulated box has the profile's EnvironmentFile"
+
+    def run(mode):
+        ctx = Context(box=inv.box("ct200"), inventory=inv, options={})
+        return run_steps(ctx, steps(ctx, ("nccl-env",)), mode).steps[0]
+
+    dry = run("plan")
+    assert dry.status == "drift" and "would remove" in dry.detail and "-NCCL_PROTO=LL" in dry.diff
+    assert conf.exists() and all(p.exists() for p in env_files)
+    done = run("apply")
+    assert done.changed and done.status == "failed" and "this box is nvswitch" in done.detail
+    assert not conf.exists() and not any(p.exists() for p in env_files)
+    again = run("apply")
+    assert not again.changed and again.status == "failed" and "not installed" in again.detail
+
+    conf.write_text("NCCL_DEBUG=WARN\n")                    # the operator's own file: not gpubox's
+    mine = run("apply")
+    assert not mine.changed and conf.read_text() == "NCCL_DEBUG=WARN\n"
