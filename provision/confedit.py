@@ -129,10 +129,16 @@ class Owner:
         self.now = set(hd.nvidia_majors().values())
         self.hd = hd
         self.recorded = set(recorded)  # NVIDIA majors gpubox saw when it last wrote this config
-        self.names_dynamic = any(
-            "/dev/nvidia-uvm" in (l.value or "") or "/dev/nvidia-caps" in (l.value or "")
-            or "dev/nvidia-uvm" in (l.value or "") or "dev/nvidia-caps" in (l.value or "")
-            for l in lines if l.key == MOUNT or (l.key and _DEVN.match(l.key)))
+        # Mounting uvm/caps nodes proves a stale dynamic rule was theirs only while a mounted node
+        # still lacks a rule for its current major: once gpubox (or anyone) added that rule, the
+        # mounts no longer vouch for a dynamic rule that could not be proven before, and devN nodes
+        # never need a rule (Proxmox derives it at start) - a second run must not drop what the
+        # first kept (found by the Hypothesis fuzz of review()).
+        named = {name for name in ("nvidia-uvm", "nvidia-caps")
+                 if any(f"dev/{name}" in (l.value or "") for l in lines if l.key == MOUNT)}
+        allowed = {r.major for l in lines if l.key == ALLOW
+                   for r in [parse_rule(l.key, (l.value or "").strip())] if r and not r.is_global}
+        self.names_dynamic = any(hd.majors.get(name) not in allowed for name in named)
 
     def major(self, major: int | None) -> bool:
         if major is None:
