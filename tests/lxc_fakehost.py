@@ -31,3 +31,21 @@ def fake_host(root: Path, gpus: int = 2, uvm: int | None = 511, uvm_nodes: bool 
         mknod(root / "dev/nvidia-uvm-tools", uvm, 1)
     (root / "etc/pve/lxc").mkdir(parents=True, exist_ok=True)
     return Host(HostEntry("pve1", {"gpubox_root": str(root)}), LocalTransport("pve1"))
+
+
+STALE_OLD = (FIXTURES / "pve8_cgroup2_stale.conf").read_bytes()
+STALE_NEW = (FIXTURES / "pve8_cgroup2_stale.expected.conf").read_text()
+
+
+def host_with_stale_conf(root: Path) -> Host:
+    """A fake host whose CT 200 config is the stale-uvm fixture, mode 0640 as pmxcfs keeps it."""
+    import os
+
+    from gpubox.provision.lxcconf import conf_path
+
+    h = fake_host(root)
+    real = h.path(conf_path(200))
+    with open(real, "wb") as f:
+        f.write(STALE_OLD)
+    os.chmod(real, 0o640)
+    return h

@@ -13,20 +13,14 @@ from gpubox.provision.confedit import review
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxcconf import LxcConf, conf_path, digest, read_conf, write_conf
 from gpubox.provision.lxcmodel import StartModel, host_rdev_under
-from tests.lxc_fakehost import FIXTURES, fake_host
+from tests.lxc_fakehost import STALE_NEW, STALE_OLD, host_with_stale_conf
 
-OLD = (FIXTURES / "pve8_cgroup2_stale.conf").read_bytes()
-NEW = (FIXTURES / "pve8_cgroup2_stale.expected.conf").read_text()
+OLD, NEW = STALE_OLD, STALE_NEW
 
 
 @pytest.fixture
 def host(tmp_path):
-    h = fake_host(tmp_path / "pve1")
-    real = h.path(conf_path(200))
-    with open(real, "wb") as f:
-        f.write(OLD)
-    os.chmod(real, 0o640)
-    return h
+    return host_with_stale_conf(tmp_path / "pve1")
 
 
 def _real(h):
