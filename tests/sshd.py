@@ -240,3 +240,14 @@ def sshd_factory(tmp_path_factory):
 def sshd(sshd_factory) -> SSHServer:
     """A real sshd on 127.0.0.1 (see the module docstring)."""
     return sshd_factory("127.0.0.1")
+
+
+def container_over_ssh(inventory_path: Path, box: str, server: "SSHServer") -> None:
+    """Point a simulated box's container entry at the real sshd (drops the local connection and the
+    stand-in bin dirs), so the container is reached as on a real box."""
+    inv = yaml.safe_load(inventory_path.read_text())
+    ct = inv["all"]["children"]["gpu_containers"]["hosts"][box]
+    for k in ("ansible_connection", "gpubox_bin_dirs"):
+        ct.pop(k, None)
+    ct.update(server.vars())
+    inventory_path.write_text(yaml.safe_dump(inv))

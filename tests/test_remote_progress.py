@@ -21,6 +21,7 @@ from gpubox.transport.local import LocalTransport
 from gpubox.transport.pct import PctTransport
 from tests.test_bench_remote import _inventory
 from tests.clirun import gpubox
+from tests.sshd import container_over_ssh
 
 # Three lines 0.6 s apart, then exit: a transport that buffers until the end delivers all at once.
 TICKER = ("import sys, time\n"
@@ -103,12 +104,7 @@ def test_remote_stage_over_ssh_shows_bytes_as_they_are_copied(tmp_path, sshd, mo
     from gpubox.steps import run_steps
 
     sim = build(tmp_path / "box", ["shm_empty"])
-    inv = yaml.safe_load(sim.inventory_path.read_text())
-    ct = inv["all"]["children"]["gpu_containers"]["hosts"][sim.box]
-    for k in ("ansible_connection", "gpubox_bin_dirs"):
-        ct.pop(k, None)
-    ct.update(sshd.vars())
-    sim.inventory_path.write_text(yaml.safe_dump(inv))
+    container_over_ssh(sim.inventory_path, sim.box, sshd)
     bars: list[Recorder] = []
     monkeypatch.setattr(engine, "rich_progress", lambda console=None: bars.append(Recorder()) or bars[-1])
     i = Inventory(sim.inventory_path)

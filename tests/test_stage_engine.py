@@ -13,6 +13,7 @@ import pytest
 from gpubox.simbox.model import make_model
 from gpubox.provision import safetensors_check as stc
 from gpubox.provision import stage as st
+from tests.pagecache import evict
 
 SHARDS = [300_000, 200_000, 120_000]
 
@@ -401,14 +402,6 @@ def test_empty_file_staged_and_verified(model, tmp_path):
     assert st.check(str(model), str(dest), verify=True)["verified"] == len(_files(model))
 
 
-def _evict(d: Path) -> None:
-    os.sync()
-    for p in d.iterdir():
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
 def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
     """After a reboot the source is not cached: its chunks are read with O_DIRECT (no page-cache
     insertion); a cached source is read from the cache. Both copies are exact and verify."""
@@ -422,7 +415,7 @@ def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
     if have is None or st._fstype(str(src)) not in st.DIRECT_FS:
         pytest.skip("needs cachestat(2) (Linux 6.5+) and a local block filesystem under tmp_path")
     shards = [p for p in src.iterdir() if p.suffix == ".safetensors"]
-    _evict(src)
+    evict(src)
     cold = _stage(src, tmp_path / "cold")
     assert cold["read_direct_bytes"] >= sum(p.stat().st_size for p in shards) - (1 << 20)
     for p in src.iterdir():

@@ -14,6 +14,7 @@ from gpubox.steps import run_steps
 from gpubox.provision import stage as engine
 from gpubox.provision.stage_step import steps
 from tests.clirun import gpubox
+from tests.sshd import container_over_ssh
 
 
 def _ctx(sim, **opts):
@@ -185,12 +186,7 @@ def test_hf_repo_id_source_from_offline_cache(tmp_path, monkeypatch):
 def test_step_over_real_ssh_runs_the_stdlib_copier_remotely(tmp_path, sshd):
     """The container reached over SSH: the copier travels as `python3 - --request JSON`."""
     sim = build(tmp_path / "box", ["truncated_shard"])
-    inv = yaml.safe_load(sim.inventory_path.read_text())
-    ct = inv["all"]["children"]["gpu_containers"]["hosts"][sim.box]
-    for k in ("ansible_connection", "gpubox_bin_dirs"):
-        ct.pop(k, None)
-    ct.update(sshd.vars())
-    sim.inventory_path.write_text(yaml.safe_dump(inv))
+    container_over_ssh(sim.inventory_path, sim.box, sshd)
     ctx = _ctx(sim)
     assert not ctx.container.transport.is_local
     try:

@@ -24,6 +24,7 @@ import pytest
 from gpubox.simbox.model import make_model
 from gpubox.provision import stage as st
 from tests.clirun import gpubox
+from tests.pagecache import evict
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "provision" / "stage.py"
@@ -45,14 +46,6 @@ CUTS = {"to zero": lambda n: 0, "to one byte": lambda n: 1, "to a page": lambda 
         "by a page and 7": lambda n: n - 4096 - 7}
 
 
-def _evict(d: Path) -> None:
-    os.sync()
-    for p in d.iterdir():
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
 @pytest.mark.parametrize("cache", ["warm", "cold"])
 @pytest.mark.parametrize("workers", [1, 4])
 @pytest.mark.parametrize("cut", list(CUTS))
@@ -63,7 +56,7 @@ def test_source_truncated_during_the_copy_is_an_error_never_a_signal(tmp_path, c
     src, dest = tmp_path / "src" / "M", tmp_path / "shm" / "M"
     make_model(src, [BIG], seed=3)
     if cache == "cold":
-        _evict(src)
+        evict(src)
     shard = src / SHARD
     size = shard.stat().st_size
     p = subprocess.Popen([sys.executable, str(ENGINE), str(src), str(dest), "--workers", str(workers)],
