@@ -10,7 +10,7 @@ from rich.table import Table
 
 from gpubox.clihelp import box_context, emit, json_option
 from gpubox.output import console, print_json
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 
 on_option = click.option("--on", "on", type=click.Choice(["container", "host"]), default=None,
                          help="Where the units live: in the container (default) or on the Proxmox host via pct exec.")

@@ -73,6 +73,7 @@ class BenchStep(Step):
     name = "bench"
     title = "server benchmark (TP1/4/8) with health verdict"
     where = "container"
+    requires = ("cuda",)
 
     def __init__(self, profile: str | None = None, out_dir: str | None = None):
         self.profile, self.out_dir = profile, out_dir

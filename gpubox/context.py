@@ -1,10 +1,12 @@
-"""What a step needs to run: the box, lazily connected hosts, options, and a console."""
+"""What a step needs to run: the box, lazily connected hosts, options, a console, and the facts
+read so far in this run (cached, like pyinfra's `host.get_fact`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from .facts import Fact, FactCache
 from .host import Host, connect_box
 from .inventory import Box, Inventory
 
@@ -17,6 +19,7 @@ class Context:
     verbose: bool = False
     console: Any = None  # rich Console, or None when quiet/JSON
     _hosts: tuple[Host, Host] | None = None
+    _facts: FactCache = field(default_factory=FactCache)
 
     def _connect(self) -> tuple[Host, Host]:
         if self._hosts is None:
@@ -31,6 +34,14 @@ class Context:
     @property
     def container(self) -> Host:
         return self._connect()[1]
+
+    def fact(self, fact: type[Fact], *args: Any) -> Any:
+        """A fact's parsed value, read once per run (until `forget`)."""
+        return self._facts.get(self, fact, *args)
+
+    def forget(self, where: str | None = None) -> None:
+        """Drop cached facts (after a change, so verify reads the host again)."""
+        self._facts.forget(where)
 
     def opt(self, key: str, default: Any = None) -> Any:
         v = self.options.get(key)

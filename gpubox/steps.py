@@ -1,86 +1,232 @@
-"""The step model: check -> plan -> apply -> verify, in the spirit of pyinfra facts/operations and
-Ansible's check mode.
+"""The step model: facts -> decide -> plan -> apply -> verify, in the spirit of pyinfra
+facts/operations and Ansible's check mode.
 
-A Step reads state (`check` returns a Finding: ok / drift / failed, with evidence), turns drift
-into a concrete Plan (a unified diff and/or exact argv lists, no side effects), applies it, and
-re-reads to prove it took. `run_steps` drives a list of steps in one of three modes:
+A step reads host state through facts (`gather`, cached per run on the context), then a pure
+`decide(facts, options)` returns a Finding: ok / drift / failed with typed evidence, and for drift
+the Plan that repairs it. A Plan holds exactly the actions apply runs (`Run` argv lists, `Write`
+and `Remove` of files); what a dry run shows (`commands`, `diff`) is derived from those actions, so
+the two cannot drift apart. `apply` executes the actions; `verify` forgets the facts and decides
+again. The engine that drives steps (modes, requires, lanes) is `gpubox.pipeline`.
 
-- "check": doctor; checks only.
-- "plan":  --dry-run; check + plan, nothing is changed.
-- "apply": check, plan, apply, verify; a step whose `requires` did not end ok/fixed is skipped.
-
-Every outcome is a StepResult that renders as a table row or as JSON.
+Steps that cannot be expressed as facts + actions (a container restart, the staging engine)
+override `check`/`plan`/`apply`; the engine only ever calls those four verbs.
 """
 
 from __future__ import annotations
 
-import time
-import traceback
+import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-from .errors import GpuboxError, TransportError
+from .diffs import unified
 
 OK, DRIFT, FIXED, FAILED, SKIPPED = "ok", "drift", "fixed", "failed", "skipped"
 MODES = ("check", "plan", "apply")
 
 
+class _Omit:
+    """Marks an evidence field that this finding does not report (left out of the record)."""
+
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT: Any = _Omit()
+
+
+def evidence_dict(evidence: Any) -> dict[str, Any]:
+    """The JSON record of a finding's evidence: a dataclass's fields (those not OMIT), or the
+    dict as it is."""
+    if dataclasses.is_dataclass(evidence) and not isinstance(evidence, type):
+        return {f.name: _plain(getattr(evidence, f.name)) for f in dataclasses.fields(evidence)
+                if getattr(evidence, f.name) is not OMIT}
+    return dict(evidence or {})
+
+
+def _plain(v: Any) -> Any:
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return evidence_dict(v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
 @dataclass
 class Finding:
-    """What `check` saw."""
+    """What a step saw: status, a one-line detail, typed evidence, and for drift its Plan."""
 
     status: str  # ok | drift | failed
     detail: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Any = field(default_factory=dict)   # a dataclass, or a dict for small steps
     cause: str | None = None
     repair: str | None = None
+    plan: "Plan | None" = None
 
     @classmethod
-    def ok(cls, detail: str, **evidence) -> "Finding":
-        return cls(OK, detail, evidence)
+    def ok(cls, detail: str, evidence: Any = None, **kw) -> "Finding":
+        return cls(OK, detail, _ev(evidence, kw))
 
     @classmethod
-    def drift(cls, detail: str, cause: str | None = None, repair: str | None = None, **evidence) -> "Finding":
-        return cls(DRIFT, detail, evidence, cause, repair)
+    def drift(cls, detail: str, cause: str | None = None, repair: str | None = None, *,
+              plan: "Plan | None" = None, evidence: Any = None, **kw) -> "Finding":
+        return cls(DRIFT, detail, _ev(evidence, kw), cause, repair, plan)
 
     @classmethod
-    def failed(cls, detail: str, cause: str | None = None, repair: str | None = None, **evidence) -> "Finding":
-        return cls(FAILED, detail, evidence, cause, repair)
+    def failed(cls, detail: str, cause: str | None = None, repair: str | None = None, *,
+               evidence: Any = None, **kw) -> "Finding":
+        return cls(FAILED, detail, _ev(evidence, kw), cause, repair)
+
+
+def _ev(evidence: Any, kw: dict[str, Any]) -> Any:
+    if evidence is None:
+        return kw
+    if kw:
+        raise TypeError("give evidence as one object or as keywords, not both")
+    return evidence
+
+
+# --- plan actions: what apply runs, exactly -------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostPath:
+    """A path on the step's host inside an argv: shown and run with the host's root prefix."""
+
+    path: str
+
+
+@dataclass
+class Run:
+    """One argv on the step's host (or `where`). `after(host)` may read back and raise: a
+    post-condition that runs no command of its own (e.g. PCIe bits outside 14:12 moved)."""
+
+    argv: list[Any]
+    input: str | bytes | None = None
+    timeout: float = 60
+    where: str | None = None
+    after: Callable[[Any], None] | None = None
+
+    def resolved(self, host) -> list[str]:
+        return [host.path(a.path) if isinstance(a, HostPath) else str(a) for a in self.argv]
+
+
+@dataclass
+class Write:
+    """Atomic write of a file, with a backup of its old content on the control node."""
+
+    path: str
+    text: str | bytes
+    old: str | None = ""          # what the diff is shown against ("" = empty, None = /dev/null)
+    mode: int | None = 0o644
+    where: str | None = None
+
+    def diff(self) -> str:
+        new = self.text.decode() if isinstance(self.text, bytes) else self.text
+        return unified(self.path, self.old, new)
+
+
+@dataclass
+class Remove:
+    """Remove a file, keeping its old content as a backup on the control node."""
+
+    path: str
+    old: str = ""
+    where: str | None = None
+
+    def diff(self) -> str:
+        return unified(self.path, self.old, "")
 
 
 @dataclass
 class Plan:
-    """The exact change `apply` would make. `data` is the step's own payload for `apply`."""
+    """The exact change `apply` would make.
+
+    New steps give `actions`; `commands` and `diff` then come from them. `commands`, `diff` and
+    `data` given directly are for steps that override `apply` (their own payload)."""
 
     description: str = ""
     diff: str = ""
     commands: list[list[str]] = field(default_factory=list)
     data: Any = None
+    actions: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.actions and not self.diff:
+            self.diff = "".join(a.diff() for a in self.actions if isinstance(a, (Write, Remove)))
 
     @property
     def empty(self) -> bool:
-        return not (self.diff or self.commands or self.data)
+        return not (self.diff or self.commands or self.data or self.actions)
+
+    def shown_commands(self, host_for: Callable[[str | None], Any]) -> list[list[str]]:
+        """The argv lists a dry run shows: the given ones, then every Run action resolved."""
+        out = [list(c) for c in self.commands]
+        out += [a.resolved(host_for(a.where)) for a in self.actions if isinstance(a, Run)]
+        return out
+
+
+def execute(plan: Plan, host_for: Callable[[str | None], Any], backup_for: Callable[[Any, str], Any]) -> None:
+    """Run a plan's actions in order; the first failure stops the rest (it raises)."""
+    for a in plan.actions:
+        host = host_for(a.where)
+        if isinstance(a, Run):
+            host.run(a.resolved(host), input=a.input, timeout=a.timeout, check=True)
+            if a.after is not None:
+                a.after(host)
+        elif isinstance(a, Write):
+            host.write(a.path, a.text, mode=a.mode)
+        elif isinstance(a, Remove):
+            backup_for(host, a.path).write_bytes(host.read_bytes(a.path))
+            host.remove(a.path)
+        else:
+            raise TypeError(f"unknown plan action {a!r}")
 
 
 class Step:
-    """Base class. Subclasses set `name`, `where` ("host" | "container") and the four verbs."""
+    """Base class. Subclasses set `name`, `where` ("host" | "container"), `requires` (names of
+    steps that must end ok/fixed first in apply mode) and either `gather` + `decide`, or the
+    verbs `check` / `plan` / `apply` themselves. `lane` (default: `where`) is the pipeline lane."""
 
     name: str = "step"
     title: str = ""
     where: str = "host"
     requires: tuple[str, ...] = ()
+    lane: str | None = None
 
-    def check(self, ctx) -> Finding:
+    # -- facts and decision ------------------------------------------------------------------
+    def gather(self, ctx) -> Any:
+        """Read this step's facts (through `ctx.fact`); the only part that touches a host."""
         raise NotImplementedError
+
+    def options(self, ctx) -> Any:
+        """The desired state: inventory variables and command-line options this step reads."""
+        return dict(getattr(ctx, "options", {}) or {})
+
+    def decide(self, facts: Any, options: Any) -> Finding:
+        """Pure: facts and options in, a Finding (with its Plan when it is drift) out."""
+        raise NotImplementedError
+
+    # -- the verbs the engine calls --------------------------------------------------------------
+    def check(self, ctx) -> Finding:
+        return self.decide(self.gather(ctx), self.options(ctx))
 
     def plan(self, ctx, finding: Finding) -> Plan:
-        return Plan()
+        return finding.plan or Plan()
 
     def apply(self, ctx, plan: Plan) -> None:
-        raise NotImplementedError
+        from .state import backup_path
+        execute(plan, lambda where: self.host_for(ctx, where), lambda h, p: backup_path(h.name, p))
 
     def verify(self, ctx) -> Finding:
+        forget = getattr(ctx, "forget", None)
+        if forget is not None:
+            forget()
         return self.check(ctx)
+
+    # -- where it acts -------------------------------------------------------------------------
+    def host_for(self, ctx, where: str | None = None):
+        return ctx.host if (where or self.where) == "host" else ctx.container
 
     def host_name(self, ctx) -> str:
         try:
@@ -143,88 +289,3 @@ class RunReport:
         return d
 
 
-def _result_from(step: Step, ctx, f: Finding, status: str | None = None, **kw) -> StepResult:
-    return StepResult(name=step.name, title=step.title or step.name, host=step.host_name(ctx),
-                      status=status or f.status, detail=f.detail, evidence=f.evidence,
-                      cause=f.cause, repair=f.repair, **kw)
-
-
-def run_step(step: Step, ctx, mode: str) -> StepResult:
-    """One step through the verbs the mode allows. Transport errors propagate (cannot run: exit 2)."""
-    t0 = time.monotonic()
-    try:
-        f = step.check(ctx)
-        if f.status != DRIFT or mode == "check":
-            res = _result_from(step, ctx, f)
-        else:
-            plan = step.plan(ctx, f)
-            if mode == "plan":
-                res = _result_from(step, ctx, f, diff=plan.diff, commands=plan.commands)
-                if plan.description:
-                    res.detail = f"{f.detail}; would {plan.description}"
-            else:
-                step.apply(ctx, plan)
-                v = step.verify(ctx)
-                status = FIXED if v.status == OK else FAILED
-                res = _result_from(step, ctx, v, status=status, changed=True, diff=plan.diff,
-                                   commands=plan.commands)
-                if status == FIXED:
-                    res.detail = f"{f.detail} -> {plan.description or 'repaired'}; verified: {v.detail}"
-                    res.cause = f.cause
-                else:
-                    res.detail = f"applied but verify says: {v.detail}"
-                    res.cause = v.cause or f.cause
-                    res.repair = v.repair or f.repair
-    except TransportError:
-        raise
-    except GpuboxError as exc:
-        res = StepResult(step.name, step.host_name(ctx), FAILED, detail=str(exc), title=step.title or step.name)
-    except OSError as exc:     # EROFS, EPERM (immutable), ENOSPC, ENOTDIR...: the cause, not "internal error"
-        from .errors import os_error
-        err = os_error(exc)
-        res = StepResult(step.name, step.host_name(ctx), FAILED, detail=err.problem,
-                         title=step.title or step.name, repair=err.fix)
-    except UnicodeDecodeError as exc:
-        res = StepResult(step.name, step.host_name(ctx), FAILED, title=step.title or step.name,
-                         detail=f"input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
-                                f"at offset {exc.start}",
-                         repair="fix or re-save the file as UTF-8")
-    except Exception as exc:  # a bug or an unexpected state: report it on the step, keep going
-        if getattr(ctx, "verbose", False):
-            traceback.print_exc()
-        res = StepResult(step.name, step.host_name(ctx), FAILED, title=step.title or step.name,
-                         detail=f"internal error: {type(exc).__name__}: {exc}",
-                         repair="re-run with -v for the traceback and report it")
-    res.seconds = time.monotonic() - t0
-    return res
-
-
-def run_steps(ctx, steps: Iterable[Step], mode: str = "check",
-              on_result: Callable[[StepResult], None] | None = None) -> RunReport:
-    """Run steps in order; in apply mode a step is skipped when a step it requires did not end well."""
-    if mode not in MODES:
-        raise ValueError(mode)
-    from .boxlock import lock_for
-    with lock_for(ctx, mode):       # every change to a box holds its one lock
-        return _run_steps(ctx, steps, mode, on_result)
-
-
-def _run_steps(ctx, steps, mode, on_result) -> RunReport:
-    t0 = time.monotonic()
-    report = RunReport(box=getattr(getattr(ctx, "box", None), "name", "-"), mode=mode)
-    final: dict[str, str] = {}
-    for step in steps:
-        bad = [r for r in step.requires if r in final and final[r] not in (OK, FIXED)]
-        if mode == "apply" and bad:
-            res = StepResult(step.name, step.host_name(ctx), SKIPPED, title=step.title or step.name,
-                             detail=f"blocked: {', '.join(bad)} did not end ok",
-                             evidence={"blocked_by": bad},
-                             repair=f"fix {', '.join(bad)} first, then re-run")
-        else:
-            res = run_step(step, ctx, mode)
-        final[step.name] = res.status
-        report.steps.append(res)
-        if on_result:
-            on_result(res)
-    report.seconds = time.monotonic() - t0
-    return report

@@ -14,7 +14,7 @@ from rich.table import Table
 from gpubox.clihelp import box_context, dry_run_option, emit, json_option
 from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 
 from . import steps as hw_steps
 

@@ -584,6 +584,7 @@ class NcclEnvStep(Step):
     name = "nccl-env"
     title = "NCCL environment profile in the container"
     where = "container"
+    requires = ("container",)
 
     def _profile(self, ctx) -> Profile | None:
         name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")

@@ -13,15 +13,19 @@ files cannot be replaced by rename, so Host.write's atomic rename does not apply
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
-from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
-from gpubox.steps import Finding, Plan, Step
+from gpubox.facts import Fact
+from gpubox.steps import OMIT, Finding, HostPath, Plan, Run, Step, Write
 
 KNOB = "/proc/sys/kernel/numa_balancing"
 CONF = "/etc/sysctl.d/90-gpubox-numa.conf"
 SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
+SYSCTL_CONF = "/etc/sysctl.conf"
 MEANING = {0: "off", 1: "on", 2: "memory tiering"}
+_LINE = re.compile(r"\s*-?kernel[./]numa_balancing\s*=\s*(\S+)")
 
 
 def desired(ctx) -> int:
@@ -35,12 +39,77 @@ def desired(ctx) -> int:
     return n
 
 
+# --- facts ------------------------------------------------------------------------------------
+
+class LiveValue(Fact):
+    """The live kernel.numa_balancing; None when the kernel has no NUMA balancing."""
+
+    @staticmethod
+    def read(host) -> str:
+        return host.read_text(KNOB, default="")
+
+    @staticmethod
+    def parse(raw: str) -> int | None:
+        text = raw.strip()
+        return int(text) if text else None
+
+
+class SysctlFiles(Fact):
+    """Every sysctl.d file systemd-sysctl would apply (a name in an earlier directory hides the
+    same name in a later one), as [(path, text)] in application order, then /etc/sysctl.conf."""
+
+    @staticmethod
+    def read(host) -> list[tuple[str, str]]:
+        files: dict[str, str] = {}
+        for d in SYSCTL_DIRS:
+            try:
+                names = host.listdir(d)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for n in names:
+                if n.endswith(".conf") and n not in files:
+                    files[n] = f"{d}/{n}"
+        out = [(files[n], host.read_text(files[n], default="")) for n in sorted(files)]
+        return out + [(SYSCTL_CONF, host.read_text(SYSCTL_CONF, default=""))]
+
+    @staticmethod
+    def parse(raw: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(p, t) for p, t in raw]
+
+
+class FileText(Fact):
+    """A file's text, "" when absent."""
+
+    @staticmethod
+    def read(host, path: str) -> str:
+        return host.read_text(path, default="")
+
+
 def read_live(host) -> int | None:
     """Current value, None when the kernel has no NUMA balancing."""
-    text = host.read_text(KNOB, default="").strip()
-    if not text:
-        return None
-    return int(text)
+    return LiveValue.parse(LiveValue.read(host))
+
+
+def boot_value(files: list[tuple[str, str]]) -> tuple[int | None, str | None]:
+    """The value sysctl.d applies at boot and the file it comes from: files apply in name order,
+    the last one wins; /etc/sysctl.conf is applied last (99-sysctl.conf link on Debian)."""
+    value, source = None, None
+    for path, text in files:
+        for line in text.splitlines():
+            m = _LINE.match(line)
+            if not m:
+                continue
+            if path == SYSCTL_CONF and not m.group(1).isdigit():
+                continue
+            try:
+                value, source = int(m.group(1)), path
+            except ValueError:
+                pass
+    return value, source
+
+
+def boot_setting(host) -> tuple[int | None, str | None]:
+    return boot_value(SysctlFiles.read(host))
 
 
 def conf_text(value: int) -> str:
@@ -48,35 +117,28 @@ def conf_text(value: int) -> str:
             f"kernel.numa_balancing = {value}\n")
 
 
-def boot_setting(host) -> tuple[int | None, str | None]:
-    """The value sysctl.d applies at boot and the file it comes from.
+# --- the step ---------------------------------------------------------------------------------
 
-    systemd-sysctl reads every *.conf of these directories, a name in an earlier directory hiding
-    the same name in a later one, then applies them in name order: the last file wins."""
-    files: dict[str, str] = {}
-    for d in SYSCTL_DIRS:
-        try:
-            names = host.listdir(d)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for n in names:
-            if n.endswith(".conf") and n not in files:
-                files[n] = f"{d}/{n}"
-    value, source = None, None
-    for n in sorted(files):
-        for line in host.read_text(files[n], default="").splitlines():
-            m = re.match(r"\s*-?kernel[./]numa_balancing\s*=\s*(\S+)", line)
-            if m:
-                try:
-                    value, source = int(m.group(1)), files[n]
-                except ValueError:
-                    pass
-    conf = host.read_text("/etc/sysctl.conf", default="")
-    for line in conf.splitlines():   # /etc/sysctl.conf is applied last (99-sysctl.conf link on Debian)
-        m = re.match(r"\s*-?kernel[./]numa_balancing\s*=\s*(\S+)", line)
-        if m and m.group(1).isdigit():
-            value, source = int(m.group(1)), "/etc/sysctl.conf"
-    return value, source
+@dataclass
+class Facts:
+    live: int | None
+    sysctl_files: list[tuple[str, str]] | None = None     # read only with persist
+    own_conf: str | None = None
+
+
+@dataclass
+class Options:
+    want: int
+    persist: bool = False
+    box: str = "BOX"
+
+
+@dataclass
+class Evidence:
+    live: int | None
+    want: Any = OMIT
+    boot: Any = OMIT
+    boot_source: Any = OMIT
 
 
 class NumaBalancingStep(Step):
@@ -84,51 +146,43 @@ class NumaBalancingStep(Step):
     title = "kernel.numa_balancing"
     where = "host"
 
-    def check(self, ctx) -> Finding:
-        host, want = ctx.host, desired(ctx)
-        live = read_live(host)
+    def options(self, ctx) -> Options:
+        return Options(desired(ctx), bool(ctx.opt("persist")), ctx.box.name)
+
+    def gather(self, ctx) -> Facts:
+        live = ctx.fact(LiveValue)
+        if live is None or not ctx.opt("persist"):
+            return Facts(live)
+        return Facts(live, ctx.fact(SysctlFiles), ctx.fact(FileText, CONF))
+
+    def decide(self, facts: Facts, opts: Options) -> Finding:
+        live, want = facts.live, opts.want
         if live is None:
-            return Finding.ok("kernel has no NUMA balancing (no CONFIG_NUMA_BALANCING): nothing to do", live=None)
-        problems = []
+            return Finding.ok("kernel has no NUMA balancing (no CONFIG_NUMA_BALANCING): nothing to do",
+                              evidence=Evidence(None))
+        problems, ev = [], Evidence(live, want)
+        actions: list[Any] = []
         if live != want:
             problems.append(f"kernel.numa_balancing = {live} ({MEANING.get(live, '?')}), want {want}")
-        ev = {"live": live, "want": want}
-        if ctx.opt("persist"):
-            boot, src = boot_setting(host)
-            ev.update(boot=boot, boot_source=src)
-            mine = host.read_text(CONF, default="") == conf_text(want)
+            actions.append(Run(["tee", HostPath(KNOB)], input=f"{want}\n", timeout=30))
+        if opts.persist:
+            boot, src = boot_value(facts.sysctl_files or [])
+            ev.boot, ev.boot_source = boot, src
+            conf = conf_text(want)
+            mine = facts.own_conf == conf
             if boot != want or not mine:
                 where = f" from {src}" if src else ""
                 later = " (a later sysctl file overrides it: fix that file)" if mine else ""
                 problems.append(f"at boot: {boot if boot is not None else 'kernel default'}{where}, "
                                 f"want {want} from {CONF}{later}")
-        if problems:
-            return Finding.drift("; ".join(problems), cause="default after reboot" if live != want else None,
-                                 repair=f"gpubox tune numa {ctx.box.name}" + (" --persist" if ctx.opt("persist") else ""),
-                                 **ev)
-        return Finding.ok(f"kernel.numa_balancing = {live} ({MEANING[live]})"
-                          + (f"; persisted in {CONF}" if ctx.opt("persist") else ""), **ev)
-
-    def plan(self, ctx, finding: Finding) -> Plan:
-        host, want = ctx.host, finding.evidence["want"]
-        cmds, diff, conf = [], "", None
-        if finding.evidence["live"] != want:
-            cmds.append(["tee", host.path(KNOB)])
-        if ctx.opt("persist"):
-            old = host.read_text(CONF, default="")
-            conf = conf_text(want)
-            if old != conf:
-                diff = unified(CONF, old, conf)
-        desc = []
-        if cmds:
-            desc.append(f"write {want} to {KNOB}")
-        if diff:
+            if not mine:
+                actions.append(Write(CONF, conf, old=facts.own_conf or ""))
+        if not problems:
+            return Finding.ok(f"kernel.numa_balancing = {live} ({MEANING[live]})"
+                              + (f"; persisted in {CONF}" if opts.persist else ""), evidence=ev)
+        desc = [f"write {want} to {KNOB}"] if live != want else []
+        if any(isinstance(a, Write) for a in actions):
             desc.append(f"persist in {CONF}")
-        return Plan(" and ".join(desc), diff, cmds, {"want": want, "conf": conf if diff else None})
-
-    def apply(self, ctx, plan: Plan) -> None:
-        host = ctx.host
-        for argv in plan.commands:
-            host.run(argv, input=f"{plan.data['want']}\n", timeout=30, check=True)
-        if plan.data["conf"]:
-            host.write(CONF, plan.data["conf"], mode=0o644)
+        return Finding.drift("; ".join(problems), cause="default after reboot" if live != want else None,
+                             repair=f"gpubox tune numa {opts.box}" + (" --persist" if opts.persist else ""),
+                             plan=Plan(" and ".join(desc), actions=actions), evidence=ev)

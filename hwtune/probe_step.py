@@ -75,6 +75,7 @@ class GpuProbe(Step):
     name = "gpu-probe"
     title = "GPU health probe (NVML, PCIe link, bandwidth)"
     where = "container"
+    requires = ("cuda",)
 
     def check(self, ctx) -> Finding:
         lim = box_limits(ctx.box)

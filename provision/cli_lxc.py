@@ -7,7 +7,7 @@ import sys
 import click
 
 from gpubox.clihelp import box_context, dry_run_option, emit, json_option
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 
 
 @click.group()

@@ -40,7 +40,7 @@ def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, veri
     """
     if dest is None:
         from .stage_step import steps
-        from gpubox.steps import run_steps
+        from gpubox.pipeline import run_steps
         c = box_context(ctx, target, dry_run=dry_run, verify=verify, force=force, workers=workers, as_json=as_json,
                         hash=hash_name, follow_links=follow_links)
         todo = steps(c)

@@ -30,17 +30,6 @@ PROVIDERS = [
                               # runs the benchmark itself after the repairs)
 ]
 
-# What a step needs before it may run (by name; prefix match for "model-stage*" style names).
-REQUIRES = {
-    "container-config": ("host-devices",),
-    "container": ("container-config",),
-    "cuda": ("container",),
-    "nccl-env": ("container",),
-    "gpu-probe": ("cuda",),
-    "bench": ("cuda",),
-}
-STAGE_REQUIRES = ("container",)
-
 # --skip/--only accept step names or these groups.
 GROUPS = {
     "lxc": ("host-devices", "container-config", "container", "cuda"),
@@ -59,6 +48,7 @@ class _DoctorBench(Step):
     def __init__(self, inner: Step):
         self.inner = inner
         self.name, self.title, self.where = inner.name, inner.title, inner.where
+        self.requires, self.lane = inner.requires, inner.lane
 
     def check(self, ctx):
         f = self.inner.check(ctx)
@@ -117,8 +107,7 @@ def build_nodes(steps: list[Step], skip: tuple[str, ...] = (), only: tuple[str, 
             continue
         if on and not _selected(s.name, on):
             continue
-        req = STAGE_REQUIRES if s.name.endswith("-stage") else REQUIRES.get(s.name, ())
-        nodes.append(Node(s, req, s.where))
+        nodes.append(Node(s))
     return nodes
 
 

@@ -87,7 +87,7 @@ def stage_hash(ctx) -> str | None:
 
 class StageStep(Step):
     where = "container"
-    requires = ()
+    requires = ("container",)
 
     def __init__(self, name: str, var: str, require_tokenizer: bool):
         self.name, self.var, self.require_tokenizer = name, var, require_tokenizer

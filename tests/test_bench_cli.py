@@ -11,7 +11,7 @@ from gpubox.bench.step import BenchStep
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 
 from tests.bench_helpers import simserver
 from tests.clirun import gpubox

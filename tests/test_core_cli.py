@@ -17,7 +17,8 @@ from gpubox import cli as cli_mod
 from gpubox.clihelp import box_context, emit, json_option
 from gpubox.host import connect_box
 from gpubox.inventory import Inventory
-from gpubox.steps import Finding, Plan, Step, run_steps
+from gpubox.steps import Finding, Plan, Step
+from gpubox.pipeline import run_steps
 
 from .clirun import gpubox
 

@@ -16,7 +16,8 @@ from gpubox.context import Context
 from gpubox.errors import GpuboxError, TransportError
 from gpubox.inventory import Box, HostEntry
 from gpubox.output import render_report, console
-from gpubox.steps import MODES, Finding, Plan, RunReport, Step, run_steps
+from gpubox.steps import MODES, Finding, Plan, RunReport, Step
+from gpubox.pipeline import run_steps
 
 KNOB = "/proc/sys/kernel/numa_balancing"
 

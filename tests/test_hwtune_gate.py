@@ -241,7 +241,7 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     from gpubox.context import Context
     from gpubox.inventory import Inventory
     from gpubox.simbox import build
-    from gpubox.steps import run_steps
+    from gpubox.pipeline import run_steps
     from gpubox.hwtune import steps
 
     sim = build(tmp_path / "box", (), gpus=8)
@@ -309,7 +309,7 @@ def test_refused_profile_installed_earlier_is_removed_and_only_gpubox_files_go(t
     from gpubox.hwtune import steps
     from gpubox.inventory import Inventory
     from gpubox.simbox import build
-    from gpubox.steps import run_steps
+    from gpubox.pipeline import run_steps
 
     sim = build(tmp_path / "box", (), gpus=8)
     doc = yaml.safe_load(sim.inventory_path.read_text())

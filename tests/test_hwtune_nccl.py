@@ -15,7 +15,7 @@ from gpubox.context import Context
 from gpubox.errors import GpuboxError
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 from gpubox.hwtune import nccl, steps
 from gpubox.hwtune.nccl import CONF_FILE, ENV_FILE
 

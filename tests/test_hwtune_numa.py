@@ -9,7 +9,7 @@ import sys
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 from gpubox.hwtune import steps
 from gpubox.hwtune.numa import CONF, KNOB
 

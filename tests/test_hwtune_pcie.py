@@ -17,7 +17,7 @@ from gpubox.errors import GpuboxError
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
 from gpubox.simbox.pci import CAP_EXP, NO_CAP_BDF
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 from gpubox.hwtune import steps
 from gpubox.hwtune.pcie import UNIT, UNIT_PATH, decode_devctl, parse_mrrs, select_functions, write_argv
 

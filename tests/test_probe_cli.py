@@ -11,7 +11,8 @@ import yaml
 from gpubox import simbox
 from gpubox.context import Context
 from gpubox.inventory import Inventory
-from gpubox.steps import SKIPPED, run_steps
+from gpubox.steps import SKIPPED
+from gpubox.pipeline import run_steps
 from gpubox.hwtune import probe_step
 from tests.clirun import gpubox
 

@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpubox.bench import prom, regress
 from gpubox.host import Host
 from gpubox.inventory import HostEntry
-from gpubox.steps import Finding, Step, run_steps
+from gpubox.steps import Finding, Step
+from gpubox.pipeline import run_steps
 from gpubox.transport.local import LocalTransport
 
 FIX = Path(__file__).parent / "fixtures" / "history"

@@ -101,7 +101,7 @@ def test_remote_stage_over_ssh_shows_bytes_as_they_are_copied(tmp_path, sshd, mo
     from gpubox.provision.stage_step import steps
     from gpubox.context import Context
     from gpubox.inventory import Inventory
-    from gpubox.steps import run_steps
+    from gpubox.pipeline import run_steps
 
     sim = build(tmp_path / "box", ["shm_empty"])
     container_over_ssh(sim.inventory_path, sim.box, sshd)

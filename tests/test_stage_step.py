@@ -10,7 +10,7 @@ from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
 from gpubox.simbox.model import DRAFTER_DEST, MODEL_DEST, MODEL_SRC, make_model
-from gpubox.steps import run_steps
+from gpubox.pipeline import run_steps
 from gpubox.provision import stage as engine
 from gpubox.provision.stage_step import steps
 from tests.clirun import gpubox

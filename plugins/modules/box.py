@@ -204,7 +204,7 @@ def make_context(p):
 
 def _run(p, ctx, check_mode):
     """Call the library the way the matching CLI command does; return (result dict, rc)."""
-    from gpubox.steps import run_steps
+    from gpubox.pipeline import run_steps
 
     action, mode = p["action"], ("plan" if check_mode else "apply")
     ctx.options["dry_run"] = check_mode

@@ -1,0 +1,57 @@
+"""Facts: how to read one piece of host state, plus a pure parse (pyinfra's `host.get_fact`).
+
+A fact class says where it is read ("host" = the Proxmox host, "container" = the LXC guest),
+how (`read(host, *args)`: file reads or an argv through the transport, nothing else) and how the
+raw answer becomes a value (`parse(raw, *args)`: pure, so tests feed it recorded text). The
+context caches each (fact, args) once per run; `Context.forget()` drops the cache after an apply
+so verify reads the host again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Hashable
+
+
+class Fact:
+    """Subclass and set `where`, `read` and (when the raw answer needs it) `parse`."""
+
+    where: str = "host"
+
+    @staticmethod
+    def read(host, *args) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def parse(raw: Any, *args) -> Any:
+        return raw
+
+    @classmethod
+    def key(cls, *args) -> tuple[Hashable, ...]:
+        return (cls.__module__, cls.__qualname__, cls.where, *args)
+
+
+class FactCache:
+    """Values of facts read in this run; thread-safe because lanes run in parallel threads."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, ctx, fact: type[Fact], *args) -> Any:
+        key = fact.key(*args)
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+        host = ctx.host if fact.where == "host" else ctx.container
+        value = fact.parse(fact.read(host, *args), *args)
+        with self._lock:
+            self._values[key] = value
+        return value
+
+    def forget(self, where: str | None = None) -> None:
+        with self._lock:
+            if where is None:
+                self._values.clear()
+            else:
+                self._values = {k: v for k, v in self._values.items() if k[2] != where}
