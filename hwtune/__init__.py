@@ -14,7 +14,7 @@ STEP_NAMES = ("pcie-mrrs", "pcie-link", "numa-balancing", "nccl-env")
 def steps(ctx, names=STEP_NAMES) -> list:
     """The host-tuning steps, in order, optionally only those named."""
     from .nccl import NcclEnvStep
-    from .numa import NumaBalancingStep
+    from .numa_step import NumaBalancingStep
     from .pcie import PcieLinkStep, PcieMrrsStep
 
     all_steps = [PcieMrrsStep(), PcieLinkStep(), NumaBalancingStep(), NcclEnvStep()]
