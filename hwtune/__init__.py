@@ -13,7 +13,7 @@ STEP_NAMES = ("pcie-mrrs", "pcie-link", "numa-balancing", "nccl-env")
 
 def steps(ctx, names=STEP_NAMES) -> list:
     """The host-tuning steps, in order, optionally only those named."""
-    from .nccl import NcclEnvStep
+    from .nccl_step import NcclEnvStep
     from .numa_step import NumaBalancingStep
     from .pcie_step import PcieLinkStep, PcieMrrsStep
 
