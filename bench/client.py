@@ -5,8 +5,9 @@ output tokens come from the server's `usage.completion_tokens` (`stream_options.
 because a speculative step sends several tokens in one SSE chunk; a server that sends no usage
 (llama-cpp-python, FACTS "Real servers") is counted with the local tokenizer, else by chunks, and
 the sample says which (`tokens_source`). TPOT = (E2E - TTFT) / (n - 1). TTFT starts when the request
-is written to the socket (bench.clientnet stamps it), so a client busy with other streams does not
-inflate it; the wait before that is reported as `send_wait_s`.
+is written to the socket and ends when the first token's bytes reached the socket, by the kernel's
+receive timestamp where it gives one (bench.clientnet; `clock` says which), so a client busy with
+other streams does not inflate it; the wait before the send is reported as `send_wait_s`.
 
 Nothing about the server is assumed (issue 19): `ignore_eos`/`min_tokens` are dropped after a
 400/422 that names them, a stream ends at `[DONE]` or at end of body after the `finish_reason`
@@ -31,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from gpubox.bench.clientnet import arrival, sent, timed_transport
+from gpubox.bench.clientnet import arrival, clock, sent, timed_transport
 from gpubox.errors import GpuboxError
 
 WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be "
@@ -59,6 +60,7 @@ class Sample:
     rep: int = 0
     send_wait_s: float | None = None  # client-side wait between "send this" and bytes on the socket
     tokens_source: str | None = None  # usage | tokenizer | chunks (chunks: less exact)
+    clock: str | None = None  # first-token stamp: kernel (receive stamp) | loop (read callback) | read
     started: float = 0.0  # perf_counter at send, for aggregate wall times
 
     @property
@@ -415,6 +417,7 @@ class Client:
                     break
                 s.chunks = rd.chunks
         s.chunks = rd.chunks
+        s.clock = clock(r)
         first, end, usage, text_parts = rd.first, rd.end, rd.usage, rd.text
         done, finished = rd.done, rd.finished
         if not (done or finished):

@@ -1,26 +1,40 @@
-"""Socket layer under httpx for the benchmark client: arrival timestamps and a cheap read path.
+"""Socket layer under httpx for the benchmark client: kernel arrival timestamps and a cheap read path.
 
 httpx, httpcore and h11 still do all of HTTP; this replaces only httpcore's network backend
 (a documented plug-in point: `httpcore.AsyncConnectionPool(network_backend=...)`). Hand-written
-because, measured with benchmarks/client_accuracy.py and cProfile on a 2-core machine:
+because, measured with benchmarks/client_accuracy.py, benchmarks/ttft_wire.py and cProfile on a
+2-core machine:
 
 - httpcore's default anyio backend wraps every read in a cancel scope and re-registers the socket
-  with epoll (add_reader/remove_reader), about half of the client's CPU per SSE chunk; here an
-  asyncio Protocol stays registered and read() pops a buffered segment;
-- a token can only be timestamped when the client task runs, after h11 parsing and after whatever
-  other streams the event loop serves first: the first token was stamped 13 ms late (median) at
-  64 streams. Here data_received (run as soon as the loop polls the socket) stamps each segment,
-  read() returns one segment at a time, and `get_extra_info("arrival")` is the time the bytes
-  just handed to h11 left the socket, whatever the task did in between.
+  with epoll (add_reader/remove_reader), about half of the client's CPU per SSE chunk; here the
+  socket stays registered and read() pops a buffered segment;
+- a token can only be timestamped when the client runs, after whatever other streams the event
+  loop serves first: stamped in the task, the first token was 13 ms late (median) at 64 streams;
+  stamped in the loop's read callback, still +3.5% TTFT against a loopback capture at 32 streams
+  (issue 19). So the socket is read with recvmsg and the kernel's own receive timestamp
+  (SO_TIMESTAMPNS): for TCP, Linux (>= 4.14, "tcp: Extend SOF_TIMESTAMPING_RX_SOFTWARE to TCP
+  recvmsg") returns the arrival time of the last byte the read returned, keeping that invariant
+  when it coalesces segments in the receive queue. However late the loop gets to the socket, the
+  stamp is when the bytes arrived; it is later than the first token's arrival only when more
+  bytes of the same stream had arrived before the read (a loop delay longer than the inter-token
+  time). Where the option is missing (not Linux, an unknown socket ABI) or a read brings no
+  stamp, the read callback's perf_counter is used; `clock(response)` says which ("kernel" |
+  "loop" | "read" for https:// through httpx's own transport).
+- the request's stamp (`sent`) is taken when the send() syscall that put its first bytes into the
+  kernel returned: on loopback the segment has passed the packet tap by then (microseconds).
 
-asyncio turns on TCP_NODELAY for every TCP transport, so small request writes are not held back by
-Nagle's algorithm (checked in tests/test_bench_clientnet.py). http:// only; https:// and proxies
+Nagle is turned off (TCP_NODELAY, as asyncio does for its transports), so small request writes
+are not held back (checked in tests/test_bench_clientnet.py). http:// only; https:// and proxies
 keep httpx's own transport (the client then stamps with perf_counter at read time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import platform
+import socket
+import struct
+import sys
 import time
 from collections import deque
 
@@ -28,49 +42,152 @@ import httpcore
 import httpx
 
 PAUSE_AT = 1 << 20  # stop reading the socket while this many bytes wait for h11
+MAX_READ = 256 << 10  # one recvmsg
+# SO_TIMESTAMPNS(_OLD) is 35 in include/uapi/asm-generic/socket.h, used by x86, arm, arm64, riscv,
+# powerpc, s390, loongarch; alpha, mips, parisc and sparc number it differently, so no kernel stamps
+# there (Python's socket module does not export the constant). The cmsg carries the kernel's old
+# struct timespec {long tv_sec; long tv_nsec;} on CLOCK_REALTIME.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TS = struct.Struct("@ll")
+_CMSG = socket.CMSG_SPACE(_TS.size) if hasattr(socket, "CMSG_SPACE") else 0
+_OTHER_ABI = ("alpha", "mips", "parisc", "sparc")
 
 
-class _Proto(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.segs: deque[tuple[float, bytes]] = deque()
-        self.size = 0
-        self.eof = False
-        self.exc: BaseException | None = None
-        self.waiter: asyncio.Future | None = None
-        self.drained: asyncio.Future | None = None
-        self.transport: asyncio.Transport | None = None
-        self.paused = False
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.segs.append((time.perf_counter(), data))
-        self.size += len(data)
-        if self.size > PAUSE_AT and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        self._wake()
+def _rx_stamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp every segment this socket receives; True when it accepted."""
+    if sys.platform != "linux" or not _CMSG or platform.machine().lower().startswith(_OTHER_ABI):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return sock.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) == 1
+    except OSError:
         return False
 
-    def connection_lost(self, exc) -> None:
-        self.eof = True
-        self.exc = exc
+
+def _kernel_stamp(anc, now: float) -> float | None:
+    """The SCM_TIMESTAMPNS of one recvmsg on the perf_counter clock (the client's), else None.
+
+    The kernel stamps CLOCK_REALTIME; its age (real now - stamp) is taken off perf_counter's now,
+    so a clock step between the two reads costs at most that step, never a negative age."""
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) == _TS.size:
+            sec, nsec = _TS.unpack(raw)
+            age = (time.time_ns() - (sec * 1_000_000_000 + nsec)) * 1e-9
+            return now - min(max(age, 0.0), 60.0)
+    return None
+
+
+class _Conn:
+    """One non-blocking TCP socket, registered with the loop for reading as long as it is open.
+
+    What asyncio's transport does, by hand, because the transport reads with recv() and so drops
+    the ancillary data that carries the kernel's receive stamp."""
+
+    def __init__(self, sock: socket.socket, kernel: bool) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.sock, self.fd, self.kernel = sock, sock.fileno(), kernel
+        self.segs: deque[tuple[float, bytes, str]] = deque()
+        self.size = 0
+        self.eof = self.closed = self.reading = False
+        self.exc: BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+        self.wbuf = bytearray()
+        self.drained: asyncio.Future | None = None
+        self.first_out: float | None = None  # perf_counter after the send() that took a write's first bytes
+        self.read_on()
+
+    def read_on(self) -> None:
+        if not self.reading and not self.closed:
+            self.loop.add_reader(self.fd, self._readable)
+            self.reading = True
+
+    def read_off(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.fd)
+            self.reading = False
+
+    def _readable(self) -> None:
+        try:
+            if self.kernel:
+                data, anc, _, _ = self.sock.recvmsg(MAX_READ, _CMSG)
+            else:
+                data, anc = self.sock.recv(MAX_READ), ()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        now = time.perf_counter()
+        if not data:
+            self.eof = True
+            self.read_off()
+            self._wake()
+            return
+        k = _kernel_stamp(anc, now) if anc else None
+        self.segs.append((now, data, "loop") if k is None else (k, data, "kernel"))
+        self.size += len(data)
+        if self.size > PAUSE_AT:
+            self.read_off()
         self._wake()
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
 
-    def pause_writing(self) -> None:
-        self.drained = asyncio.get_running_loop().create_future()
+    def send(self, data: bytes) -> float | None:
+        """Hand bytes to the kernel now where it takes them, the rest when the socket drains.
 
-    def resume_writing(self) -> None:
+        Returns perf_counter after the send() that took the first of these bytes, None when none
+        went now (then `first_out` is set when the first of them go)."""
+        if self.wbuf:
+            self.wbuf += data
+            return None
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            raise httpcore.WriteError(str(exc)) from None
+        t = time.perf_counter() if n else None
+        self.first_out = t
+        if n < len(data):
+            self.wbuf += data[n:]
+            self.drained = self.loop.create_future()
+            self.loop.add_writer(self.fd, self._writable)
+        return t
+
+    def _writable(self) -> None:
+        try:
+            n = self.sock.send(self.wbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        if n and self.first_out is None:
+            self.first_out = time.perf_counter()
+        del self.wbuf[:n]
+        if not self.wbuf:
+            self.loop.remove_writer(self.fd)
+            self._drain_done()
+
+    def _drain_done(self) -> None:
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
         self.drained = None
+
+    def _lost(self, exc: BaseException | None) -> None:
+        self.eof, self.exc = True, exc
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.read_off()
+        if self.wbuf:
+            self.loop.remove_writer(self.fd)
+            self.wbuf.clear()
+        self.closed = True
+        self.eof = True
+        self._drain_done()
+        self._wake()
+        self.sock.close()
 
     def _wake(self) -> None:
         w = self.waiter
@@ -86,83 +203,90 @@ def _expire(fut: asyncio.Future) -> None:
 class TimedStream(httpcore.AsyncNetworkStream):
     """One TCP connection; each read returns bytes from one socket read and remembers when."""
 
-    def __init__(self, proto: _Proto) -> None:
-        self._p = proto
+    def __init__(self, conn: _Conn) -> None:
+        self._c = conn
         self.arrival: float | None = None
+        self.clock: str | None = None  # "kernel" | "loop": where `arrival` came from
         self.sent: float | None = None  # when the current request's first bytes went to the socket
         self._new_request = True
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        p = self._p
-        if not p.segs:
-            if p.eof:
-                if p.exc is not None:
-                    raise httpcore.ReadError(str(p.exc))
+        c = self._c
+        if not c.segs:
+            if c.eof:
+                if c.exc is not None:
+                    raise httpcore.ReadError(str(c.exc))
                 return b""
             loop = asyncio.get_running_loop()
-            p.waiter = fut = loop.create_future()
+            c.waiter = fut = loop.create_future()
             h = loop.call_later(timeout, _expire, fut) if timeout is not None else None
             try:
                 await fut
             finally:
-                p.waiter = None
+                c.waiter = None
                 if h is not None:
                     h.cancel()
-            if not p.segs:
-                if p.exc is not None:
-                    raise httpcore.ReadError(str(p.exc))
+            if not c.segs:
+                if c.exc is not None:
+                    raise httpcore.ReadError(str(c.exc))
                 return b""
-        t, data = p.segs[0]
+        t, data, src = c.segs[0]
         if len(data) > max_bytes:
-            p.segs[0] = (t, data[max_bytes:])
+            c.segs[0] = (t, data[max_bytes:], src)
             data = data[:max_bytes]
         else:
-            p.segs.popleft()
-        p.size -= len(data)
-        if p.paused and p.size < PAUSE_AT // 2:
-            p.paused = False
-            p.transport.resume_reading()
-        self.arrival = t
+            c.segs.popleft()
+        c.size -= len(data)
+        if not c.reading and not c.eof and c.size < PAUSE_AT // 2:
+            c.read_on()
+        self.arrival, self.clock = t, src
         self._new_request = True  # the next write starts the next request on this connection
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        p = self._p
-        if p.eof or p.transport.is_closing():
+        c = self._c
+        if c.eof or c.closed:
             raise httpcore.WriteError("connection closed")
-        p.transport.write(buffer)
-        if self._new_request:  # TTFT starts here: the request is on the wire, not queued in the client
-            self.sent = time.perf_counter()
-            self._new_request = False
-        if p.drained is not None:
+        t = c.send(buffer)
+        if c.drained is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(p.drained), timeout)
+                await asyncio.wait_for(asyncio.shield(c.drained), timeout)
             except asyncio.TimeoutError:
                 raise httpcore.WriteTimeout("send buffer did not drain") from None
+            if c.exc is not None:
+                raise httpcore.WriteError(str(c.exc))
+            t = t or c.first_out
+        if self._new_request:
+            # TTFT starts here: the send() that put this request's first bytes into the kernel returned
+            # (on loopback they are past the packet tap by then), not when the client decided to send
+            self.sent = t if t is not None else time.perf_counter()
+            self._new_request = False
 
     async def aclose(self) -> None:
-        if self._p.transport is not None:
-            self._p.transport.close()
+        self._c.close()
 
     async def start_tls(self, ssl_context, server_hostname=None, timeout=None):
         raise httpcore.ConnectError("TimedBackend is http:// only")  # Client never routes https here
 
     def get_extra_info(self, info: str):
-        p = self._p
+        c = self._c
         if info == "arrival":
             return self.arrival
+        if info == "clock":
+            return self.clock
         if info == "sent":
             return self.sent
         if info == "is_readable":  # httpcore asks this of idle keep-alive connections
-            return bool(p.segs) or p.eof
+            return bool(c.segs) or c.eof
         if info == "ssl_object":
             return None
-        if info == "client_addr":
-            return p.transport.get_extra_info("sockname")
-        if info == "server_addr":
-            return p.transport.get_extra_info("peername")
+        if info in ("client_addr", "server_addr"):
+            try:
+                return c.sock.getsockname() if info == "client_addr" else c.sock.getpeername()
+            except OSError:
+                return None
         if info == "socket":
-            return p.transport.get_extra_info("socket")
+            return c.sock
         return None
 
 
@@ -171,17 +295,36 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
                           local_address: str | None = None, socket_options=None) -> TimedStream:
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(_Proto, host, port,
-                                       local_addr=(local_address, 0) if local_address else None), timeout)
+            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
         except asyncio.TimeoutError:
-            raise httpcore.ConnectTimeout(f"connect to {host}:{port} timed out") from None
+            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
         except OSError as exc:
             raise httpcore.ConnectError(str(exc)) from None
-        sock = proto.transport.get_extra_info("socket")
-        for opt in socket_options or ():
-            sock.setsockopt(*opt)
-        return TimedStream(proto)
+        last: Exception = httpcore.ConnectError(f"{host}:{port}: no address")
+        for family, kind, proto, _, addr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for opt in socket_options or ():
+                    sock.setsockopt(*opt)
+                if local_address:
+                    sock.bind((local_address, 0))
+                kernel = _rx_stamps(sock)  # before connecting: every segment of the answer is stamped
+                await asyncio.wait_for(loop.sock_connect(sock, addr), timeout)
+            except asyncio.TimeoutError:
+                sock.close()
+                last = httpcore.ConnectTimeout(f"connect to {host}:{port} timed out")
+                continue
+            except OSError as exc:
+                sock.close()
+                last = httpcore.ConnectError(str(exc))
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return TimedStream(_Conn(sock, kernel))
+        raise last
 
     async def connect_unix_socket(self, path, timeout=None, socket_options=None):
         raise httpcore.ConnectError("TimedBackend does not do unix sockets")
@@ -275,6 +418,13 @@ def sent(response: httpx.Response) -> float | None:
     """When the request of this response was written to the socket (None without TimedStream)."""
     ns = response.extensions.get("network_stream")
     return ns.get_extra_info("sent") if ns is not None else None
+
+
+def clock(response: httpx.Response) -> str:
+    """Where the last arrival stamp came from: kernel (receive timestamp), loop (read callback),
+    read (no TimedStream: httpx's own transport, stamped when the client read the bytes)."""
+    ns = response.extensions.get("network_stream")
+    return (ns.get_extra_info("clock") if ns is not None else None) or "read"
 
 
 def arrival(response: httpx.Response) -> float:
