@@ -60,7 +60,9 @@ class Sample:
     rep: int = 0
     send_wait_s: float | None = None  # client-side wait between "send this" and bytes on the socket
     tokens_source: str | None = None  # usage | tokenizer | chunks (chunks: less exact)
-    clock: str | None = None  # first-token stamp: kernel (receive stamp) | loop (read callback) | read
+    # first-token stamp: kernel (receive stamp) | kernel-late (read with later tokens: their arrival)
+    # | loop (read callback) | read (https: when the client read it)
+    clock: str | None = None
     started: float = 0.0  # perf_counter at send, for aggregate wall times
 
     @property
@@ -178,6 +180,7 @@ class SSEReader:
     def __init__(self, cap: int) -> None:
         self.cap, self.size, self.buf = cap, 0, b""
         self.first: float | None = None
+        self.first_late = False  # first token read together with later ones (stamp: the later ones')
         self.end: float | None = None
         self.usage: dict | None = None
         self.done = self.finished = False
@@ -224,6 +227,8 @@ class SSEReader:
             t = stamp()
             if self.first is None:
                 self.first = t  # when these bytes left the socket, not now
+            elif self.chunks == 1 and t == self.first:
+                self.first_late = True  # one read brought the first and a later token: its stamp
             self.chunks += 1
             self.text.append(str(text or "") + str(reasoning or ""))
             self.end = t
@@ -417,7 +422,7 @@ class Client:
                     break
                 s.chunks = rd.chunks
         s.chunks = rd.chunks
-        s.clock = clock(r)
+        s.clock = clock(r) + ("-late" if rd.first_late and clock(r) == "kernel" else "")
         first, end, usage, text_parts = rd.first, rd.end, rd.usage, rd.text
         done, finished = rd.done, rd.finished
         if not (done or finished):
