@@ -60,18 +60,25 @@ REQUEST = b"POST /v1/"
 TOOLS = ("gpubox", "gpubox-loop", "guidellm", "vllm")
 
 
-def wire_ttfts(pkts, port: int) -> list[float]:
-    """Wire TTFT per request from (time, sport, dport, payload) in capture order, by request time."""
-    out, req = [], {}
+USER = re.compile(rb'"user": ?"(ttft-\d+)"')
+
+
+def wire_requests(pkts, port: int) -> list[tuple[float, float, str | None]]:
+    """(request time, wire TTFT, user tag) per request, from (time, sport, dport, payload) packets."""
+    out, req, tag = [], {}, {}
     for t, sport, dport, payload in pkts:
         if not payload:
             continue
-        if dport == port and REQUEST in payload:
-            req[sport] = t  # the request's first segment
+        if dport == port:
+            if REQUEST in payload:
+                req[sport], tag[sport] = t, None  # the request's first segment
+            m = USER.search(payload)
+            if m and sport in req:
+                tag[sport] = m.group(1).decode()
         elif sport == port and dport in req and TOKEN.search(payload):
             t0 = req.pop(dport)
-            out.append((t0, t - t0))
-    return [x for _, x in sorted(out)]
+            out.append((t0, t - t0, tag.pop(dport, None)))
+    return sorted(out)
 
 
 class Tcpdump:
@@ -106,8 +113,9 @@ class Tcpdump:
                 pkts.append(cur)
             elif cur is not None:
                 cur[4].append(line)
-        return wire_ttfts([(t, sp, dp, "\n".join(body).encode() if n else b"")
-                           for t, sp, dp, n, body in pkts], self.port)
+        self.requests = wire_requests([(t, sp, dp, "\n".join(body).encode() if n else b"")
+                                       for t, sp, dp, n, body in pkts], self.port)
+        return [x for _, x, _ in self.requests]
 
 
 PACKET_CHILD = r'''
@@ -161,7 +169,8 @@ class PacketCapture(Tcpdump):
             i += 16
             pkts.append((t, sp, dp, raw[i:i + n]))
             i += n
-        return wire_ttfts(pkts, self.port)
+        self.requests = wire_requests(pkts, self.port)
+        return [x for _, x, _ in self.requests]
 
 
 def row(tool: str, own_ms: float | None, wire: list[float], **extra) -> dict:
@@ -177,7 +186,8 @@ async def _gpubox(url: str, conc: int, n: int, out: int, cap):
         prompt = await c.prompt_of(16)
         await run_concurrent(c, [Request(8, prompt=prompt) for _ in range(conc)], conc)  # C open connections
         with cap:
-            smp, _ = await run_concurrent(c, [Request(out, prompt=prompt) for _ in range(n)], conc)
+            smp, _ = await run_concurrent(
+                c, [Request(out, prompt=prompt, extra={"user": f"ttft-{i}"}) for i in range(n)], conc)
     return smp
 
 
@@ -190,7 +200,12 @@ def gpubox(tool: str, url: str, conc: int, n: int, out: int, cap) -> dict:
     bad = [s.error for s in smp if not s.ok]
     if bad:
         return row(tool, None, [], status=f"{len(bad)} failed: {bad[0]}")
-    return row(tool, statistics.median(s.ttft_s for s in smp) * 1000, cap.ttfts(),
+    wire = cap.ttfts()
+    by_tag = {u: w for _, w, u in cap.requests if u}
+    diffs = sorted((s.ttft_s - by_tag[f"ttft-{i}"]) * 1000 for i, s in enumerate(smp) if f"ttft-{i}" in by_tag)
+    return row(tool, statistics.median(s.ttft_s for s in smp) * 1000, wire,
+               matched=len(diffs), per_request_ms={"p50": diffs[len(diffs) // 2], "p95": diffs[int(len(diffs) * .95)],
+                                                   "max": diffs[-1], "min": diffs[0]} if diffs else None,
                send_wait_ms_p50=statistics.median(s.send_wait_s for s in smp) * 1000,
                send_wait_ms_max=max(s.send_wait_s for s in smp) * 1000,
                clock=dict(Counter(s.clock for s in smp)))
@@ -331,6 +346,10 @@ def _line(r: dict) -> str:
          f"err {r['err_pct']:+6.2f}%")
     if "send_wait_ms_p50" in r:
         s += f"  send wait p50/max {r['send_wait_ms_p50']:.2f}/{r['send_wait_ms_max']:.2f} ms  clock {r['clock']}"
+        p = r.get("per_request_ms")
+        if p:
+            s += (f"  per request (client - wire, {r['matched']} matched) p50 {p['p50']:+.3f} p95 {p['p95']:+.3f} "
+                  f"max {p['max']:+.3f} ms")
     return s
 
 
