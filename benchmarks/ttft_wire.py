@@ -21,7 +21,7 @@ Servers: gpubox's simulator (default: --no-contention, fixed 50 ms TTFT, one tok
 ITL), or `--url URL` for any running server.
 
     python benchmarks/ttft_wire.py [--conc 1,8,32] [--out 128] [--reps 1] [--nice -10]
-                                   [--server sim|guidellm-mock | --url URL] [--tools ...] [--json]
+                                   [--server sim|guidellm-mock | --url URL] [--tools ...] [--json] [--save F]
 
 Needs root (or CAP_NET_RAW) for the capture. Exit 0 when gpubox is within 2% at every level.
 """
@@ -284,6 +284,7 @@ def main() -> int:
     ap.add_argument("--capture", choices=("tcpdump", "packet"), default="tcpdump" if shutil.which("tcpdump") else "packet")
     ap.add_argument("--nice", type=int, default=0, help="nice value for this run and its children (root)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--save", type=Path, default=None, help="also write the JSON document here")
     a = ap.parse_args()
     if a.nice:
         os.setpriority(os.PRIO_PROCESS, 0, a.nice)
@@ -329,9 +330,12 @@ def main() -> int:
                     if srv:
                         srv.stop()
     load1 = os.getloadavg()[0]
+    doc = json.dumps({"server": a.url or a.server, "capture": a.capture, "out": a.out, "nice": a.nice,
+                      "cpus": len(os.sched_getaffinity(0)), "load_avg": [load0, load1], "rows": rows}, indent=1)
+    if a.save:
+        a.save.write_text(doc)
     if a.json:
-        print(json.dumps({"server": a.url or a.server, "capture": a.capture, "out": a.out, "nice": a.nice,
-                          "load_avg": [load0, load1], "rows": rows}, indent=1))
+        print(doc)
     else:
         print(f"load avg {load0:.1f} -> {load1:.1f}; capture {a.capture}; goal: gpubox TTFT median within "
               f"{GOAL}% of the wire at every level: {'PASS' if ok else 'FAIL'}")
