@@ -60,8 +60,9 @@ class Sample:
     rep: int = 0
     send_wait_s: float | None = None  # client-side wait between "send this" and bytes on the socket
     tokens_source: str | None = None  # usage | tokenizer | chunks (chunks: less exact)
-    # first-token stamp: kernel (receive stamp) | kernel-late (read with later tokens: their arrival)
-    # | loop (read callback) | read (https: when the client read it)
+    # "send/first token" stamps: send kernel | syscall (send() returned); first token kernel (receive
+    # stamp) | kernel-late (read with later tokens: their arrival) | loop (read callback); read/read
+    # for https (client's own clock)
     clock: str | None = None
     started: float = 0.0  # perf_counter at send, for aggregate wall times
 
@@ -422,7 +423,8 @@ class Client:
                     break
                 s.chunks = rd.chunks
         s.chunks = rd.chunks
-        s.clock = clock(r) + ("-late" if rd.first_late and clock(r) == "kernel" else "")
+        tx, rx = clock(r)
+        s.clock = f"{tx}/{rx}{'-late' if rd.first_late and rx == 'kernel' else ''}"
         first, end, usage, text_parts = rd.first, rd.end, rd.usage, rd.text
         done, finished = rd.done, rd.finished
         if not (done or finished):

@@ -11,17 +11,20 @@ because, measured with benchmarks/client_accuracy.py, benchmarks/ttft_wire.py an
 - a token can only be timestamped when the client runs, after whatever other streams the event
   loop serves first: stamped in the task, the first token was 13 ms late (median) at 64 streams;
   stamped in the loop's read callback, still +3.5% TTFT against a loopback capture at 32 streams
-  (issue 19). So the socket is read with recvmsg and the kernel's own receive timestamp
-  (SO_TIMESTAMPNS): for TCP, Linux (>= 4.14, "tcp: Extend SOF_TIMESTAMPING_RX_SOFTWARE to TCP
-  recvmsg") returns the arrival time of the last byte the read returned, keeping that invariant
-  when it coalesces segments in the receive queue. However late the loop gets to the socket, the
-  stamp is when the bytes arrived; it is later than the first token's arrival only when more
-  bytes of the same stream had arrived before the read (a loop delay longer than the inter-token
-  time). Where the option is missing (not Linux, an unknown socket ABI) or a read brings no
-  stamp, the read callback's perf_counter is used; `clock(response)` says which ("kernel" |
-  "loop" | "read" for https:// through httpx's own transport).
-- the request's stamp (`sent`) is taken when the send() syscall that put its first bytes into the
-  kernel returned: on loopback the segment has passed the packet tap by then (microseconds).
+  (issue 19). So the socket is read with recvmsg and the kernel's own software receive stamp
+  (SO_TIMESTAMPING, SOF_TIMESTAMPING_RX_SOFTWARE): for TCP, Linux (>= 4.14, "tcp: Extend
+  SOF_TIMESTAMPING_RX_SOFTWARE to TCP recvmsg") returns the arrival time of the last byte the
+  read returned, keeping that invariant when it coalesces segments in the receive queue. However
+  late the loop gets to the socket, the stamp is when the bytes arrived; it is later than the first
+  token's arrival only when more bytes of the same stream had arrived before the read (a loop delay
+  longer than the inter-token time; the client marks such a sample `kernel-late`).
+- the request's stamp (`sent`) is the kernel's software send stamp of its first write, asked for
+  per sendmsg (SOF_TIMESTAMPING_TX_SOFTWARE in a control message) and read from the error queue:
+  the moment the segment went to the device, where a packet capture sees it. Stamping when send()
+  returned instead was late by the rest of the syscall (~30 us), and by milliseconds when the
+  client was preempted in between (seen: a request 6.9 ms "faster" than the wire, load 7).
+Where the kernel gives no stamp (not Linux, an unknown socket ABI, an older kernel), send() return
+and the read callback's perf_counter are used; `clock(response)` says which was used.
 
 Nagle is turned off (TCP_NODELAY, as asyncio does for its transports), so small request writes
 are not held back (checked in tests/test_bench_clientnet.py). http:// only; https:// and proxies
@@ -43,24 +46,30 @@ import httpx
 
 PAUSE_AT = 1 << 20  # stop reading the socket while this many bytes wait for h11
 MAX_READ = 256 << 10  # one recvmsg
-# SO_TIMESTAMPNS(_OLD) is 35 in include/uapi/asm-generic/socket.h, used by x86, arm, arm64, riscv,
+# SO_TIMESTAMPING(_OLD) is 37 in include/uapi/asm-generic/socket.h, used by x86, arm, arm64, riscv,
 # powerpc, s390, loongarch; alpha, mips, parisc and sparc number it differently, so no kernel stamps
-# there (Python's socket module does not export the constant). The cmsg carries the kernel's old
-# struct timespec {long tv_sec; long tv_nsec;} on CLOCK_REALTIME.
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-_TS = struct.Struct("@ll")
-_CMSG = socket.CMSG_SPACE(_TS.size) if hasattr(socket, "CMSG_SPACE") else 0
+# there (Python's socket module does not export the constant). Flags from linux/net_tstamp.h. The
+# cmsg (SCM_TIMESTAMPING, same number) is struct scm_timestamping {struct timespec ts[3];}, ts[0]
+# the software stamp, old timespec {long tv_sec; long tv_nsec;} on CLOCK_REALTIME.
+SO_TIMESTAMPING = 37
+TX_SOFTWARE, RX_SOFTWARE, SOFTWARE, OPT_TSONLY = 1 << 1, 1 << 3, 1 << 4, 1 << 11
+_TS3 = struct.Struct("@llllll")
+_CMSG = socket.CMSG_SPACE(_TS3.size) if hasattr(socket, "CMSG_SPACE") else 0
+_ERR_CMSG = 512  # SCM_TIMESTAMPING + IP(V6)_RECVERR's sock_extended_err and its address
+_TX_NOW = [(socket.SOL_SOCKET, SO_TIMESTAMPING, struct.pack("I", TX_SOFTWARE))]
 _OTHER_ABI = ("alpha", "mips", "parisc", "sparc")
 KERNEL_STAMPS = True  # False: stamp in the read callback (benchmarks/ttft_wire.py compares the two)
 
 
-def _rx_stamps(sock: socket.socket) -> bool:
-    """Ask the kernel to stamp every segment this socket receives; True when it accepted."""
+def _kernel_stamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp every segment this socket receives and to report send stamps asked
+    for per sendmsg (docs: Documentation/networking/timestamping.rst); True when it accepted."""
     if not KERNEL_STAMPS or sys.platform != "linux" or not _CMSG or platform.machine().lower().startswith(_OTHER_ABI):
         return False
+    flags = RX_SOFTWARE | SOFTWARE | OPT_TSONLY
     try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        return sock.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) == 1
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, flags)
+        return sock.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING) & flags == flags
     except OSError:
         return False
 
@@ -93,19 +102,22 @@ _to_mono = _RealToMono()
 
 
 def _kernel_stamp(anc, now: float) -> float | None:
-    """The SCM_TIMESTAMPNS of one recvmsg on the perf_counter clock, else None."""
+    """The software SCM_TIMESTAMPING of one recvmsg on the perf_counter clock, else None."""
     for level, kind, raw in anc:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) == _TS.size:
-            sec, nsec = _TS.unpack(raw)
-            return _to_mono(sec * 1_000_000_000 + nsec, now)
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(raw) >= _TS3.size:
+            sec, nsec = _TS3.unpack_from(raw)[:2]
+            if sec or nsec:
+                return _to_mono(sec * 1_000_000_000 + nsec, now)
     return None
 
 
 class _Conn:
     """One non-blocking TCP socket, registered with the loop for reading as long as it is open.
 
-    What asyncio's transport does, by hand, because the transport reads with recv() and so drops
-    the ancillary data that carries the kernel's receive stamp."""
+    What asyncio's transport does, by hand, because the transport reads with recv() and writes with
+    send(), so it drops the ancillary data that carries the kernel's stamps. A send stamp asked for
+    with sendmsg comes back on the socket's error queue (EPOLLERR wakes the read callback), which
+    is drained before the data, so it is known before the answer is read."""
 
     def __init__(self, sock: socket.socket, kernel: bool) -> None:
         self.loop = asyncio.get_running_loop()
@@ -118,6 +130,12 @@ class _Conn:
         self.wbuf = bytearray()
         self.drained: asyncio.Future | None = None
         self.first_out: float | None = None  # perf_counter after the send() that took a write's first bytes
+        self.tx_at: float | None = None  # kernel's stamp of the last send that asked for one
+        self.tx_pending = 0
+        try:
+            self.mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG) if kernel else 0
+        except OSError:
+            self.mss = 0
         self.read_on()
 
     def read_on(self) -> None:
@@ -131,12 +149,16 @@ class _Conn:
             self.reading = False
 
     def _readable(self) -> None:
+        if self.tx_pending:
+            self._errqueue()
         try:
             if self.kernel:
                 data, anc, _, _ = self.sock.recvmsg(MAX_READ, _CMSG)
             else:
                 data, anc = self.sock.recv(MAX_READ), ()
         except (BlockingIOError, InterruptedError):
+            if self.kernel:
+                self._errqueue()  # woken by EPOLLERR alone: an unread error queue would wake us forever
             return
         except OSError as exc:
             self._lost(exc)
@@ -154,16 +176,38 @@ class _Conn:
             self.read_off()
         self._wake()
 
-    def send(self, data: bytes) -> float | None:
+    def _errqueue(self) -> None:
+        """Read the kernel's send stamps (MSG_ERRQUEUE, no data with OPT_TSONLY)."""
+        while True:
+            try:
+                _, anc, _, _ = self.sock.recvmsg(0, _ERR_CMSG, socket.MSG_ERRQUEUE)
+            except OSError:  # BlockingIOError: queue empty
+                return
+            k = _kernel_stamp(anc, time.perf_counter())
+            if k is not None:
+                self.tx_at = k
+                self.tx_pending = max(self.tx_pending - 1, 0)
+
+    def send(self, data: bytes, stamp: bool = False) -> float | None:
         """Hand bytes to the kernel now where it takes them, the rest when the socket drains.
+        `stamp`: ask the kernel for the time these bytes leave (tx_at, where kernel stamps work).
 
         Returns perf_counter after the send() that took the first of these bytes, None when none
         went now (then `first_out` is set when the first of them go)."""
         if self.wbuf:
             self.wbuf += data
             return None
+        if stamp:
+            self.tx_at = None
+            # the kernel stamps the segment with the write's last byte: the request's first segment
+            # only when the write fits in one (request headers always do)
+            stamp = self.kernel and len(data) <= self.mss
         try:
-            n = self.sock.send(data)
+            if stamp:
+                n = self.sock.sendmsg([data], _TX_NOW)
+                self.tx_pending += n > 0
+            else:
+                n = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError as exc:
@@ -271,7 +315,7 @@ class TimedStream(httpcore.AsyncNetworkStream):
         c = self._c
         if c.eof or c.closed:
             raise httpcore.WriteError("connection closed")
-        t = c.send(buffer)
+        t = c.send(buffer, stamp=self._new_request)
         if c.drained is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(c.drained), timeout)
@@ -281,8 +325,9 @@ class TimedStream(httpcore.AsyncNetworkStream):
                 raise httpcore.WriteError(str(c.exc))
             t = t or c.first_out
         if self._new_request:
-            # TTFT starts here: the send() that put this request's first bytes into the kernel returned
-            # (on loopback they are past the packet tap by then), not when the client decided to send
+            # TTFT starts here, not when the client decided to send: the kernel's stamp of the first
+            # write leaving (get_extra_info("sent"), once read from the error queue), else the moment
+            # the send() that took its first bytes returned (later by the syscall, or a preemption)
             self.sent = t if t is not None else time.perf_counter()
             self._new_request = False
 
@@ -299,7 +344,9 @@ class TimedStream(httpcore.AsyncNetworkStream):
         if info == "clock":
             return self.clock
         if info == "sent":
-            return self.sent
+            return c.tx_at if c.tx_at is not None else self.sent
+        if info == "send_clock":
+            return "kernel" if c.tx_at is not None else "syscall"
         if info == "is_readable":  # httpcore asks this of idle keep-alive connections
             return bool(c.segs) or c.eof
         if info == "ssl_object":
@@ -334,7 +381,7 @@ class TimedBackend(httpcore.AsyncNetworkBackend):
                     sock.setsockopt(*opt)
                 if local_address:
                     sock.bind((local_address, 0))
-                kernel = _rx_stamps(sock)  # before connecting: every segment of the answer is stamped
+                kernel = _kernel_stamps(sock)  # before connecting: every segment of the answer is stamped
                 await asyncio.wait_for(loop.sock_connect(sock, addr), timeout)
             except asyncio.TimeoutError:
                 sock.close()
@@ -444,11 +491,14 @@ def sent(response: httpx.Response) -> float | None:
     return ns.get_extra_info("sent") if ns is not None else None
 
 
-def clock(response: httpx.Response) -> str:
-    """Where the last arrival stamp came from: kernel (receive timestamp), loop (read callback),
-    read (no TimedStream: httpx's own transport, stamped when the client read the bytes)."""
+def clock(response: httpx.Response) -> tuple[str, str]:
+    """Where the request's send stamp and the last arrival stamp came from: send kernel (the
+    kernel's send stamp) | syscall (send() returned); arrival kernel (receive stamp) | loop (read
+    callback); both "read" without TimedStream (httpx's own transport, stamped by the client)."""
     ns = response.extensions.get("network_stream")
-    return (ns.get_extra_info("clock") if ns is not None else None) or "read"
+    if ns is None or ns.get_extra_info("clock") is None:
+        return "read", "read"
+    return ns.get_extra_info("send_clock"), ns.get_extra_info("clock")
 
 
 def arrival(response: httpx.Response) -> float:

@@ -100,7 +100,9 @@ class Tcpdump:
     def __exit__(self, *exc) -> None:
         time.sleep(0.3)
         self.p.send_signal(signal.SIGINT)
-        self.p.wait(10)
+        err = self.p.communicate(timeout=10)[1].decode(errors="replace")
+        m = re.search(r"(\d+) packets? dropped by kernel", err)
+        self.dropped = int(m.group(1)) if m else None
 
     def ttfts(self) -> list[float]:
         txt = subprocess.run(["tcpdump", "-r", str(self.pcap), "-n", "-tt", "-A", "-s", "0"],
@@ -153,6 +155,8 @@ out.close()
 
 
 class PacketCapture(Tcpdump):
+    dropped = None
+
     """Where tcpdump is missing: an AF_PACKET socket on lo in a child process (kernel timestamps)."""
 
     def __enter__(self) -> "PacketCapture":
@@ -173,12 +177,13 @@ class PacketCapture(Tcpdump):
         return [x for _, x, _ in self.requests]
 
 
-def row(tool: str, own_ms: float | None, wire: list[float], **extra) -> dict:
+def row(tool: str, own_ms: float | None, wire: list[float], cap=None, **extra) -> dict:
+    """One client at one level: its own TTFT median next to the median wire TTFT of its requests."""
     if own_ms is None or not wire:
         return {"tool": tool, "status": extra.pop("status", None) or "no result", **extra}
     w = statistics.median(wire) * 1000
     return {"tool": tool, "status": "ok", "requests": len(wire), "ttft_ms": own_ms, "wire_ms": w,
-            "err_pct": (own_ms - w) / w * 100, **extra}
+            "err_pct": (own_ms - w) / w * 100, "wire_dropped": getattr(cap, "dropped", None), **extra}
 
 
 async def _gpubox(url: str, conc: int, n: int, out: int, cap):
@@ -200,12 +205,14 @@ def gpubox(tool: str, url: str, conc: int, n: int, out: int, cap) -> dict:
     bad = [s.error for s in smp if not s.ok]
     if bad:
         return row(tool, None, [], status=f"{len(bad)} failed: {bad[0]}")
-    wire = cap.ttfts()
+    cap.ttfts()
     by_tag = {u: w for _, w, u in cap.requests if u}
-    diffs = sorted((s.ttft_s - by_tag[f"ttft-{i}"]) * 1000 for i, s in enumerate(smp) if f"ttft-{i}" in by_tag)
-    return row(tool, statistics.median(s.ttft_s for s in smp) * 1000, wire,
-               matched=len(diffs), per_request_ms={"p50": diffs[len(diffs) // 2], "p95": diffs[int(len(diffs) * .95)],
-                                                   "max": diffs[-1], "min": diffs[0]} if diffs else None,
+    pairs = [(s.ttft_s, by_tag[f"ttft-{i}"]) for i, s in enumerate(smp) if f"ttft-{i}" in by_tag]
+    # medians over the requests the capture saw (a capture that misses some would compare other sets)
+    diffs = sorted((c - w) * 1000 for c, w in pairs)
+    return row(tool, statistics.median(c for c, _ in pairs) * 1000 if pairs else None, [w for _, w in pairs], cap,
+               sent=len(smp), per_request_ms={"p50": diffs[len(diffs) // 2], "p95": diffs[int(len(diffs) * .95)],
+                                              "max": diffs[-1], "min": diffs[0]} if diffs else None,
                send_wait_ms_p50=statistics.median(s.send_wait_s for s in smp) * 1000,
                send_wait_ms_max=max(s.send_wait_s for s in smp) * 1000,
                clock=dict(Counter(s.clock for s in smp)))
@@ -229,7 +236,7 @@ def guidellm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: 
         return row("guidellm", None, [], status=f"failed rc={r.returncode}: {_tail(r)}")
     m = json.loads(outp.read_text())["benchmarks"][0]["metrics"]
     x = (m.get("time_to_first_token_ms") or {}).get("successful") or {}  # GuideLLM 0.8 nesting
-    return row("guidellm", x.get("median"), cap.ttfts())
+    return row("guidellm", x.get("median"), cap.ttfts(), cap, sent=n)
 
 
 def vllm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: int, cap, tmp: Path) -> dict:
@@ -244,7 +251,7 @@ def vllm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: int,
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp, env=env)
     if r.returncode != 0 or not (tmp / name).exists():
         return row("vllm", None, [], status=f"failed rc={r.returncode}: {_tail(r)}")
-    return row("vllm", json.loads((tmp / name).read_text()).get("median_ttft_ms"), cap.ttfts())
+    return row("vllm", json.loads((tmp / name).read_text()).get("median_ttft_ms"), cap.ttfts(), cap, sent=n)
 
 
 def word_tokenizer(pythons: list[str], dest: Path) -> Path | None:
@@ -346,13 +353,15 @@ def _line(r: dict) -> str:
     head = f"C={r['C']:<3} rep {r['rep']} {r['tool']:<12}"
     if r["status"] != "ok":
         return f"{head} {r['status']}"
-    s = (f"{head} n={r['requests']:<4} TTFT {r['ttft_ms']:8.2f} ms  wire {r['wire_ms']:8.2f} ms  "
+    s = (f"{head} n={r['requests']}/{r['sent']:<3} TTFT {r['ttft_ms']:8.2f} ms  wire {r['wire_ms']:8.2f} ms  "
          f"err {r['err_pct']:+6.2f}%")
+    if r.get("wire_dropped"):
+        s += f"  (capture dropped {r['wire_dropped']} packets)"
     if "send_wait_ms_p50" in r:
         s += f"  send wait p50/max {r['send_wait_ms_p50']:.2f}/{r['send_wait_ms_max']:.2f} ms  clock {r['clock']}"
         p = r.get("per_request_ms")
         if p:
-            s += (f"  per request (client - wire, {r['matched']} matched) p50 {p['p50']:+.3f} p95 {p['p95']:+.3f} "
+            s += (f"  per request (client - wire) p50 {p['p50']:+.3f} p95 {p['p95']:+.3f} "
                   f"max {p['max']:+.3f} ms")
     return s
 

@@ -1,7 +1,8 @@
-"""Where the client's stamps come from (bench/clientnet.py, issue 19): on Linux the first token is
-stamped with the kernel's receive timestamp, so an event loop that is busy (here: blocked on
-purpose) when the token arrives does not lengthen TTFT; without kernel stamps the same block lands
-in TTFT, which is what the stamp is for. Real sockets, a real simulator process."""
+"""Where the client's stamps come from (bench/clientnet.py, issue 19): on Linux the request is
+stamped with the kernel's send timestamp and the first token with its receive timestamp, so an
+event loop that is busy (here: blocked on purpose) when the token arrives does not lengthen TTFT;
+without kernel stamps the same block lands in TTFT, which is what the stamps are for. Real
+sockets, a real simulator process."""
 
 import asyncio
 import socket
@@ -18,13 +19,15 @@ from gpubox.bench.clientnet import TimedBackend
 
 from tests.bench_helpers import simserver
 
-linux = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS receive stamps are Linux's")
+linux = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPING on TCP is Linux's")
 SLACK = 5e-5  # kernel stamps are CLOCK_REALTIME, mapped onto perf_counter to within a few microseconds
 
 
-def _thread_server(script):
+def _thread_server(script, stamps: bool = False):
     """A plain-socket server in a thread (runs while the client's event loop is blocked)."""
     ls = socket.socket()
+    if stamps:  # on the listening socket, so the accepted one has it before the first byte comes
+        ls.setsockopt(socket.SOL_SOCKET, clientnet.SO_TIMESTAMPING, clientnet.RX_SOFTWARE | clientnet.SOFTWARE)
     ls.bind(("127.0.0.1", 0))
     ls.listen(1)
     out = {}
@@ -113,7 +116,7 @@ def test_ttft_excludes_a_blocked_event_loop(tmp_path):
     # 2 tok/s: the second token comes after the block, so the first is read alone
     with simserver(tmp_path, "--rate", "2", "--ttft", "0.05", "--no-contention") as srv:
         s, t = _blocked_stream(srv.url, 0.3)
-    assert s.ok and s.clock == "kernel" and s.to_dict()["clock"] == "kernel"
+    assert s.ok and s.clock == "kernel/kernel" and s.to_dict()["clock"] == "kernel/kernel"
     first = s.started + s.ttft_s
     assert t["t_first"] - SLACK <= first < t["t_first"] + 0.005  # the simulator's write, not the loop's wake-up
     assert s.ttft_s < 0.1
@@ -124,7 +127,7 @@ def test_a_first_token_read_with_later_ones_is_flagged_late(tmp_path):
     # 200 tok/s: all 5 tokens arrive during the block; the stamp is the last byte's, and says so
     with simserver(tmp_path, "--rate", "200", "--ttft", "0.05", "--no-contention") as srv:
         s, t = _blocked_stream(srv.url, 0.3, tokens=5)
-    assert s.ok and s.clock == "kernel-late"
+    assert s.ok and s.clock == "kernel/kernel-late"
     assert t["t_last"] <= s.started + s.ttft_s < t["t_last"] + 0.005
 
 
@@ -132,9 +135,36 @@ def test_without_kernel_stamps_the_block_lands_in_ttft(tmp_path, monkeypatch):
     monkeypatch.setattr(clientnet, "KERNEL_STAMPS", False)
     with simserver(tmp_path, "--rate", "2", "--ttft", "0.05", "--no-contention") as srv:
         s, t = _blocked_stream(srv.url, 0.3)
-    assert s.ok and s.clock == "loop"
+    assert s.ok and s.clock == "syscall/loop"
     assert s.started + s.ttft_s >= t["t_first"] + 0.2  # stamped when the loop woke up
     assert s.ttft_s > 0.25
+
+
+@linux
+def test_send_stamp_is_the_kernels_and_precedes_the_servers_receipt():
+    def script(conn, out):
+        _, anc, _, _ = conn.recvmsg(100, 256)
+        out["rx"] = clientnet._kernel_stamp(anc, time.perf_counter())  # the server's kernel receipt
+        conn.sendall(b"answer")
+        time.sleep(0.3)
+
+    port, out, th = _thread_server(script, stamps=True)
+
+    async def go():
+        ns = await TimedBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        t0 = time.perf_counter()
+        await ns.write(b"request", timeout=5)
+        t1 = time.perf_counter()
+        await ns.read(100, timeout=5)  # the send stamp is read from the error queue before the answer
+        r = t0, t1, ns.get_extra_info("sent"), ns.get_extra_info("send_clock")
+        await ns.aclose()
+        return r
+
+    t0, t1, sent, how = asyncio.run(go())
+    th.join(5)
+    assert how == "kernel"
+    assert t0 - SLACK <= sent <= t1 + SLACK  # inside the write call
+    assert out["rx"] is not None and 0 <= out["rx"] - sent < 0.001  # left, then arrived microseconds later
 
 
 def test_large_write_goes_out_whole_through_a_full_send_buffer():
@@ -157,12 +187,13 @@ def test_large_write_goes_out_whole_through_a_full_send_buffer():
         ns = await TimedBackend().connect_tcp("127.0.0.1", port, timeout=5)
         t0 = time.perf_counter()
         await ns.write(b"x" * size, timeout=10)
-        sent = ns.get_extra_info("sent")
+        sent = ns.get_extra_info("sent"), ns.get_extra_info("send_clock")
         data = await ns.read(10, timeout=5)
         await ns.aclose()
         return t0, sent, data
 
-    t0, sent, data = asyncio.run(go())
+    t0, (sent, how), data = asyncio.run(go())
     th.join(5)
     assert out["got"] == size and data == b"ok"
+    assert how == "syscall"  # more than one segment: the kernel would stamp the last one, so not asked
     assert t0 <= sent < t0 + 0.1  # the first bytes went at once, the rest as the server read them
