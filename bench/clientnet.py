@@ -34,6 +34,7 @@ keep httpx's own transport (the client then stamps with perf_counter at read tim
 from __future__ import annotations
 
 import asyncio
+import errno
 import platform
 import socket
 import struct
@@ -204,8 +205,14 @@ class _Conn:
             stamp = self.kernel and len(data) <= self.mss
         try:
             if stamp:
-                n = self.sock.sendmsg([data], _TX_NOW)
-                self.tx_pending += n > 0
+                try:
+                    n = self.sock.sendmsg([data], _TX_NOW)
+                    self.tx_pending += n > 0
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPROTOOPT):
+                        raise
+                    self.mss = 0  # a kernel that takes no SO_TIMESTAMPING cmsg (< 4.7): send() stamps
+                    n = self.sock.send(data)
             else:
                 n = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
