@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import platform
 import socket
 import struct
@@ -368,12 +369,24 @@ class TimedStream(httpcore.AsyncNetworkStream):
         return None
 
 
+def _literal(host: str, port: int) -> list | None:
+    """An IP address needs no resolver (getaddrinfo runs in a thread: a hop per connection)."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    if ip.version == 4:
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (str(ip), port))]
+    return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (str(ip), port, 0, 0))]
+
+
 class TimedBackend(httpcore.AsyncNetworkBackend):
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None, socket_options=None) -> TimedStream:
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+            infos = _literal(host, port) or await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
         except asyncio.TimeoutError:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
         except OSError as exc:

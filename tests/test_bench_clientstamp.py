@@ -200,3 +200,25 @@ def test_large_write_goes_out_whole_through_a_full_send_buffer():
     assert out["got"] == size and data == b"ok"
     assert how == "syscall"  # more than one segment: the kernel would stamp the last one, so not asked
     assert t0 <= sent < t0 + 0.1  # the first bytes went at once, the rest as the server read them
+
+
+def test_a_host_name_is_resolved_and_an_address_is_not():
+    def script(conn, out):
+        out["got"] = conn.recv(16)
+        conn.sendall(b"ok")
+
+    port, out, th = _thread_server(script)
+
+    async def go():
+        ns = await TimedBackend().connect_tcp("localhost", port, timeout=5)
+        await ns.write(b"hi")
+        data = await ns.read(10, timeout=5)
+        await ns.aclose()
+        return data
+
+    data = asyncio.run(go())  # where localhost is ::1 first, that refuses and 127.0.0.1 is tried next
+    th.join(5)
+    assert data == b"ok" and out["got"] == b"hi"
+    assert clientnet._literal("127.0.0.1", 80)[0][4] == ("127.0.0.1", 80)
+    assert clientnet._literal("[::1]", 80)[0][0] == socket.AF_INET6
+    assert clientnet._literal("localhost", 80) is None
