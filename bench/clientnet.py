@@ -66,7 +66,9 @@ KERNEL_STAMPS = True  # False: stamp in the read callback (benchmarks/ttft_wire.
 def _kernel_stamps(sock: socket.socket) -> bool:
     """Ask the kernel to stamp every segment this socket receives and to report send stamps asked
     for per sendmsg (docs: Documentation/networking/timestamping.rst); True when it accepted."""
-    if not KERNEL_STAMPS or sys.platform != "linux" or not _CMSG or platform.machine().lower().startswith(_OTHER_ABI):
+    if not KERNEL_STAMPS or sys.platform != "linux" or not _CMSG:
+        return False
+    if platform.machine().lower().startswith(_OTHER_ABI):
         return False
     flags = RX_SOFTWARE | SOFTWARE | OPT_TSONLY
     try:

@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -89,8 +88,9 @@ class Tcpdump:
 
     def __enter__(self) -> "Tcpdump":
         # --immediate-mode: without it the last packets, still in a ring block, are lost at SIGINT
-        self.p = subprocess.Popen(["tcpdump", "-i", "lo", "-n", "-s", "0", "-U", "--immediate-mode", "-B", "16384",
-                                   "-w", str(self.pcap), f"tcp port {self.port}"], stderr=subprocess.PIPE)
+        argv = ["tcpdump", "-i", "lo", "-n", "-s", "0", "-U", "--immediate-mode", "-B", "16384",
+                "-w", str(self.pcap), f"tcp port {self.port}"]
+        self.p = subprocess.Popen(argv, stderr=subprocess.PIPE)
         line = self.p.stderr.readline()  # "listening on lo ..." once it captures
         if b"listening" not in line:
             raise SystemExit(f"tcpdump did not start: {line.decode().strip()}")
@@ -210,9 +210,10 @@ def gpubox(tool: str, url: str, conc: int, n: int, out: int, cap) -> dict:
     pairs = [(s.ttft_s, by_tag[f"ttft-{i}"]) for i, s in enumerate(smp) if f"ttft-{i}" in by_tag]
     # medians over the requests the capture saw (a capture that misses some would compare other sets)
     diffs = sorted((c - w) * 1000 for c, w in pairs)
-    return row(tool, statistics.median(c for c, _ in pairs) * 1000 if pairs else None, [w for _, w in pairs], cap,
-               sent=len(smp), per_request_ms={"p50": diffs[len(diffs) // 2], "p95": diffs[int(len(diffs) * .95)],
-                                              "max": diffs[-1], "min": diffs[0]} if diffs else None,
+    own = statistics.median(c for c, _ in pairs) * 1000 if pairs else None
+    per = {"p50": diffs[len(diffs) // 2], "p95": diffs[int(len(diffs) * .95)],
+           "max": diffs[-1], "min": diffs[0]} if diffs else None
+    return row(tool, own, [w for _, w in pairs], cap, sent=len(smp), per_request_ms=per,
                send_wait_ms_p50=statistics.median(s.send_wait_s for s in smp) * 1000,
                send_wait_ms_max=max(s.send_wait_s for s in smp) * 1000,
                clock=dict(Counter(s.clock for s in smp)))
@@ -288,7 +289,8 @@ def main() -> int:
     ap.add_argument("--server", choices=("sim", "guidellm-mock"), default="sim")
     ap.add_argument("--url", default=None, help="measure this running server instead")
     ap.add_argument("--tools", default=",".join(TOOLS))
-    ap.add_argument("--capture", choices=("tcpdump", "packet"), default="tcpdump" if shutil.which("tcpdump") else "packet")
+    ap.add_argument("--capture", choices=("tcpdump", "packet"),
+                    default="tcpdump" if shutil.which("tcpdump") else "packet")
     ap.add_argument("--nice", type=int, default=0, help="nice value for this run and its children (root)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save", type=Path, default=None, help="also write the JSON document here")
@@ -338,7 +340,8 @@ def main() -> int:
                         srv.stop()
     load1 = os.getloadavg()[0]
     doc = json.dumps({"server": a.url or a.server, "capture": a.capture, "out": a.out, "nice": a.nice,
-                      "cpus": len(os.sched_getaffinity(0)), "load_avg": [load0, load1], "rows": rows}, indent=1)
+                      "cpus": len(os.sched_getaffinity(0)), "load_avg": [load0, load1], "rows": rows},
+                     indent=1)
     if a.save:
         a.save.write_text(doc)
     if a.json:
@@ -358,7 +361,8 @@ def _line(r: dict) -> str:
     if r.get("wire_dropped"):
         s += f"  (capture dropped {r['wire_dropped']} packets)"
     if "send_wait_ms_p50" in r:
-        s += f"  send wait p50/max {r['send_wait_ms_p50']:.2f}/{r['send_wait_ms_max']:.2f} ms  clock {r['clock']}"
+        s += (f"  send wait p50/max {r['send_wait_ms_p50']:.2f}/{r['send_wait_ms_max']:.2f} ms"
+              f"  clock {r['clock']}")
         p = r.get("per_request_ms")
         if p:
             s += (f"  per request (client - wire) p50 {p['p50']:+.3f} p95 {p['p95']:+.3f} "

@@ -27,7 +27,8 @@ def _thread_server(script, stamps: bool = False):
     """A plain-socket server in a thread (runs while the client's event loop is blocked)."""
     ls = socket.socket()
     if stamps:  # on the listening socket, so the accepted one has it before the first byte comes
-        ls.setsockopt(socket.SOL_SOCKET, clientnet.SO_TIMESTAMPING, clientnet.RX_SOFTWARE | clientnet.SOFTWARE)
+        flags = clientnet.RX_SOFTWARE | clientnet.SOFTWARE
+        ls.setsockopt(socket.SOL_SOCKET, clientnet.SO_TIMESTAMPING, flags)
     ls.bind(("127.0.0.1", 0))
     ls.listen(1)
     out = {}
@@ -66,7 +67,7 @@ def test_kernel_stamp_is_arrival_not_when_the_blocked_loop_reads():
     data, arrived, clock, t_unblocked = asyncio.run(go())
     th.join(5)
     assert data == b"token" and clock == "kernel"
-    assert out["w"] - SLACK <= arrived < out["w"] + 0.01 < t_unblocked - 0.2  # when it came, not when it was read
+    assert out["w"] - SLACK <= arrived < out["w"] + 0.01 < t_unblocked - 0.2  # when it came, not read
 
 
 @linux
@@ -121,7 +122,7 @@ def test_ttft_excludes_a_blocked_event_loop(tmp_path):
         s, t = _blocked_stream(srv.url, 0.5)
     assert s.ok and s.clock == "kernel/kernel" and s.to_dict()["clock"] == "kernel/kernel"
     first = s.started + s.ttft_s
-    assert t["t_first"] - SLACK <= first < t["t_first"] + 0.005  # the simulator's write, not the loop's wake-up
+    assert t["t_first"] - SLACK <= first < t["t_first"] + 0.005  # the simulator's write, not the wake-up
     assert s.ttft_s < 0.6  # the loop woke up at 0.7 s
 
 
