@@ -5,8 +5,9 @@ output tokens come from the server's `usage.completion_tokens` (`stream_options.
 because a speculative step sends several tokens in one SSE chunk; a server that sends no usage
 (llama-cpp-python, FACTS "Real servers") is counted with the local tokenizer, else by chunks, and
 the sample says which (`tokens_source`). TPOT = (E2E - TTFT) / (n - 1). TTFT starts when the request
-is written to the socket (bench.clientnet stamps it), so a client busy with other streams does not
-inflate it; the wait before that is reported as `send_wait_s`.
+is written to the socket and ends when the first token's bytes reached the socket, by the kernel's
+receive timestamp where it gives one (bench.clientnet; `clock` says which), so a client busy with
+other streams does not inflate it; the wait before the send is reported as `send_wait_s`.
 
 Nothing about the server is assumed (issue 19): `ignore_eos`/`min_tokens` are dropped after a
 400/422 that names them, a stream ends at `[DONE]` or at end of body after the `finish_reason`
@@ -31,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from gpubox.bench.clientnet import arrival, sent, timed_transport
+from gpubox.bench.clientnet import arrival, clock, sent, timed_transport
 from gpubox.errors import GpuboxError
 
 WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be "
@@ -59,6 +60,10 @@ class Sample:
     rep: int = 0
     send_wait_s: float | None = None  # client-side wait between "send this" and bytes on the socket
     tokens_source: str | None = None  # usage | tokenizer | chunks (chunks: less exact)
+    # "send/first token" stamps: send kernel | syscall (send() returned); first token kernel (receive
+    # stamp) | kernel-late (read with later tokens: their arrival) | loop (read callback); read/read
+    # for https (client's own clock)
+    clock: str | None = None
     started: float = 0.0  # perf_counter at send, for aggregate wall times
 
     @property
@@ -176,6 +181,7 @@ class SSEReader:
     def __init__(self, cap: int) -> None:
         self.cap, self.size, self.buf = cap, 0, b""
         self.first: float | None = None
+        self.first_late = False  # first token read together with later ones (stamp: the later ones')
         self.end: float | None = None
         self.usage: dict | None = None
         self.done = self.finished = False
@@ -222,6 +228,8 @@ class SSEReader:
             t = stamp()
             if self.first is None:
                 self.first = t  # when these bytes left the socket, not now
+            elif self.chunks == 1 and t == self.first:
+                self.first_late = True  # one read brought the first and a later token: its stamp
             self.chunks += 1
             self.text.append(str(text or "") + str(reasoning or ""))
             self.end = t
@@ -415,6 +423,8 @@ class Client:
                     break
                 s.chunks = rd.chunks
         s.chunks = rd.chunks
+        tx, rx = clock(r)
+        s.clock = f"{tx}/{rx}{'-late' if rd.first_late and rx == 'kernel' else ''}"
         first, end, usage, text_parts = rd.first, rd.end, rd.usage, rd.text
         done, finished = rd.done, rd.finished
         if not (done or finished):

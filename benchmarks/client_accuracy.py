@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -97,7 +98,7 @@ def cpu_pct(ru0, ru1, wall: float) -> float:
 
 async def measure(url: str, conc: int, out: int, reps: int) -> dict:
     """One concurrency level, `reps` rounds: client samples matched with the simulator's truth."""
-    rows, cpu = [], []
+    rows, cpu, clocks = [], [], []
     async with Client(url, timeout=30) as c:
         await c.stream(Request(8, prompt="warm up"))
         for rep in range(reps):
@@ -113,6 +114,7 @@ async def measure(url: str, conc: int, out: int, reps: int) -> dict:
             bad = [x.error for x in samples if not x.ok]
             if bad:
                 return {"C": conc, "error": bad[0]}
+            clocks += [x.clock for x in samples]  # send/first-token stamp sources (bench.clientnet)
             for i, s in enumerate(samples):
                 t = truth[f"acc-{rep}-{i}"]
                 tpot = (t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1)
@@ -122,7 +124,7 @@ async def measure(url: str, conc: int, out: int, reps: int) -> dict:
                              "tok_s": (s.tok_s, 1 / tpot), "stamp": s.started + s.ttft_s - t["t_first"],
                              "late": t["t_first"] - s.started - TTFT})
     res: dict = {"C": conc, "rate_per_stream": per_stream(conc), "requests": len(rows),
-                 "client_cpu_pct": round(statistics.median(cpu), 1)}
+                 "client_cpu_pct": round(statistics.median(cpu), 1), "clock": dict(Counter(clocks))}
     for k in ("ttft", "tpot", "tok_s"):
         cl = statistics.median(r[k][0] for r in rows)
         tr = statistics.median(r[k][1] for r in rows)
@@ -312,7 +314,7 @@ def main() -> int:
         say(f"{conc:>3} | {k['truth']:>10.2f} {k['client']:>8.2f} {k['err_pct']:>5.2f} | {p['truth'] * 1e3:>12.3f} "
             f"{p['client'] * 1e3:>8.3f} {p['err_pct']:>5.2f} | {t['truth'] * 1e3:>12.2f} {t['client'] * 1e3:>8.2f} "
             f"{t['err_pct']:>5.2f} {t['p95_err_pct']:>5.2f} | {r['stamp_delay_ms']:>8.3f} {r['sim_late_ms']:>8.1f} "
-            f"{r['client_cpu_pct']:>5.1f}")
+            f"{r['client_cpu_pct']:>5.1f}  clock {r['clock']}")
     cpu = cpu_run(tmp, pin)
     ours, plain = cpu["gpubox"], cpu["plain httpx"]
     say(f"client CPU streaming 8 x {TOTAL_RATE / 8:.0f} tok/s, 1 token/chunk: gpubox {ours['cpu_pct']:.1f}% of one core "
