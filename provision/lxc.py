@@ -26,7 +26,7 @@ from typing import Any
 from gpubox.facts import Fact
 
 from . import cuda_probe
-from .devices import DeviceScanFact, HostDevices  # noqa: F401  (DeviceScanFact: the steps' fact)
+from .devices import HostDevices
 from .lxcconf import LxcConf, conf_path, read_conf
 from .lxcmodel import MOUNT, devn_path
 from .pve import control_for

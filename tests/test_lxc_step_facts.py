@@ -4,7 +4,6 @@ so the decision from facts equals review() with a live stat of the host, on ever
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
