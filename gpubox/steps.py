@@ -108,6 +108,7 @@ class Run:
     timeout: float = 60
     where: str | None = None
     after: Callable[[Any], None] | None = None
+    become: bool = False          # as root (sudo) where the transport's user is not root
 
     def resolved(self, host) -> list[str]:
         return [a.prefix + host.path(a.path) if isinstance(a, HostPath) else str(a) for a in self.argv]
@@ -173,7 +174,7 @@ def execute(plan: Plan, host_for: Callable[[str | None], Any], backup_for: Calla
     for a in plan.actions:
         host = host_for(a.where)
         if isinstance(a, Run):
-            host.run(a.resolved(host), input=a.input, timeout=a.timeout, check=True)
+            host.run(a.resolved(host), input=a.input, timeout=a.timeout, become=a.become, check=True)
             if a.after is not None:
                 a.after(host)
         elif isinstance(a, Write):

@@ -15,8 +15,10 @@ from gpubox.output import console, print_json
 @click.argument("target", metavar="BOX|SRC")
 @click.argument("dest", required=False, metavar="[DEST]")
 @dry_run_option
-@click.option("--verify", is_flag=True, help="Re-hash every staged file against the manifest (re-copies mismatches).")
-@click.option("--force", is_flag=True, help="Stage even when space/memory is short or the source fails its check.")
+@click.option("--verify", is_flag=True,
+              help="Re-hash every staged file against the manifest (re-copies mismatches).")
+@click.option("--force", is_flag=True,
+              help="Stage even when space/memory is short or the source fails its check.")
 @click.option("--workers", type=click.IntRange(1, 64), help="Copy threads (default: CPU count, 2..16).")
 @click.option("--hash", "hash_name", type=click.Choice(["crc32", "sha256"]), default=None,
               help="Chunk hash for the files copied: crc32 (default; catches accidental corruption, fast) or "
@@ -39,19 +41,21 @@ def stage(ctx: click.Context, target: str, dest: str | None, dry_run: bool, veri
     (--dry-run found work), 2 could not run (no room, another stager, bad source).
     """
     if dest is None:
-        from .stage_step import steps
+        from .stage_step import steps, summaries
         from gpubox.pipeline import run_steps
-        c = box_context(ctx, target, dry_run=dry_run, verify=verify, force=force, workers=workers, as_json=as_json,
+        c = box_context(ctx, target, dry_run=dry_run, verify=verify, force=force, workers=workers,
+                        as_json=as_json,
                         hash=hash_name, follow_links=follow_links)
         todo = steps(c)
         if not todo:
             raise GpuboxError(f"box {target} sets neither gpubox_model nor gpubox_drafter",
-                              "add gpubox_model: {source: /mnt/models/NAME, dest: /dev/shm/NAME} to its inventory")
+                              "add gpubox_model: {source: /mnt/models/NAME, dest: /dev/shm/NAME} "
+                              "to its inventory")
         try:
             report = run_steps(c, todo, "plan" if dry_run else "apply")
         finally:
             c.close()
-        sums = c.options.get("stage_summaries") or []
+        sums = summaries(report)
         if sums:
             report.extra["staged"] = sums
         emit(report, as_json, title=f"{target}: stage" + (" (dry run)" if dry_run else ""))

@@ -12,6 +12,8 @@ import re
 import stat as _stat
 from dataclasses import dataclass, field
 
+from gpubox.facts import Fact
+
 # Names the 195 line carries, depending on the driver (FACTS.md: "match them all").
 FRONTEND_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
 DYNAMIC_NAMES = ("nvidia-uvm", "nvidia-caps", "nvidia-nvlink", "nvidia-nvswitch", "nvidia-caps-imex-channels")
@@ -146,31 +148,60 @@ def _node(stats, path: str, want) -> Node:
     st = stats.get(path)
     if st is None:
         return Node(path, want)
-    return Node(path, want, st[1], st[0])
+    return Node(path, want, tuple(st[1]), bool(st[0]))
 
 
-def read_host_devices(host, gpus: int | None = None) -> HostDevices:
-    """Read /proc/devices and stat the NVIDIA nodes under the host's root."""
-    majors = parse_proc_devices(host.read_text("/proc/devices", default=""))
-    hd = HostDevices(majors, gpu_count(host, gpus))
+@dataclass
+class DeviceScan:
+    """What was read on the host: /proc/devices, the GPU count, the nodes under /dev/nvidia-caps
+    and the stat of every NVIDIA node path ([is_char, [major, minor]], None when absent)."""
+
+    proc_devices: str
+    gpus: int
+    caps: list[str] = field(default_factory=list)
+    stats: dict[str, tuple[bool, tuple[int, int]] | None] = field(default_factory=dict)
+
+
+def _wanted_paths(gpus: int) -> list[str]:
+    return [f"/dev/nvidia{i}" for i in range(gpus)] + ["/dev/nvidiactl", *UVM_NODES]
+
+
+class DeviceScanFact(Fact):
+    """The host's NVIDIA majors and nodes, read (no parsing) for `host_devices`."""
+
+    @staticmethod
+    def read(host, gpus: int | None = None) -> DeviceScan:
+        proc = host.read_text("/proc/devices", default="")
+        n = gpu_count(host, gpus)
+        caps = list(host.listdir("/dev/nvidia-caps")) if host.exists("/dev/nvidia-caps") else []
+        extra = ["/dev/nvidia-modeset"] + [f"/dev/nvidia-caps/{x}" for x in caps]
+        return DeviceScan(proc, n, caps, _stat_many(host, _wanted_paths(n) + extra))
+
+
+def host_devices(scan: DeviceScan) -> HostDevices:
+    """Pure: the host's devices from a scan (majors by name, wanted and present nodes)."""
+    hd = HostDevices(parse_proc_devices(scan.proc_devices), scan.gpus)
     fe = hd.frontend
     want_fe = (lambda minor: (fe, minor)) if fe is not None else (lambda minor: None)
-    paths: list[tuple[str, tuple[int, int] | None]] = [(f"/dev/nvidia{i}", want_fe(i)) for i in range(hd.gpus)]
+    paths: list[tuple[str, tuple[int, int] | None]] = [(f"/dev/nvidia{i}", want_fe(i))
+                                                        for i in range(hd.gpus)]
     paths += [("/dev/nvidiactl", want_fe(CTL_MINOR))]
     uvm = hd.uvm
     paths += [(p, (uvm, m) if uvm is not None else None) for p, m in UVM_NODES.items()]
     # Optional nodes: passed through when the host has them (modeset, caps), never demanded.
-    extra = ["/dev/nvidia-modeset"]
-    if host.exists("/dev/nvidia-caps"):
-        extra += [f"/dev/nvidia-caps/{x}" for x in host.listdir("/dev/nvidia-caps")]
-    stats = _stat_many(host, [p for p, _ in paths] + extra)
-    hd.nodes = [_node(stats, p, w) for p, w in paths]
+    extra = ["/dev/nvidia-modeset"] + [f"/dev/nvidia-caps/{x}" for x in scan.caps]
+    hd.nodes = [_node(scan.stats, p, w) for p, w in paths]
     for p in extra:
-        n = _node(stats, p, None)
+        n = _node(scan.stats, p, None)
         if n.present and n.is_char:
             n.want, n.required = n.have, False
             hd.nodes.append(n)
     return hd
+
+
+def read_host_devices(host, gpus: int | None = None) -> HostDevices:
+    """Read /proc/devices and stat the NVIDIA nodes under the host's root."""
+    return host_devices(DeviceScanFact.read(host, gpus))
 
 
 def describe_rdev(rdev: tuple[int, int] | None) -> str:

@@ -26,6 +26,17 @@ class Control:
         self.vmid = int(vmid)
         self.timeout = timeout
 
+    def ident(self) -> tuple:
+        """Which container through which channel: equal controls read the same status (a fact
+        cached per run takes the control as its argument)."""
+        return (self.kind, self.vmid)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Control) and self.ident() == other.ident()
+
+    def __hash__(self) -> int:
+        return hash(self.ident())
+
     def status(self) -> dict:
         """{'status': 'running'|'stopped'|..., 'lock': str|None}"""
         raise NotImplementedError
@@ -51,7 +62,8 @@ class Control:
         # vm_reboot), it stops the CT and then lxc-pve-prestart-hook refuses to start it again.
         if st.get("lock"):
             raise GpuboxError(f"CT {self.vmid} is locked ({st['lock']}); not running {action}",
-                              "wait for the backup/snapshot/migration to finish; `pct unlock` only if none runs")
+                              "wait for the backup/snapshot/migration to finish; "
+                              "`pct unlock` only if none runs")
         self._do(action)
         want = "stopped" if action == "stop" else "running"
         deadline = time.monotonic() + self.timeout
@@ -79,6 +91,9 @@ class PctControl(Control):
         status = m.group(1) if m else "unknown"
         conf, _ = read_conf(self.host, self.vmid)
         return {"status": status, "lock": conf.lock}
+
+    def ident(self) -> tuple:
+        return (self.kind, self.host.name, self.host.root, self.vmid)
 
     def describe(self, action: str) -> list[str]:
         return ["pct", action, str(self.vmid)]
@@ -116,7 +131,8 @@ class ApiControl(Control):
             return fn()
         except ResourceException as exc:
             raise GpuboxError(f"Proxmox API {what} for CT {self.vmid} failed: {exc}",
-                              "check the token's privileges (VM.PowerMgmt, VM.Audit) and the task log") from None
+                              "check the token's privileges (VM.PowerMgmt, VM.Audit) and the task log"
+                              ) from None
         except requests.exceptions.SSLError:
             raise TransportError(f"Proxmox API at {self.where}: TLS certificate not trusted",
                                  "set gpubox_api.verify_ssl to the CA file of the PVE certificate") from None
@@ -131,6 +147,9 @@ class ApiControl(Control):
     def config(self) -> dict:
         """GET config: keys, `lxc` as [[key, value], ...] and `digest` (SHA-1 of the file)."""
         return self._call("config", lambda: self._ct.config.get())
+
+    def ident(self) -> tuple:
+        return (self.kind, self.where, self.node, self.vmid)
 
     def describe(self, action: str) -> list[str]:
         return ["POST", f"/api2/json/nodes/{self.node}/lxc/{self.vmid}/status/{action}"]

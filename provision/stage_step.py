@@ -1,7 +1,8 @@
 """Steps "model-stage" and "drafter-stage": the model in /dev/shm is a complete, verified copy.
 
-check  = the manifest is there, matches the source's identity, files match it, headers are intact
-         (with --verify: every file re-hashed);
+check  = facts (the source's place, the copier's check of what is staged and its manifest) and a
+         pure decide: the manifest is there, matches the source's identity, files match it,
+         headers are intact (with --verify: every file re-hashed);
 plan   = which files would be copied and how many bytes (a dry run of the copier);
 apply  = stage (provision.stage); verify = check again.
 
@@ -27,8 +28,12 @@ import json
 import os
 import posixpath
 
+from dataclasses import dataclass
+from typing import Any
+
 from gpubox.errors import GpuboxError, TransportError
-from gpubox.steps import Finding, Plan, Step
+from gpubox.facts import Fact
+from gpubox.steps import OMIT, Finding, Plan, Step
 
 from . import stage as engine
 
@@ -57,7 +62,8 @@ def model_spec(ctx, var: str) -> dict | None:
     if isinstance(v, str):
         v = {"source": v}
     if not isinstance(v, dict) or not v.get("source"):
-        raise GpuboxError(f"{var} has no source", f"set {var}: {{source: /mnt/models/NAME, dest: /dev/shm/NAME}}")
+        raise GpuboxError(f"{var} has no source",
+                          f"set {var}: {{source: /mnt/models/NAME, dest: /dev/shm/NAME}}")
     source = str(v["source"]).rstrip("/") or "/"
     repo = not source.startswith("/")
     if repo and (source.count("/") != 1 or " " in source):
@@ -85,71 +91,146 @@ def stage_hash(ctx) -> str | None:
     return str(name)
 
 
+def copier(host, req: dict, progress=None) -> dict:
+    """Run one copier request where the container's files are: in-process for a local transport,
+    else `python3 -` in the container with the stdlib-only copier on stdin."""
+    if host.transport.is_local:
+        try:
+            return engine.run_request(req, progress)
+        except engine.StageError as exc:
+            return {"error": exc.problem, "fix": exc.fix}
+        except OSError as exc:
+            return {"error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
+                    "fix": "check the paths and permissions in the container"}
+    # The copier's progress lines come back live through the transport (gpubox.progress).
+    from gpubox.progress import Relay, without_progress
+    relay = Relay(progress=progress)
+    try:
+        r = host.run(["python3", "-", "--request", json.dumps({**req, "progress": "lines"})],
+                     input=engine.payload(), timeout=REMOTE_TIMEOUT, on_stderr=relay)
+    finally:
+        relay.close()
+    r.stderr = without_progress(r.stderr)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise TransportError(f"{host.name}: the copier did not answer (rc {r.rc}): "
+                             f"{(r.stderr.strip().splitlines() or [''])[-1]}",
+                             "the container needs python3 >= 3.9 on PATH") from None
+
+
+def resolve_source(host, spec: dict, download: bool) -> str | None:
+    """Logical path of the source directory; for a repo id its HF cache snapshot (None: not
+    cached and `download` is false)."""
+    if not spec["repo"]:
+        return spec["source"]
+    args = {"repo": spec["repo"], "revision": spec["revision"],
+            "cache_dir": host.path(spec["cache_dir"]) if spec["cache_dir"] else None,
+            "local_only": spec["offline"] or not download}
+    if host.transport.is_local:
+        try:
+            from huggingface_hub import snapshot_download
+            real = snapshot_download(args["repo"], revision=args["revision"], cache_dir=args["cache_dir"],
+                                     local_files_only=args["local_only"])
+        except Exception as exc:  # huggingface_hub raises many kinds (offline, not cached, 404)
+            if not download:
+                return None
+            raise GpuboxError(f"{spec['repo']}: cannot get it from the hub or the cache: "
+                              f"{type(exc).__name__}",
+                              "check the repo id/revision and network, or fill the cache and set offline"
+                              ) from None
+    else:
+        r = host.run(["python3", "-c", _HF_RESOLVE, json.dumps(args)], timeout=REMOTE_TIMEOUT)
+        if r.rc != 0:
+            if not download:
+                return None
+            raise GpuboxError(f"{spec['repo']}: cannot get it in {host.name}: "
+                              f"{r.stdout.strip() or r.stderr.strip()}",
+                              "install huggingface_hub in the container, or stage from a directory")
+        real = r.stdout.strip().splitlines()[-1]
+    root = host.root.rstrip("/")
+    return real[len(root):] if root and real.startswith(root + "/") else real
+
+
+# --- facts ------------------------------------------------------------------------------------
+
+class StageSource(Fact):
+    """Where the source is in the container: the directory, or a repo id's HF cache snapshot
+    (None: not cached yet). Never downloads."""
+
+    where = "container"
+
+    @staticmethod
+    def read(host, spec_json: str) -> str | None:
+        return resolve_source(host, json.loads(spec_json), download=False)
+
+
+class StagedCopy(Fact):
+    """The copier's `check` of a staged directory against its source: the manifest is there and
+    matches the source's identity, the files match it (with verify: re-hashed)."""
+
+    where = "container"
+
+    @staticmethod
+    def read(host, req_json: str) -> dict:
+        return copier(host, json.loads(req_json))
+
+
+# --- the step ---------------------------------------------------------------------------------
+
+@dataclass
+class StageFacts:
+    source: str | None                        # logical source directory; None: repo not cached
+    check: dict[str, Any] | None = None       # the copier's check output (what is staged)
+
+
+@dataclass
+class StageOptions:
+    source: str                               # as the inventory gives it (path or repo id)
+    dest: str
+    repo: str | None = None
+    verify: bool = False
+    box: str = "BOX"
+
+
+@dataclass
+class StageEvidence:
+    source: str
+    dest: str
+    files: Any = OMIT
+    bytes: Any = OMIT
+    verified: Any = OMIT
+    problems: Any = OMIT
+    hashes: Any = OMIT
+    staged: Any = OMIT        # after apply: the copier's summary of the copy (`gpubox stage` shows it)
+
+
 class StageStep(Step):
+    """A model staged in tmpfs. The finding is a pure decision over facts (the copier's check of
+    what is staged and its manifest). `plan` and `apply` are their own: the plan is the copier's
+    dry run, and staging is the copier itself (parallel, hashed, resumable, manifest last), not a
+    list of file writes. The copy's summary goes into the verified finding's evidence (`staged`)."""
+
     where = "container"
     requires = ("container",)
 
     def __init__(self, name: str, var: str, require_tokenizer: bool):
         self.name, self.var, self.require_tokenizer = name, var, require_tokenizer
         self.title = f"{'model' if require_tokenizer else 'drafter'} staged in tmpfs"
+        self._summary: dict | None = None     # what this step's apply copied, for its verify
 
     # -- where the copier runs -------------------------------------------------------------
     def _call(self, ctx, req: dict, progress=None) -> dict:
-        host = ctx.container
-        req = {**req, "require_tokenizer": self.require_tokenizer, "workers": ctx.opt("workers"),
-               "cgroup_dir": host.path("/sys/fs/cgroup")}
-        if host.transport.is_local:
-            try:
-                return engine.run_request(req, progress)
-            except engine.StageError as exc:
-                return {"error": exc.problem, "fix": exc.fix}
-            except OSError as exc:
-                return {"error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
-                        "fix": "check the paths and permissions in the container"}
-        # The copier's progress lines come back live through the transport (gpubox.progress).
-        from gpubox.progress import Relay, without_progress
-        relay = Relay(progress=progress)
-        try:
-            r = host.run(["python3", "-", "--request", json.dumps({**req, "progress": "lines"})],
-                         input=engine.payload(), timeout=REMOTE_TIMEOUT, on_stderr=relay)
-        finally:
-            relay.close()
-        r.stderr = without_progress(r.stderr)
-        try:
-            return json.loads(r.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            raise TransportError(f"{host.name}: the copier did not answer (rc {r.rc}): "
-                                 f"{(r.stderr.strip().splitlines() or [''])[-1]}",
-                                 "the container needs python3 >= 3.9 on PATH") from None
+        return copier(ctx.container, self._full(ctx, req), progress)
+
+    def _full(self, ctx, req: dict) -> dict:
+        return {**req, "require_tokenizer": self.require_tokenizer, "workers": ctx.opt("workers"),
+                "cgroup_dir": ctx.container.path("/sys/fs/cgroup")}
 
     def _source(self, ctx, spec: dict, download: bool) -> str | None:
-        """Logical path of the source directory; for a repo id its HF cache snapshot (None: not cached)."""
-        if not spec["repo"]:
-            return spec["source"]
-        host = ctx.container
-        args = {"repo": spec["repo"], "revision": spec["revision"],
-                "cache_dir": host.path(spec["cache_dir"]) if spec["cache_dir"] else None,
-                "local_only": spec["offline"] or not download}
-        if host.transport.is_local:
-            try:
-                from huggingface_hub import snapshot_download
-                real = snapshot_download(args["repo"], revision=args["revision"], cache_dir=args["cache_dir"],
-                                         local_files_only=args["local_only"])
-            except Exception as exc:  # huggingface_hub raises many kinds (offline, not cached, 404)
-                if not download:
-                    return None
-                raise GpuboxError(f"{spec['repo']}: cannot get it from the hub or the cache: {type(exc).__name__}",
-                                  "check the repo id/revision and network, or fill the cache and set offline") from None
-        else:
-            r = host.run(["python3", "-c", _HF_RESOLVE, json.dumps(args)], timeout=REMOTE_TIMEOUT)
-            if r.rc != 0:
-                if not download:
-                    return None
-                raise GpuboxError(f"{spec['repo']}: cannot get it in {host.name}: {r.stdout.strip() or r.stderr.strip()}",
-                                  "install huggingface_hub in the container, or stage from a directory")
-            real = r.stdout.strip().splitlines()[-1]
-        root = host.root.rstrip("/")
-        return real[len(root):] if root and real.startswith(root + "/") else real
+        if not download:
+            return ctx.fact(StageSource, json.dumps(spec, sort_keys=True))
+        return resolve_source(ctx.container, spec, download)
 
     def _request(self, ctx, spec: dict, src: str, op: str) -> dict:
         host = ctx.container
@@ -160,22 +241,33 @@ class StageStep(Step):
                 "source_info": {k: v for k, v in (("path", src), ("repo", spec["repo"]),
                                                   ("revision", spec["revision"])) if v}}
 
-    # -- the four verbs --------------------------------------------------------------------
-    def check(self, ctx) -> Finding:
+    # -- facts, options, decision ----------------------------------------------------------
+    def options(self, ctx) -> StageOptions:
+        spec = model_spec(ctx, self.var)
+        return StageOptions(spec["source"], spec["dest"], spec["repo"], bool(ctx.opt("verify")), ctx.box.name)
+
+    def gather(self, ctx) -> StageFacts:
         spec = model_spec(ctx, self.var)
         src = self._source(ctx, spec, download=False)
         if src is None:
-            return Finding.drift(f"{spec['repo']} is not in the HF cache yet", cause="never downloaded",
-                                 repair="gpubox stage BOX downloads and stages it", source=spec["source"],
-                                 dest=spec["dest"])
-        out = self._call(ctx, self._request(ctx, spec, src, "check"))
+            return StageFacts(None)
+        req = self._full(ctx, self._request(ctx, spec, src, "check"))
+        return StageFacts(src, ctx.fact(StagedCopy, json.dumps(req, sort_keys=True)))
+
+    def decide(self, facts: StageFacts, opts: StageOptions) -> Finding:
+        src, out = facts.source, facts.check or {}
+        if src is None:
+            return Finding.drift(f"{opts.repo} is not in the HF cache yet", cause="never downloaded",
+                                 repair="gpubox stage BOX downloads and stages it",
+                                 evidence=StageEvidence(opts.source, opts.dest))
         if "error" in out:
-            return Finding.failed(out["error"], repair=out.get("fix"), source=src, dest=spec["dest"])
-        ev = {"source": src, "dest": spec["dest"], "files": out["files"], "bytes": out["bytes"],
-              "verified": out["verified"], "problems": out["problems"], "hashes": out.get("hashes", [])}
+            return Finding.failed(out["error"], repair=out.get("fix"), evidence=StageEvidence(src, opts.dest))
+        ev = StageEvidence(src, opts.dest, out["files"], out["bytes"], out["verified"], out["problems"],
+                           out.get("hashes", []))
         if out["staged"]:
-            how = f", {out['verified']} hashes verified" if ctx.opt("verify") else ""
-            return Finding.ok(f"{spec['dest']}: staged, {out['files']} files, {_gb(out['bytes'])}{how}", **ev)
+            how = f", {out['verified']} hashes verified" if opts.verify else ""
+            return Finding.ok(f"{opts.dest}: staged, {out['files']} files, {_gb(out['bytes'])}{how}",
+                              evidence=ev)
         probs = out["problems"]
         more = f" (+{len(probs) - 1} more)" if len(probs) > 1 else ""
         if probs[0].startswith("manifest absent"):
@@ -184,9 +276,10 @@ class StageStep(Step):
             cause = "the persistent copy was updated"
         else:
             cause = "the staged copy was damaged or modified"
-        return Finding.drift(f"{spec['dest']}: {probs[0]}{more}", cause=cause,
-                             repair=f"gpubox stage {ctx.box.name}", **ev)
+        return Finding.drift(f"{opts.dest}: {probs[0]}{more}", cause=cause,
+                             repair=f"gpubox stage {opts.box}", evidence=ev)
 
+    # -- the copier's verbs ----------------------------------------------------------------
     def plan(self, ctx, finding: Finding) -> Plan:
         spec = model_spec(ctx, self.var)
         src = self._source(ctx, spec, download=False)
@@ -196,7 +289,8 @@ class StageStep(Step):
         out = self._call(ctx, {**self._request(ctx, spec, src, "stage"), "dry_run": True})
         if "error" in out:
             raise GpuboxError(out["error"], out.get("fix"))
-        desc = f"copy {len(out['would_copy'])} file(s) ({_gb(out['would_copy_bytes'])}) from {src} to {spec['dest']}"
+        desc = (f"copy {len(out['would_copy'])} file(s) ({_gb(out['would_copy_bytes'])}) "
+                f"from {src} to {spec['dest']}")
         if out.get("removed"):
             desc += f", remove {len(out['removed'])} stale file(s)"
         if out.get("would_chmod"):
@@ -221,7 +315,23 @@ class StageStep(Step):
         out = self._call(ctx, req, progress)
         if "error" in out:
             raise GpuboxError(out["error"], out.get("fix"))
-        ctx.options.setdefault("stage_summaries", []).append(out)
+        self._summary = out
+
+    def verify(self, ctx) -> Finding:
+        f = super().verify(ctx)
+        if self._summary is not None and isinstance(f.evidence, StageEvidence):
+            f.evidence.staged, self._summary = self._summary, None
+        return f
+
+
+def summaries(report) -> list[dict]:
+    """The copy summaries of the stage steps that copied (in step order), moved out of their
+    step records into the report's `staged` list (`gpubox stage --json`, the Ansible module)."""
+    out = []
+    for s in report.steps:
+        if isinstance(s.evidence, dict) and "staged" in s.evidence:
+            out.append(s.evidence.pop("staged"))
+    return out
 
 
 STEPS = (("model-stage", "gpubox_model", True), ("drafter-stage", "gpubox_drafter", False))

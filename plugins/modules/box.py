@@ -222,10 +222,11 @@ def _run(p, ctx, check_mode):
         rep = run_steps(ctx, hwtune.steps(ctx), mode)
         return rep.to_dict(), rep.exit_code
     if action == "stage":
-        from gpubox.provision.stage_step import steps
+        from gpubox.provision.stage_step import steps, summaries
         rep = run_steps(ctx, steps(ctx), mode)
-        if ctx.options.get("stage_summaries"):
-            rep.extra["staged"] = ctx.options["stage_summaries"]
+        staged = summaries(rep)     # the copies' summaries, from the steps' evidence
+        if staged:
+            rep.extra["staged"] = staged
         return rep.to_dict(), rep.exit_code
     # bench: measuring changes nothing on the box, but it launches servers: not in check mode.
     if check_mode:
