@@ -100,14 +100,17 @@ def _loose_major(value: str) -> int | None:
 
 
 def _newline(conf: LxcConf) -> str:
-    """The file's line ending: new and replaced lines follow it (CRLF stays CRLF)."""
+    """The file's line ending: new and replaced lines follow it. CRLF only for a file whose every
+    ended line is CRLF (an unended last "...\r" reads as CRLF once ended); a file of mixed endings
+    gets LF, so the choice does not hang on which line a repair happens to drop (fuzz)."""
+    ends = []
     for s in conf.sections:
         for l in ([Line(s.header)] if s.header else []) + s.lines:
-            if l.raw.endswith("\r\n"):
-                return "\r\n"
             if l.raw.endswith("\n"):
-                return "\n"
-    return "\n"
+                ends.append(l.raw.endswith("\r\n"))
+            elif l.raw.endswith("\r"):
+                ends.append(True)
+    return "\r\n" if ends and all(ends) else "\n"
 
 
 def _nl(line: Line, nl: str) -> Line:
@@ -120,7 +123,8 @@ class Owner:
     """Which majors are provably this host's NVIDIA devices (the only rules gpubox may change):
     a major an NVIDIA driver holds now in /proc/devices, or a major that /proc/devices no longer
     lists, lies in the dynamic ranges (only nvidia-uvm/-caps/-nvlink/-nvswitch get dynamic majors
-    among NVIDIA's) and the config itself passes nvidia-uvm or nvidia-caps nodes. A static major
+    among NVIDIA's) and the config itself passes nvidia-uvm or nvidia-caps nodes that its cgroup
+    rules do not permit (the stale rule was theirs). A static major
     absent from /proc/devices (Coral 120, USB serial 188...) is a driver not loaded yet: foreign
     (FACTS.md "Learned on real inputs"). A dynamic major gpubox recorded as NVIDIA's when it last
     wrote this config (`recorded`) is proof too, for configs that name no uvm/caps node."""
@@ -136,9 +140,15 @@ class Owner:
         # first kept (found by the Hypothesis fuzz of review()).
         named = {name for name in ("nvidia-uvm", "nvidia-caps")
                  if any(f"dev/{name}" in (l.value or "") for l in lines if l.key == MOUNT)}
-        allowed = {r.major for l in lines if l.key == ALLOW
-                   for r in [parse_rule(l.key, (l.value or "").strip())] if r and not r.is_global}
-        self.names_dynamic = any(hd.majors.get(name) not in allowed for name in named)
+        # "Lacks a rule" means the cgroup does not permit the node: under `a` (or `c *:*`) a mount
+        # needs no rule, gpubox adds none, and so its own mounts would vouch on the next run (fuzz:
+        # `a` + a stale 506, dropped only by the second run).
+        rules = [r for l in lines if l.key == ALLOW for r in [parse_rule(l.key, (l.value or "").strip())] if r]
+
+        def permitted(major: int | None) -> bool:
+            return major is not None and any(r.kind in ("a", "c") and r.major in (None, major) for r in rules)
+
+        self.names_dynamic = any(not permitted(hd.majors.get(name)) for name in named)
 
     def major(self, major: int | None) -> bool:
         if major is None:
@@ -430,6 +440,7 @@ def _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_n
         extra = after.get(i)
         if extra:
             if out and not out[-1].raw.endswith("\n"):
-                out[-1] = Line(out[-1].raw + nl, out[-1].key, out[-1].value, out[-1].eq)
+                end = "\n" if out[-1].raw.endswith("\r") and nl == "\r\n" else nl
+                out[-1] = Line(out[-1].raw + end, out[-1].key, out[-1].value, out[-1].eq)
             out.extend(extra)
     return out
