@@ -17,6 +17,7 @@ from gpubox.errors import GpuboxError
 
 from . import results
 from .client import Client
+from .gpus import box_topology
 from .launcher import LaunchError, Server, build_command, nccl_env, parse_method, spec_from_box
 from .workloads import RUNNERS, Point, not_run, plan
 
@@ -89,16 +90,11 @@ def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
                              "model": settings.get("model") or (ctx.box.var("gpubox_model", {}) or {}).get("dest"),
                              "drafter": settings.get("drafter") or (ctx.box.var("gpubox_drafter", {}) or {}).get("dest")}
     try:
-        from gpubox.hwtune import topology  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
-        topo = getattr(ctx, "_bench_topology", None) or topology.discover(ctx)
-        ctx._bench_topology = topo
-        td = topo.to_dict()
+        td = box_topology(ctx).to_dict()  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
         facts["gpus"] = [{k: g.get(k) for k in ("index", "name", "bus_id", "numa_node", "link", "memory_mib")}
                          for g in td["gpus"]]
         facts["topology_source"] = td.get("source")
         facts["driver"] = td.get("driver")
-    except ImportError:
-        pass
     except GpuboxError:
         pass
     if not facts["gpus"]:

@@ -47,13 +47,14 @@ def _gpubox_vars(entry_vars: dict[str, Any]) -> dict[str, Any]:
 
 def build_request(ctx, name: str, tps: list[int], methods: list[str], settings: dict[str, Any]) -> dict[str, Any]:
     """Everything the container side needs, resolved here where the Proxmox host is reachable."""
+    from .gpus import box_topology
     from .launcher import gpus_for_tp, nccl_env
     from .measure import box_facts
 
     facts = box_facts(ctx, settings)
     for tp in tps:
         gpus_for_tp(int(tp), ctx)  # a TP size the topology cannot hold fails here, before any launch
-    topo = getattr(ctx, "_bench_topology", None)
+    topo = box_topology(ctx)
     bench = dict(settings)
     # The profile's variables under the box's own gpubox_bench.env, the order spec_from_box uses.
     bench["env"] = {**nccl_env(ctx), **{str(k): str(v) for k, v in (settings.get("env") or {}).items()}}
@@ -218,7 +219,8 @@ def context_from(req: dict[str, Any]):
     ctx = Context(box=Box(container=ct, host=host), _hosts=(_HostOutOfReach(host.name),
                                                             Host(ct, LocalTransport(ct.name), "container")))
     if req.get("topology"):
-        ctx._bench_topology = _topology(req["topology"])
+        from .gpus import GpuTopology
+        ctx.know(GpuTopology, _topology(req["topology"]))  # read on the control side, where the host is
     return ctx
 
 
