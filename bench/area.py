@@ -7,7 +7,7 @@ AREA = Area(
     name="bench",
     # bench: server health + latest verdict (doctor only; recover runs the benchmark itself
     # after the repairs)
-    providers=((50, "gpubox.bench.step"),),
+    providers=((50, "gpubox.bench.bench_step"),),
     groups=((50, "bench", ("bench",)),),
     commands={"bench": "gpubox.bench.cli:bench", "report": "gpubox.bench.cli_report:report",
               "history": "gpubox.bench.cli_history:history",

@@ -39,7 +39,8 @@ def _progress(console, total: int):
     return prog, step
 
 
-async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[str, dict]], prof: dict[str, Any],
+async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[str, dict]],
+                         prof: dict[str, Any],
                          timeout: float, alive: Callable[[], bool] = lambda: True,
                          on_point: Callable[[str, bool], None] = lambda d, a=True: None,
                          died: Callable[[], str] | None = None, tokenizer_dir: str | None = None,
@@ -69,7 +70,8 @@ async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[st
                 m = not_run(tp, method, budget, label, kind, kw, "failed", str(exc), p.reps)
             except Exception as exc:  # any surprise fails this measurement, never the run (issue 16)
                 why = " ".join(str(exc).split())[:200]
-                m = not_run(tp, method, budget, label, kind, kw, "failed", f"{type(exc).__name__}: {why}", p.reps)
+                m = not_run(tp, method, budget, label, kind, kw, "failed", f"{type(exc).__name__}: {why}",
+                            p.reps)
             if not alive():
                 dead_reason = died() if died else "the server died"
                 if m["status"] == "failed":
@@ -85,10 +87,14 @@ async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[st
 
 def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
     """What the report appendix needs about the box as measured; absent facts are None, not guesses."""
-    facts: dict[str, Any] = {"gpus": [], "driver": None, "nccl_env": {}, "nccl_profile": ctx.box.var("gpubox_nccl_profile"),
-                             "pcie_mrrs": {}, "numa_balancing": None, "engine": settings.get("engine", "vllm"),
-                             "model": settings.get("model") or (ctx.box.var("gpubox_model", {}) or {}).get("dest"),
-                             "drafter": settings.get("drafter") or (ctx.box.var("gpubox_drafter", {}) or {}).get("dest")}
+    var = ctx.box.var
+    facts: dict[str, Any] = {"gpus": [], "driver": None, "nccl_env": {},
+                             "nccl_profile": var("gpubox_nccl_profile"),
+                             "pcie_mrrs": {}, "numa_balancing": None,
+                             "engine": settings.get("engine", "vllm"),
+                             "model": settings.get("model") or (var("gpubox_model", {}) or {}).get("dest"),
+                             "drafter": (settings.get("drafter")
+                                         or (var("gpubox_drafter", {}) or {}).get("dest"))}
     try:
         td = box_topology(ctx).to_dict()  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
         facts["gpus"] = [{k: g.get(k) for k in ("index", "name", "bus_id", "numa_node", "link", "memory_mib")}
@@ -167,9 +173,10 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
 
                 try:
                     rec["client"] = learned = {}
-                    ms = asyncio.run(measure_server(server.url, tp=tp, label=spec.label, points=points, prof=prof,
-                                                    timeout=timeout, alive=server.alive, on_point=step, died=died,
-                                                    tokenizer_dir=settings.get("tokenizer") or spec.model or None,
+                    tok_dir = settings.get("tokenizer") or spec.model or None
+                    ms = asyncio.run(measure_server(server.url, tp=tp, label=spec.label, points=points,
+                                                    prof=prof, timeout=timeout, alive=server.alive,
+                                                    on_point=step, died=died, tokenizer_dir=tok_dir,
                                                     learned=learned))
                     doc["measurements"] += ms
                     try:

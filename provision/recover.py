@@ -19,7 +19,7 @@ from gpubox import areas
 from gpubox.errors import GpuboxError
 from gpubox.pipeline import Node, run_pipeline
 from gpubox.state import state_dir
-from gpubox.steps import RunReport, Step, StepResult
+from gpubox.steps import RunReport, Step, StepResult, evidence_dict
 
 # Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order: each area registers its
 # providers at their positions (<area>/area.py, found through gpubox.areas).
@@ -39,7 +39,7 @@ class _DoctorBench(Step):
 
     def check(self, ctx):
         f = self.inner.check(ctx)
-        if f.status == "drift" and "verdict" not in f.evidence:
+        if f.status == "drift" and "verdict" not in evidence_dict(f.evidence):
             f.status = "ok"
             f.detail += " (run `gpubox bench BOX` or `gpubox recover BOX` to measure)"
         return f
