@@ -12,9 +12,10 @@ import click
 from . import __version__, areas
 from .errors import GpuboxError
 
-# command name -> "module:attribute"; a module that does not exist yet simply is not listed. The
-# areas' commands come from their registrations (gpubox.areas), still as strings: nothing loads
-# until a command is run.
+# command name -> "module:attribute". The areas' commands come from their registrations
+# (gpubox.areas), still as strings: nothing loads until a command is run. A registered module that
+# is not importable (a stale registration, or one added by a plugin that is not installed) is
+# left out of --help and answers "No such command" instead of a traceback (LazyGroup).
 COMMANDS = {
     "inventory": "gpubox.cli_inventory:inventory",
     "sim": "gpubox.cli_sim:sim",
