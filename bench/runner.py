@@ -3,7 +3,7 @@ down; then the verdict, the result document and the history entry.
 
 `run_box(ctx, ...)` is what `gpubox bench BOX` and the recover pipeline's bench step call; it
 measures here when the container is local and inside the container (bench.remote, the same
-`measure_box`) when gpubox reaches it over SSH or `pct exec`.
+`measure_box` of bench.measure, re-exported here) when gpubox reaches it over SSH or `pct exec`.
 `run_url(url, ...)` measures a server that is already running (`gpubox bench run --url`).
 """
 
@@ -19,7 +19,8 @@ from gpubox.errors import GpuboxError
 from . import results
 from .client import Client
 from .launcher import parse_method
-from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401 (re-exported)
+# re-exported: callers and tests import these from bench.runner; run_url uses _progress
+from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
 from .verdict import evaluate
 from .workloads import plan, resolve_profile
 
