@@ -91,9 +91,11 @@ def _ev(evidence: Any, kw: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class HostPath:
-    """A path on the step's host inside an argv: shown and run with the host's root prefix."""
+    """A path on the step's host inside an argv: shown and run with the host's root prefix
+    (after `prefix`, for an option such as setpci's `sysfs.path=<path>`)."""
 
     path: str
+    prefix: str = ""
 
 
 @dataclass
@@ -108,7 +110,7 @@ class Run:
     after: Callable[[Any], None] | None = None
 
     def resolved(self, host) -> list[str]:
-        return [host.path(a.path) if isinstance(a, HostPath) else str(a) for a in self.argv]
+        return [a.prefix + host.path(a.path) if isinstance(a, HostPath) else str(a) for a in self.argv]
 
 
 @dataclass

@@ -14,6 +14,9 @@ Formats and the rules of their readers:
 - ncclconf: /etc/nccl.conf or $NCCL_CONF_FILE: NCCL's setEnvFile (src/misc/param.cc) skips lines
            starting with '#', splits at the first '=', and takes both sides literally (no trimming).
 - json:    {"NCCL_X": "value"}.
+
+The nccl-env step (hwtune/nccl_step.py) decides over the facts defined at the end of this module:
+the container's NCCL files and the topology class NVML sees in the container.
 """
 
 from __future__ import annotations
@@ -29,10 +32,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
-from gpubox.state import backup_path
-from gpubox.steps import Finding, Plan, Step
+from gpubox.facts import Fact
 
 HERE = Path(__file__).resolve().parent
 PROFILE_DIR = HERE / "profiles"
@@ -500,7 +501,7 @@ def parse(text: str, fmt: str) -> dict[str, str]:
             "ncclconf": parse_ncclconf}[fmt](text)
 
 
-# -- the box step ------------------------------------------------------------------------------
+# -- the box's files and facts ------------------------------------------------------------------
 ENV_FILE = "/etc/gpubox/nccl.env"     # EnvironmentFile= of the server's unit (and `source`-able)
 CONF_FILE = "/etc/nccl.conf"          # NCCL's own system-wide file, for processes started otherwise
 
@@ -518,140 +519,67 @@ def file_header(p: Profile, path: str) -> str:
             "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
 
 
-def _topology_class(ctx) -> str:
-    """The box's topology class, read through the container only: this step runs in the container's
-    lane, and reading the host from here would share the host's transport with the host lane's
-    steps. Sources: the inventory's `gpubox_topology`, NVML in the container, else the inventory
-    hint gpubox_numa_nodes (NVLink invisible there). Once per run."""
-    cls = getattr(ctx, "_gpubox_topology_class", None)
-    if cls is None:
+def owned_by(profile_name: str, text: str | None) -> bool:
+    """A file gpubox wrote for this profile: its first line is the header file_header() writes."""
+    return text is not None and text.startswith(f"# {OWNED_MARK} {profile_name} (")
+
+
+class ContainerFile(Fact):
+    """A file's text in the container; None when it does not exist."""
+
+    where = "container"
+
+    @staticmethod
+    def read(host, path: str) -> str:
+        return host.read_text(path, default="\0")
+
+    @staticmethod
+    def parse(raw: str, path: str = "") -> str | None:
+        return None if raw == "\0" else raw
+
+
+class NvmlTopologyClass(Fact):
+    """The topology class (hwtune.links) NVML sees in the container, None when NVML is not there.
+    Read through the container only: nccl-env runs in the container's lane, and reading the host
+    from there would share the host's transport with the host lane's steps. A simulated box
+    (`simulated`) has no GPU for NVML to find: nothing is run."""
+
+    where = "container"
+
+    @staticmethod
+    def read(host, simulated: bool = False) -> dict | None:
+        if simulated:
+            return None
+        from .topology import probe_nvml
+        try:
+            return probe_nvml(host)
+        except GpuboxError:
+            return None
+
+    @staticmethod
+    def parse(raw: dict | None, simulated: bool = False) -> str | None:
+        if not raw:
+            return None
         from .links import classify_topology
-        from .topology import from_inventory, from_nvml_doc, probe_nvml
-        cls = ctx.box.var("gpubox_topology")
-        if not cls:
-            doc = None
-            if not ctx.box.var("gpubox_simulated"):     # a simulated box has no GPU for NVML to find
-                try:
-                    doc = probe_nvml(ctx.container)
-                except GpuboxError:
-                    doc = None
-            cls = classify_topology(from_nvml_doc(doc) if doc else from_inventory(ctx.box))
-        ctx._gpubox_topology_class = str(cls)
-    return str(cls)
+        from .topology import from_nvml_doc
+        return str(classify_topology(from_nvml_doc(raw)))
 
 
-def pick_profile(topology_class: str) -> Profile | None:
-    """`gpubox_nccl_profile: auto`: the one profile written for this topology class (not `any`);
-    none, or more than one, -> None: NCCL's own tuning, never a forced protocol."""
-    fits = [p for p in list_profiles().values() if topology_class in p.topologies]
+def pick_from(profiles: list[Profile], topology_class: str | None) -> Profile | None:
+    """The one profile written for this topology class (not `any`); none, or more than one, ->
+    None: NCCL's own tuning, never a forced protocol."""
+    fits = [p for p in profiles if topology_class in p.topologies]
     return fits[0] if len(fits) == 1 else None
 
 
-def _topology_misfit(ctx, prof: Profile) -> Finding | None:
-    """A profile written for another topology class is refused (issue 18: pcie-2numa's LL/Ring
-    halved 256 MiB all-reduce busbw on an NVLink pair). Also the A/B gate's verdict when
-    `tune nccl --measure` refused it."""
-    gate = ctx.opt("nccl_gate")
-    if gate and not gate.get("install"):
-        return Finding.failed(f"profile {prof.name} refused by the A/B gate: " + " | ".join(gate["reasons"]),
-                              cause="the profile is slower than NCCL's own tuning on this box, or gains nothing",
-                              repair="keep NCCL's defaults (unset gpubox_nccl_profile) or measure another profile",
-                              refused=True, gate=gate)
-    if not prof.topologies or "any" in prof.topologies:
-        return None
-    cls = _topology_class(ctx)
-    if cls in ("unknown", "single-gpu") or cls in prof.topologies:
-        return None     # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
-    return Finding.failed(f"profile {prof.name} is for {', '.join(prof.topologies)}; this box is {cls}: not installed",
-                          cause="NCCL protocol/algorithm choices tuned for one topology can be slower on another",
-                          repair="use nccl-defaults or a profile for this topology; measure with "
-                                 "`gpubox probe --local --nccl-compare PROFILE`", refused=True, topology=cls)
+def pick_profile(topology_class: str) -> Profile | None:
+    """`gpubox_nccl_profile: auto`: pick_from every known profile."""
+    return pick_from(list(list_profiles().values()), topology_class)
 
 
-def owned_files(ctx, prof: Profile) -> dict[str, str]:
-    """The container's NCCL files that gpubox wrote for this profile (their first line is its
-    header), path -> text. Only these are removed when the profile is refused; a file an operator
-    wrote, or one of another profile, is left."""
-    out = {}
-    for path in box_files(ctx):
-        text = ctx.container.read_text(path, default="\0")
-        if text.startswith(f"# {OWNED_MARK} {prof.name} ("):
-            out[path] = text
-    return out
-
-
-class NcclEnvStep(Step):
-    name = "nccl-env"
-    title = "NCCL environment profile in the container"
-    where = "container"
-    requires = ("container",)
-
-    def _profile(self, ctx) -> Profile | None:
-        name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")
-        if str(name) == "auto":
-            return pick_profile(_topology_class(ctx))
-        return load_profile(str(name)) if name else None
-
-    def check(self, ctx) -> Finding:
-        prof = self._profile(ctx)
-        if prof is None:
-            if str(ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")) == "auto":
-                return Finding.ok(f"auto: no profile for this topology ({_topology_class(ctx)}): NCCL's own tuning")
-            return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults")
-        misfit = _topology_misfit(ctx, prof)
-        if misfit:
-            owned = owned_files(ctx, prof)
-            if owned:       # refused, yet installed by an earlier run: take gpubox's own files out
-                return Finding.drift(f"{misfit.detail}; gpubox's files of it are installed: {', '.join(owned)}",
-                                     cause=misfit.cause, repair=f"gpubox tune nccl {ctx.box.name} (removes them)",
-                                     **{**misfit.evidence, "remove": owned})
-            return misfit
-        ct, want = ctx.container, prof.env
-        problems, ev = [], {"profile": prof.name, "want": want, "files": {}}
-        for path, fmt in box_files(ctx).items():
-            text = ct.read_text(path, default="\0")
-            if text == "\0":
-                problems.append(f"{path} missing")
-                ev["files"][path] = None
-                continue
-            have = parse(text, fmt)
-            ev["files"][path] = have
-            bad = errors(validate(have))
-            diffs = [str(i) for i in bad]
-            diffs += [f"{k} missing" for k in want if k not in have and k not in {i.name for i in bad}]
-            diffs += [f"{k}={have[k]} (want {want[k]})" for k in want
-                      if k in have and have[k] != want[k] and k not in {i.name for i in bad}]
-            diffs += [f"{k} not in profile" for k in have if k not in want and k not in {i.name for i in bad}]
-            if diffs:
-                problems.append(f"{path}: " + "; ".join(diffs))
-        if problems:
-            return Finding.drift("; ".join(problems),
-                                 cause="NCCL ignores unknown names silently and fails at init on bad ALGO/PROTO tokens",
-                                 repair=f"gpubox tune nccl {ctx.box.name}", **ev)
-        return Finding.ok(f"profile {prof.name} in place ({', '.join(box_files(ctx))})", **ev)
-
-    def plan(self, ctx, finding: Finding) -> Plan:
-        prof = self._profile(ctx)
-        remove = finding.evidence.get("remove")
-        if remove:      # data maps a path to None: remove it (backed up first)
-            diff = "".join(unified(path, old, "") for path, old in remove.items())
-            return Plan(f"remove {', '.join(remove)} (the refused profile's files)", diff, [],
-                        dict.fromkeys(remove))
-        if finding.evidence.get("refused"):
-            return Plan(f"nothing written: {finding.detail}", "", [], {})
-        ct, writes, diff = ctx.container, {}, ""
-        for path, fmt in box_files(ctx).items():
-            new = render(prof.env, fmt, header=file_header(prof, path))
-            old = ct.read_text(path, default="")
-            if old != new:
-                writes[path] = new
-                diff += unified(path, old, new)
-        return Plan(f"write profile {prof.name} to {', '.join(writes)}", diff, [], writes)
-
-    def apply(self, ctx, plan: Plan) -> None:
-        for path, text in plan.data.items():
-            if text is None:
-                backup_path(ctx.container.name, path).write_bytes(ctx.container.read_bytes(path))
-                ctx.container.remove(path)
-            else:
-                ctx.container.write(path, text, mode=0o644)
+def __getattr__(name: str):
+    """The step moved to hwtune.nccl_step; old imports still work."""
+    if name == "NcclEnvStep":
+        from . import nccl_step
+        return nccl_step.NcclEnvStep
+    raise AttributeError(name)

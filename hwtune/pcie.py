@@ -7,16 +7,20 @@ read-modify-write done by setpci itself), read the word back and prove that no b
 moved. `-d 10de:` would also hit the GPU's HD-audio function, so GPU functions are picked by class
 0300/0302 from sysfs. Everything goes through the REAL pciutils with `-A linux-sysfs -O
 sysfs.path=<root>/sys/bus/pci`, which is how tests run against a simulated box.
+
+This module holds the facts (sysfs, setpci, lockdown, the boot unit: `read` does the I/O, `parse`
+is pure) and the pure register arithmetic; the steps that decide live in hwtune/pcie_step.py.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
-from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
-from gpubox.steps import Finding, Plan, Step
+from gpubox.facts import Fact
+from gpubox.steps import HostPath
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0300", "0302")          # VGA controller, 3D controller
@@ -28,7 +32,8 @@ FLR_BIT = 0x8000
 UNIT = "gpubox-pcie-mrrs.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 LOCKDOWN = "/sys/kernel/security/lockdown"
-DEVICES = "/sys/bus/pci/devices"
+SYSFS_PCI = "/sys/bus/pci"
+DEVICES = f"{SYSFS_PCI}/devices"
 SPEEDS = {1: "2.5GT/s", 2: "5GT/s", 3: "8GT/s", 4: "16GT/s", 5: "32GT/s", 6: "64GT/s"}
 
 
@@ -62,7 +67,7 @@ def decode_devctl(word: int) -> dict:
             "no_snoop": bool(word & 0x800), "ext_tag": bool(word & 0x100), "flr_bit": bool(word & FLR_BIT)}
 
 
-# -- facts -------------------------------------------------------------------------------------
+# -- PCI functions in sysfs --------------------------------------------------------------------
 @dataclass
 class PciFunction:
     bdf: str
@@ -77,37 +82,53 @@ class PciFunction:
 
     @property
     def kind(self) -> str:
-        return {"0300": "gpu", "0302": "gpu", AUDIO_CLASS: "audio", BRIDGE_CLASS: "bridge"}.get(self.base_class, "other")
+        kinds = {"0300": "gpu", "0302": "gpu", AUDIO_CLASS: "audio", BRIDGE_CLASS: "bridge"}
+        return kinds.get(self.base_class, "other")
 
 
 def _read_attr(host, bdf: str, name: str) -> str:
-    return host.read_text(f"{DEVICES}/{bdf}/{name}", default="").strip()
+    return host.read_text(f"{DEVICES}/{bdf}/{name}", default="")
+
+
+class PciFunctions(Fact):
+    """Every PCI function in the host's sysfs (root prefix honoured): read gives
+    [(bdf, vendor, device, class, numa_node)] as the attribute files say, parse the PciFunctions."""
+
+    @staticmethod
+    def read(host) -> list[tuple[str, str, str, str, str]]:
+        try:
+            names = sorted(host.listdir(DEVICES))
+        except FileNotFoundError:
+            raise GpuboxError(f"{host.name}: {host.path(DEVICES)} does not exist",
+                              "is this a Linux host with sysfs (or is gpubox_root wrong)?") from None
+        return [(bdf, *(_read_attr(host, bdf, a) for a in ("vendor", "device", "class", "numa_node")))
+                for bdf in names]
+
+    @staticmethod
+    def parse(raw) -> list[PciFunction]:
+        return [function_from_attrs(*r) for r in raw]
+
+
+def function_from_attrs(bdf: str, vendor: str, device: str, klass: str, numa: str) -> PciFunction:
+    """One function from its sysfs attribute texts; numa_node -1 means unknown (FACTS)."""
+    try:
+        node = int(numa.strip())
+    except ValueError:
+        node = None
+    return PciFunction(bdf, vendor.strip().lower(), device.strip().lower(),
+                       klass.strip().lower().removeprefix("0x").rjust(6, "0"),
+                       node if node is not None and node >= 0 else None)
 
 
 def list_functions(host) -> list[PciFunction]:
     """Every PCI function in the host's sysfs (root prefix honoured)."""
-    out = []
-    try:
-        names = sorted(host.listdir(DEVICES))
-    except FileNotFoundError:
-        raise GpuboxError(f"{host.name}: {host.path(DEVICES)} does not exist",
-                          "is this a Linux host with sysfs (or is gpubox_root wrong)?") from None
-    for bdf in names:
-        numa = _read_attr(host, bdf, "numa_node")
-        try:
-            node = int(numa)
-        except ValueError:
-            node = None
-        out.append(PciFunction(bdf, _read_attr(host, bdf, "vendor").lower(), _read_attr(host, bdf, "device").lower(),
-                               _read_attr(host, bdf, "class").lower().removeprefix("0x").rjust(6, "0"),
-                               node if node is not None and node >= 0 else None))   # -1 = unknown (FACTS)
-    return out
+    return PciFunctions.parse(PciFunctions.read(host))
 
 
-def select_functions(host, include: tuple[str, ...] | list[str] = ()) -> list[PciFunction]:
+def pick_functions(funcs: list[PciFunction], include: tuple[str, ...] | list[str] = (),
+                   host_name: str = "-") -> list[PciFunction]:
     """NVIDIA GPU functions (class 0300/0302), plus what `include` asks for: "audio", "bridge",
     or explicit BDFs. Never the audio function or bridges by default."""
-    funcs = list_functions(host)
     inc = {i.strip().lower() for i in include if i and i.strip()}
     by_bdf = {f.bdf: f for f in funcs}
     picked = []
@@ -119,31 +140,105 @@ def select_functions(host, include: tuple[str, ...] | list[str] = ()) -> list[Pc
     for name in inc - {"audio", "bridge"}:
         bdf = name if name.count(":") == 2 else f"0000:{name}"
         if bdf not in by_bdf:
-            raise GpuboxError(f"--include {name}: no PCI function {bdf} on {host.name}",
+            raise GpuboxError(f"--include {name}: no PCI function {bdf} on {host_name}",
                               "give a BDF from `lspci -D`, or 'audio' / 'bridge'")
         if by_bdf[bdf] not in picked:
             picked.append(by_bdf[bdf])
     return sorted(picked, key=lambda f: f.bdf)
 
 
+def select_functions(host, include: tuple[str, ...] | list[str] = ()) -> list[PciFunction]:
+    return pick_functions(list_functions(host), include, host.name)
+
+
+# -- config space: header (sysfs) and the PCIe registers (setpci) ------------------------------
 def setpci_base(host) -> list[str]:
     return ["setpci", "-A", "linux-sysfs", "-O", f"sysfs.path={host.sysfs_pci}"]
+
+
+def setpci_args() -> list[Any]:
+    """setpci on the host's sysfs, as plan argv (the root prefix is resolved when shown or run)."""
+    return ["setpci", "-A", "linux-sysfs", "-O", HostPath(SYSFS_PCI, prefix="sysfs.path=")]
 
 
 class NoPcieCap(GpuboxError):
     pass
 
 
-def read_regs(host, bdf: str) -> dict[str, int]:
-    """DevCtl, LnkCap and LnkSta of one function through the real setpci (one call)."""
-    r = host.run([*setpci_base(host), "-s", bdf, "CAP_EXP+8.w", "CAP_EXP+0c.l", "CAP_EXP+12.w"], timeout=30)
+class Unreadable(GpuboxError):
+    """Config space that does not read back sanely: never written to."""
+
+
+UNREADABLE_FIX = ("the device may have fallen off the bus: check dmesg/lspci -vvv, reseat or reboot; "
+                  "gpubox writes nothing to it")
+
+
+class ConfigHeader(Fact):
+    """Why a function's config header (sysfs `config`, first 64 bytes) is unreadable, or None."""
+
+    @staticmethod
+    def read(host, bdf: str) -> bytes | str:
+        try:
+            return host.read_bytes(f"{DEVICES}/{bdf}/config")[:64]
+        except OSError as exc:
+            return f"config space cannot be read ({exc.strerror or exc})"
+
+    @staticmethod
+    def parse(raw: bytes | str, bdf: str = "") -> str | None:
+        return header_problem(raw)
+
+
+def header_problem(head: bytes | str) -> str | None:
+    """Too short, or vendor all-ones = unreadable (a str is the read error itself)."""
+    if isinstance(head, str):
+        return head
+    if len(head) < 64:
+        return f"config space truncated ({len(head)} of at least 64 header bytes)"
+    if head[0:2] == b"\xff\xff":
+        return "config space reads all-ones (vendor 0xffff): the device fell off the bus"
+    return None
+
+
+def config_problem(host, bdf: str) -> str | None:
+    """The function's config header read from sysfs: too short or vendor all-ones = unreadable."""
+    return ConfigHeader.parse(ConfigHeader.read(host, bdf), bdf)
+
+
+@dataclass(frozen=True)
+class SetpciAnswer:
+    """What one setpci call answered, and on which host (for the messages)."""
+
+    host: str
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class PcieRegs(Fact):
+    """DevCtl, LnkCap and LnkSta of one function through the real setpci (one call, reads only)."""
+
+    @staticmethod
+    def read(host, bdf: str) -> SetpciAnswer:
+        r = host.run([*setpci_base(host), "-s", bdf, "CAP_EXP+8.w", "CAP_EXP+0c.l", "CAP_EXP+12.w"],
+                     timeout=30)
+        return SetpciAnswer(host.name, r.rc, r.stdout, r.stderr)
+
+    @staticmethod
+    def parse(raw: SetpciAnswer, bdf: str) -> dict[str, int]:
+        return parse_regs(raw, bdf)
+
+
+def parse_regs(r: SetpciAnswer, bdf: str) -> dict[str, int]:
+    """setpci's answer -> {"devctl", "lnkcap", "lnksta"}; NoPcieCap / Unreadable for this function,
+    GpuboxError when setpci itself cannot run."""
     if r.rc != 0:
         if "not found" in r.stderr and "0010" in r.stderr:
             raise NoPcieCap(f"{bdf} has no PCI Express capability",
-                            "it cannot take a MaxReadReq setting and is left alone; check the device or its passthrough")
+                            "it cannot take a MaxReadReq setting and is left alone; "
+                            "check the device or its passthrough")
         if r.rc == 127:
-            raise GpuboxError(f"setpci is not installed on {host.name}", "install pciutils")
-        raise GpuboxError(f"setpci could not read {bdf} on {host.name}: {(r.stderr or r.stdout).strip()}",
+            raise GpuboxError(f"setpci is not installed on {r.host}", "install pciutils")
+        raise GpuboxError(f"setpci could not read {bdf} on {r.host}: {(r.stderr or r.stdout).strip()}",
                           "run as root; check the BDF with lspci -D")
     try:
         vals = [int(x, 16) for x in r.stdout.split()]
@@ -158,12 +253,9 @@ def read_regs(host, bdf: str) -> dict[str, int]:
     return regs
 
 
-class Unreadable(GpuboxError):
-    """Config space that does not read back sanely: never written to."""
-
-
-UNREADABLE_FIX = ("the device may have fallen off the bus: check dmesg/lspci -vvv, reseat or reboot; "
-                  "gpubox writes nothing to it")
+def read_regs(host, bdf: str) -> dict[str, int]:
+    """DevCtl, LnkCap and LnkSta of one function through the real setpci (one call)."""
+    return PcieRegs.parse(PcieRegs.read(host, bdf), bdf)
 
 
 def insane_regs(regs: dict[str, int]) -> str | None:
@@ -183,26 +275,46 @@ def insane_regs(regs: dict[str, int]) -> str | None:
     return None
 
 
-def config_problem(host, bdf: str) -> str | None:
-    """The function's config header read from sysfs: too short or vendor all-ones = unreadable."""
-    try:
-        head = host.read_bytes(f"{DEVICES}/{bdf}/config")[:64]
-    except OSError as exc:
-        return f"config space cannot be read ({exc.strerror or exc})"
-    if len(head) < 64:
-        return f"config space truncated ({len(head)} of at least 64 header bytes)"
-    if head[0:2] == b"\xff\xff":
-        return "config space reads all-ones (vendor 0xffff): the device fell off the bus"
-    return None
+# -- kernel lockdown and the boot unit ---------------------------------------------------------
+class Lockdown(Fact):
+    """The active kernel lockdown mode ("integrity"/"confidentiality"), None when off or absent."""
+
+    @staticmethod
+    def read(host) -> str:
+        return host.read_text(LOCKDOWN, default="")
+
+    @staticmethod
+    def parse(raw: str) -> str | None:
+        m = re.search(r"\[(\w+)\]", raw)
+        return None if not m or m.group(1) == "none" else m.group(1)
 
 
 def lockdown_mode(host) -> str | None:
     """The active kernel lockdown mode ("integrity"/"confidentiality"), None when off or absent."""
-    text = host.read_text(LOCKDOWN, default="")
-    m = re.search(r"\[(\w+)\]", text)
-    return None if not m or m.group(1) == "none" else m.group(1)
+    return Lockdown.parse(Lockdown.read(host))
 
 
+class UnitFile(Fact):
+    """The boot unit's text, "" when absent."""
+
+    @staticmethod
+    def read(host) -> str:
+        return host.read_text(UNIT_PATH, default="")
+
+
+class UnitEnabled(Fact):
+    """What `systemctl is-enabled` says of the boot unit ("enabled", "disabled", ...)."""
+
+    @staticmethod
+    def read(host) -> str:
+        return host.run(["systemctl", "is-enabled", UNIT], timeout=30).stdout
+
+    @staticmethod
+    def parse(raw: str) -> str:
+        return raw.strip()
+
+
+# -- one function's state ----------------------------------------------------------------------
 @dataclass
 class DeviceState:
     bdf: str
@@ -229,31 +341,74 @@ def link_info(lnkcap: int, lnksta: int) -> dict:
             "degraded": sta_s < cap_s or sta_w < cap_w}
 
 
+def _word(v: int | str | None) -> int | None:
+    return int(v, 16) if isinstance(v, str) else v
+
+
+@dataclass
+class DeviceRegs:
+    """What was read of one selected function: its registers, or why they cannot be used
+    (`unreadable`: config space is garbage; an `error` alone: no PCIe capability). Register words
+    may be given as hex strings ("0x5136") in data cases."""
+
+    bdf: str
+    kind: str
+    numa_node: int | None = None
+    devctl: int | None = None
+    lnkcap: int | None = None
+    lnksta: int | None = None
+    error: str | None = None
+    unreadable: bool = False
+
+    def __post_init__(self) -> None:
+        self.devctl, self.lnkcap, self.lnksta = _word(self.devctl), _word(self.lnkcap), _word(self.lnksta)
+
+    def state(self) -> DeviceState:
+        link = link_info(self.lnkcap, self.lnksta) if self.devctl is not None else {}
+        return DeviceState(self.bdf, self.kind, self.numa_node, self.devctl, self.error, link,
+                           self.unreadable)
+
+
+def device_regs(fact: Callable[..., Any], f: PciFunction) -> DeviceRegs:
+    """Read one function through `fact(FactClass, *args)` (ctx.fact, or a direct read): the
+    config header first; a function that fails it is never asked for its registers."""
+    problem = fact(ConfigHeader, f.bdf)
+    if problem:
+        return DeviceRegs(f.bdf, f.kind, f.numa_node, error=f"{f.bdf}: {problem}", unreadable=True)
+    try:
+        regs = fact(PcieRegs, f.bdf)
+    except Unreadable as exc:
+        return DeviceRegs(f.bdf, f.kind, f.numa_node, error=exc.problem, unreadable=True)
+    except NoPcieCap as exc:
+        return DeviceRegs(f.bdf, f.kind, f.numa_node, error=str(exc))
+    return DeviceRegs(f.bdf, f.kind, f.numa_node, regs["devctl"], regs["lnkcap"], regs["lnksta"])
+
+
 def read_states(host, include=()) -> list[DeviceState]:
-    out = []
-    for f in select_functions(host, include):
-        st = DeviceState(f.bdf, f.kind, f.numa_node)
-        problem = config_problem(host, f.bdf)
-        if problem:
-            st.error, st.unreadable = f"{f.bdf}: {problem}", True
-            out.append(st)
-            continue
-        try:
-            regs = read_regs(host, f.bdf)
-        except Unreadable as exc:
-            st.error, st.unreadable = exc.problem, True
-        except NoPcieCap as exc:
-            st.error = str(exc)
-        else:
-            st.devctl = regs["devctl"]
-            st.link = link_info(regs["lnkcap"], regs["lnksta"])
-        out.append(st)
-    return out
+    def direct(fact, *args):
+        return fact.parse(fact.read(host, *args), *args)
+    return [device_regs(direct, f).state() for f in select_functions(host, include)]
 
 
+# -- the write, its read-back, and the boot unit -----------------------------------------------
 def write_argv(host, bdf: str, code: int) -> list[str]:
     """The masked write: only bits 14:12 can change (bit 15 would start an FLR)."""
     return [*setpci_base(host), "-s", bdf, f"CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}"]
+
+
+def masked_write(bdf: str, code: int) -> list[Any]:
+    """write_argv as plan argv (root prefix resolved when the plan is shown or run)."""
+    return [*setpci_args(), "-s", bdf, f"CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}"]
+
+
+def check_write(bdf: str, before: int, code: int, host) -> None:
+    """Post-condition of the masked write (reads only): DevCtl read back may differ from `before`
+    in bits 14:12 alone, and must hold the new code there."""
+    after = read_regs(host, bdf)["devctl"]
+    moved = before ^ after
+    if moved & ~MRRS_MASK or (after & MRRS_MASK) >> 12 != code:
+        raise GpuboxError(f"{bdf}: DevCtl 0x{before:04x} -> 0x{after:04x}: bits outside 14:12 "
+                          "changed or MaxReadReq did not take", "stop and inspect the device with lspci -vvv")
 
 
 def unit_text(bdfs: list[str], code: int) -> str:
@@ -266,152 +421,15 @@ def unit_text(bdfs: list[str], code: int) -> str:
              "Wants=systemd-udev-settle.service",
              "Before=pve-guests.service",
              "", "[Service]", "Type=oneshot", "RemainAfterExit=yes"]
-    lines += [f"ExecStart=/usr/bin/setpci -s {b} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}" for b in bdfs]
+    lines += [f"ExecStart=/usr/bin/setpci -s {b} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}"
+              for b in bdfs]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 
 
-# -- steps -------------------------------------------------------------------------------------
-def _target(ctx) -> int:
-    v = ctx.opt("mrrs")
-    if v is None:
-        v = ctx.box.var("gpubox_pcie_mrrs", 4096)
-    return parse_mrrs(v)
-
-
-def _include(ctx) -> tuple[str, ...]:
-    inc = ctx.opt("include") or ()
-    items = (inc,) if isinstance(inc, str) else tuple(inc)
-    return tuple(p for i in items for p in i.split(","))
-
-
-def _unit_drift(host, bdfs: list[str], code: int) -> tuple[str | None, str]:
-    """(problem or None, wanted text) for the persist unit."""
-    want = unit_text(bdfs, code)
-    have = host.read_text(UNIT_PATH, default="")
-    if have != want:
-        return ("boot unit missing" if not have else "boot unit differs"), want
-    r = host.run(["systemctl", "is-enabled", UNIT], timeout=30)
-    if r.stdout.strip() != "enabled":
-        return "boot unit not enabled", want
-    return None, want
-
-
-_diff = unified
-
-
-class PcieMrrsStep(Step):
-    name = "pcie-mrrs"
-    title = "PCIe MaxReadReq on GPU functions"
-    where = "host"
-
-    def check(self, ctx) -> Finding:
-        host, code = ctx.host, _target(ctx)
-        states = read_states(host, _include(ctx))
-        want = mrrs_bytes(code)
-        if not states:
-            return Finding.ok("no NVIDIA GPU functions found in sysfs", target=want, devices=[])
-        refused = [s for s in states if s.error]
-        broken = [s for s in states if s.unreadable]
-        if broken:      # refuse every write on this host: a bus problem is not ours to tune around
-            return Finding.failed("; ".join(s.error for s in broken),
-                                  cause="config space does not read back sanely", repair=UNREADABLE_FIX,
-                                  target=want, devices=[s.to_dict() for s in states])
-        todo = [s for s in states if s.devctl is not None and (s.devctl & MRRS_MASK) >> 12 != code]
-        ev = {"target": want, "devices": [s.to_dict() for s in states]}
-        problems = []
-        if todo:
-            problems.append(", ".join(f"{s.bdf} MaxReadReq {decode_devctl(s.devctl)['mrrs']}" for s in todo)
-                            + f" (want {want})")
-        persist_problem = None
-        if ctx.opt("persist"):
-            persist_problem, _ = _unit_drift(host, [s.bdf for s in states if s.devctl is not None], code)
-            if persist_problem:
-                problems.append(persist_problem)
-        if todo or persist_problem:
-            mode = lockdown_mode(host) if todo else None
-            if mode:
-                return Finding.failed(f"{'; '.join(problems)}; kernel lockdown ({mode}) refuses PCI config writes",
-                                      cause=f"{LOCKDOWN} says [{mode}]: userspace config-space writes are blocked",
-                                      repair="boot without lockdown (disable Secure Boot lockdown / lockdown= on the "
-                                             "kernel command line), then re-run", lockdown=mode, **ev)
-            return Finding.drift("; ".join(problems), cause="firmware default after reboot" if todo else None,
-                                 repair=f"gpubox tune pcie {ctx.box.name}" + (" --persist" if persist_problem else ""),
-                                 refused=[s.bdf for s in refused], **ev)
-        if refused:
-            return Finding.failed("; ".join(s.error for s in refused),
-                                  cause="a GPU-class function without a PCI Express capability",
-                                  repair="check the device (passthrough quirk, wrong driver); it is left alone", **ev)
-        ok = [s for s in states if s.devctl is not None]
-        return Finding.ok(f"{len(ok)} function(s) at MaxReadReq {want}"
-                          + (" (boot unit enabled)" if ctx.opt("persist") else ""), **ev)
-
-    def plan(self, ctx, finding: Finding) -> Plan:
-        host, code = ctx.host, _target(ctx)
-        devs = [d for d in finding.evidence["devices"] if d.get("devctl") and d["decoded"]["mrrs_code"] != code]
-        cmds, changes = [], []
-        for d in devs:
-            before = int(d["devctl"], 16)
-            after = (before & ~MRRS_MASK) | (code << 12)
-            cmds.append(write_argv(host, d["bdf"], code))
-            changes.append({"bdf": d["bdf"], "before": before, "after": after,
-                            "text": f"{d['bdf']}: DevCtl 0x{before:04x} -> 0x{after:04x} "
-                                    f"(MaxReadReq {decode_devctl(before)['mrrs']} -> {mrrs_bytes(code)}, "
-                                    f"MaxPayload {decode_devctl(before)['mps']} unchanged)"})
-        diff, unit = "", None
-        if ctx.opt("persist"):
-            bdfs = [d["bdf"] for d in finding.evidence["devices"] if d.get("devctl")]
-            problem, want = _unit_drift(host, bdfs, code)
-            if problem:
-                diff = _diff(UNIT_PATH, host.read_text(UNIT_PATH, default=""), want)
-                unit = want
-                cmds += [["systemctl", "daemon-reload"], ["systemctl", "enable", UNIT]]
-        desc = "; ".join(c["text"] for c in changes) or ""
-        if unit:
-            desc = (desc + "; " if desc else "") + f"install and enable {UNIT}"
-        return Plan(desc, diff, cmds, {"changes": changes, "unit": unit, "code": code})
-
-    def apply(self, ctx, plan: Plan) -> None:
-        host, code = ctx.host, plan.data["code"]
-        for ch in plan.data["changes"]:
-            before = read_regs(host, ch["bdf"])["devctl"]
-            host.run(write_argv(host, ch["bdf"], code), timeout=30, check=True)
-            after = read_regs(host, ch["bdf"])["devctl"]
-            moved = before ^ after
-            if moved & ~MRRS_MASK or (after & MRRS_MASK) >> 12 != code:
-                raise GpuboxError(f"{ch['bdf']}: DevCtl 0x{before:04x} -> 0x{after:04x}: bits outside 14:12 "
-                                  "changed or MaxReadReq did not take", "stop and inspect the device with lspci -vvv")
-        if plan.data["unit"]:
-            host.write(UNIT_PATH, plan.data["unit"], mode=0o644)
-            host.run(["systemctl", "daemon-reload"], timeout=60, check=True)
-            host.run(["systemctl", "enable", UNIT], timeout=60, check=True)
-
-
-class PcieLinkStep(Step):
-    """A GPU trained below its capability is a health finding: nothing to tune, reseat/reboot."""
-
-    name = "pcie-link"
-    title = "PCIe link speed/width of GPU functions"
-    where = "host"
-
-    def check(self, ctx) -> Finding:
-        states = [s for s in read_states(ctx.host, _include(ctx)) if s.devctl is not None]
-        ev = {"links": {s.bdf: s.link for s in states}}
-        narrow = [s for s in states if s.link["width"] < s.link["cap_width"]]
-        slow = [s for s in states if s.link["gen"] < s.link["cap_gen"] and s not in narrow]
-        if narrow:
-            return Finding.failed(
-                "; ".join(f"{s.bdf} trained at {s.link['now']}, capable of {s.link['cap']}" for s in narrow),
-                cause="link trained below its width (riser/slot/cable, bifurcation setting)",
-                repair="reseat or move the GPU, check BIOS slot width/bifurcation, then reboot; not tunable", **ev)
-        detail = f"{len(states)} link(s) at full width"
-        if states and len({s.link['now'] for s in states}) == 1:
-            detail += f" ({states[0].link['now']})"
-        if slow:
-            # GPUs drop link speed at idle to save power; only width is conclusive without load.
-            detail += ("; below max speed now: " + ", ".join(f"{s.bdf} {s.link['now']} (max {s.link['cap']})" for s in slow)
-                       + " -- normal at idle, re-check under load")
-        return Finding.ok(detail, slow=[s.bdf for s in slow], **ev)
-
-    def apply(self, ctx, plan: Plan) -> None:  # pragma: no cover - check never returns drift
-        raise GpuboxError("a degraded link cannot be tuned", "reseat the GPU or fix the slot")
+def __getattr__(name: str):
+    """The steps moved to hwtune.pcie_step; old imports still work."""
+    if name in ("PcieMrrsStep", "PcieLinkStep"):
+        from . import pcie_step
+        return getattr(pcie_step, name)
+    raise AttributeError(name)

@@ -3,15 +3,18 @@ probe script in a box's container.
 
 The probe script (hwtune/probe.py) is sent to the container's interpreter on stdin
 (`python3 - ARGS`), so it needs no gpubox install there: only the server's venv, which has torch.
+Its report is the step's one fact (`ProbeReport`); the verdict (hwtune/probe_verdict.py) is pure.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpubox.errors import GpuboxError
-from gpubox.steps import FAILED, OK, SKIPPED, Finding, Step
+from gpubox.facts import Fact
+from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Step
 
 from . import probe as probe_script
 from .probe_verdict import gpu_table, judge, limits, parse, summarize, tp_sets
@@ -50,21 +53,74 @@ def probe_args(*, quick: bool, bandwidth: bool, p2p: bool = True, sets=None, p2p
     return args
 
 
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What the probe's run answered, and on which host (for the messages)."""
+
+    host: str
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class ProbeReport(Fact):
+    """The probe's document from the container: the script on stdin of `python -` with `args`."""
+
+    where = "container"
+
+    @staticmethod
+    def read(host, python: str, args: tuple[str, ...] = (), timeout: float = 600) -> ProbeAnswer:
+        script = Path(probe_script.__file__).read_text()
+        r = host.run([python, "-", *args], input=script, timeout=float(timeout))
+        return ProbeAnswer(host.name, r.rc, r.stdout, r.stderr)
+
+    @staticmethod
+    def parse(raw: ProbeAnswer, python: str, args: tuple[str, ...] = (), timeout: float = 600) -> dict:
+        if raw.rc == 127:
+            raise GpuboxError(f"{python} not found on {raw.host}",
+                              "set gpubox_probe.python to the server venv's interpreter, "
+                              "e.g. /opt/vllm/bin/python3")
+        if raw.rc != 0:
+            tail = (raw.stderr or raw.stdout or "").strip().splitlines()[-1:] or [""]
+            raise GpuboxError(f"the probe exited {raw.rc} on {raw.host}: {tail[0][:200]}",
+                              "run `gpubox -v probe BOX`, or the script by hand: python3 hwtune/probe.py")
+        return parse(raw.stdout, source=f"the probe on {raw.host}")
+
+
+def _report_args(lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True,
+                 p2p_pairs=None) -> tuple[str, tuple[str, ...], float]:
+    args = probe_args(quick=quick, bandwidth=bandwidth, p2p=p2p, sets=lim["allreduce_sets"],
+                      p2p_pairs=p2p_pairs)
+    return lim["python"], tuple(args), float(lim["timeout_s"])
+
+
 def run_remote(host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True,
                p2p_pairs=None) -> dict:
     """Run the probe on `host` (a gpubox Host, normally the container) and return its document."""
-    script = Path(probe_script.__file__).read_text()
-    argv = [lim["python"], "-", *probe_args(quick=quick, bandwidth=bandwidth, p2p=p2p, sets=lim["allreduce_sets"],
-                                           p2p_pairs=p2p_pairs)]
-    r = host.run(argv, input=script, timeout=float(lim["timeout_s"]))
-    if r.rc == 127:
-        raise GpuboxError(f"{lim['python']} not found on {host.name}",
-                          "set gpubox_probe.python to the server venv's interpreter, e.g. /opt/vllm/bin/python3")
-    if r.rc != 0:
-        tail = (r.stderr or r.stdout or "").strip().splitlines()[-1:] or [""]
-        raise GpuboxError(f"the probe exited {r.rc} on {host.name}: {tail[0][:200]}",
-                          "run `gpubox -v probe BOX`, or the script by hand: python3 hwtune/probe.py")
-    return parse(r.stdout, source=f"the probe on {host.name}")
+    args = _report_args(lim, quick=quick, bandwidth=bandwidth, p2p=p2p, p2p_pairs=p2p_pairs)
+    return ProbeReport.parse(ProbeReport.read(host, *args), *args)
+
+
+@dataclass
+class ProbeOptions:
+    limits: dict[str, Any] = field(default_factory=dict)    # the box's gpubox_probe over DEFAULTS
+    quick: bool = True
+    bandwidth: bool = True
+    expect_gpus: int | None = None
+    simulated: bool = False
+
+
+@dataclass
+class ProbeFacts:
+    doc: dict[str, Any] = field(default_factory=dict)     # the probe's gpubox.probe/1 document
+
+
+@dataclass
+class ProbeEvidence:
+    problems: Any = OMIT        # failed/drift: the checks that are not ok
+    skipped: Any = OMIT         # ok: the checks that had nothing to measure
+    gpus: list[dict] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
 
 
 class GpuProbe(Step):
@@ -77,18 +133,28 @@ class GpuProbe(Step):
     where = "container"
     requires = ("cuda",)
 
-    def check(self, ctx) -> Finding:
-        lim = box_limits(ctx.box)
-        doc = run_remote(ctx.container, lim, quick=not ctx.opt("full_probe", False),
-                         bandwidth=not ctx.opt("no_bandwidth", False))
-        checks = judge(doc, lim, expect_gpus=_int(ctx.box.var("gpubox_gpus")))
-        status, detail, ev = summarize(checks)
-        ev.update(gpus=gpu_table(doc, lim), checks=[{"name": c.name, "status": c.status, "detail": c.detail}
-                                                    for c in checks])
+    def options(self, ctx) -> ProbeOptions:
+        return ProbeOptions(box_limits(ctx.box), quick=not ctx.opt("full_probe", False),
+                            bandwidth=not ctx.opt("no_bandwidth", False),
+                            expect_gpus=_int(ctx.box.var("gpubox_gpus")),
+                            simulated=bool(ctx.box.var("gpubox_simulated")))
+
+    def gather(self, ctx) -> ProbeFacts:
+        o = self.options(ctx)
+        args = _report_args(o.limits, quick=o.quick, bandwidth=o.bandwidth)
+        return ProbeFacts(ctx.fact(ProbeReport, *args))
+
+    def decide(self, facts: ProbeFacts, opts: ProbeOptions) -> Finding:
+        lim = {**limits(), **opts.limits}
+        checks = judge(facts.doc, lim, expect_gpus=opts.expect_gpus)
+        status, detail, summary = summarize(checks)
+        ev = ProbeEvidence(summary.get("problems", OMIT), summary.get("skipped", OMIT),
+                           gpu_table(facts.doc, lim),
+                           [{"name": c.name, "status": c.status, "detail": c.detail} for c in checks])
         if status == OK:
-            return Finding.ok(detail, **ev)
+            return Finding.ok(detail, evidence=ev)
         if status == SKIPPED:
-            if ctx.box.var("gpubox_simulated"):  # say plainly that the sim has no GPU to probe
+            if opts.simulated:  # say plainly that the sim has no GPU to probe
                 detail = f"simulated box, no GPU to probe: {detail}"
             return Finding(SKIPPED, detail, ev)
         bad = [c for c in checks if c.status not in (OK, SKIPPED)]
