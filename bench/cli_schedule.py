@@ -36,7 +36,8 @@ def schedule() -> None:
 @click.pass_context
 def install(ctx, box, every, on_calendar, profile, timeout, on, mechanism, dry_run, as_json) -> None:
     """Write and enable the service + timer (or cron line) that runs the health check of BOX."""
-    from .schedule import ScheduleStep, check_calendar, desired_files, spec_from, target
+    from .schedule import check_calendar, desired_files, spec_from, target
+    from .schedule_step import ScheduleStep
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
         spec = spec_from(c.box, every=every, on_calendar=on_calendar, profile=profile, timeout=timeout,
@@ -77,7 +78,8 @@ def _print_dry_run(report, box: str) -> None:
 @click.pass_context
 def remove(ctx, box, on, mechanism, dry_run, as_json) -> None:
     """Disable and delete BOX's scheduled health check."""
-    from .schedule import RemoveStep, spec_from
+    from .schedule import spec_from
+    from .schedule_step import RemoveStep
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
         spec = spec_from(c.box, on=on, mechanism=mechanism)

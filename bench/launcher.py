@@ -68,22 +68,14 @@ def parse_method(label: str) -> tuple[str, int | None, str]:
 
 def gpus_for_tp(n: int, ctx=None) -> list[int]:
     """GPU indices for TP n: hwtune.topology's choice (one NUMA node when possible: TP4 on GPUs
-    0-3 of a 2-node box). The one place that asks the topology; without a context or without
-    hwtune, GPUs 0..n-1."""
+    0-3 of a 2-node box). The one place that asks the topology (a fact of the run, bench.gpus);
+    without a context, GPUs 0..n-1."""
     if ctx is None:
         return list(range(n))
-    try:
-        from gpubox.hwtune import topology
-    except ImportError:
-        return list(range(n))
-    topo = getattr(ctx, "_bench_topology", None)
-    if topo is None:
-        topo = topology.discover(ctx)
-        try:
-            ctx._bench_topology = topo
-        except AttributeError:
-            pass
-    choice = topology.gpus_for_tp(topo, n)
+    from gpubox.hwtune import topology
+
+    from .gpus import box_topology
+    choice = topology.gpus_for_tp(box_topology(ctx), n)
     if not choice.fits:
         raise GpuboxError(f"{ctx.box.name}: {choice.reason}", "use a TP size the box can hold")
     return list(choice.gpus)
@@ -97,10 +89,7 @@ def nccl_env(ctx) -> dict[str, str]:
     name = ctx.box.var("gpubox_nccl_profile")
     if not name:
         return {}
-    try:
-        from gpubox.hwtune import nccl
-    except ImportError:
-        return {}
+    from gpubox.hwtune import nccl
     return dict(nccl.load_profile(str(name)).env)
 
 

@@ -4,7 +4,7 @@ The server has to start where the GPUs and the staged model are, and the client 
 next to it (a WAN or `pct exec` hop between client and server would be part of every TTFT), so
 when the container is not local the control node sends one JSON request to
 `<gpubox_python> -m gpubox.bench.remote` in the container, which runs the SAME measuring loop as a local
-run (bench.runner.measure_box) and answers with the result document.
+run (bench.measure.measure_box) and answers with the result document.
 
 Split of work (what needs which machine):
 - control side (`run_remote`): facts that need the Proxmox host (NUMA balancing, topology from
@@ -47,13 +47,14 @@ def _gpubox_vars(entry_vars: dict[str, Any]) -> dict[str, Any]:
 
 def build_request(ctx, name: str, tps: list[int], methods: list[str], settings: dict[str, Any]) -> dict[str, Any]:
     """Everything the container side needs, resolved here where the Proxmox host is reachable."""
+    from .gpus import box_topology
     from .launcher import gpus_for_tp, nccl_env
-    from .runner import box_facts
+    from .measure import box_facts
 
     facts = box_facts(ctx, settings)
     for tp in tps:
         gpus_for_tp(int(tp), ctx)  # a TP size the topology cannot hold fails here, before any launch
-    topo = getattr(ctx, "_bench_topology", None)
+    topo = box_topology(ctx)
     bench = dict(settings)
     # The profile's variables under the box's own gpubox_bench.env, the order spec_from_box uses.
     bench["env"] = {**nccl_env(ctx), **{str(k): str(v) for k, v in (settings.get("env") or {}).items()}}
@@ -146,8 +147,9 @@ def _fetch_logs(ctx, doc: dict[str, Any], out: Path) -> None:
 
 
 def run_remote(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: list[str],
-               settings: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Measure inside the container through its transport; the document without a verdict."""
+               settings: dict[str, Any], out: Path, progress=None) -> dict[str, Any]:
+    """Measure inside the container through its transport; the document without a verdict.
+    `progress(console, total)` makes the bar (bench.runner hands its own)."""
     python = str(ctx.box.var("gpubox_python") or DEFAULT_PYTHON)
     probe(ctx, python)
     req = build_request(ctx, name, tps, methods, settings)
@@ -155,11 +157,11 @@ def run_remote(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: li
     timeout = remote_timeout(prof, settings, launches)
     argv = [python, "-m", "gpubox.bench.remote"]
     from gpubox.progress import Relay, without_progress
-    from .runner import _progress
+    from .measure import _progress
     from .workloads import plan
 
     # Each measurement as the container runs it: its progress lines, relayed live by the transport.
-    prog, step = _progress(ctx.console, launches * len(plan(prof)))
+    prog, step = (progress or _progress)(ctx.console, launches * len(plan(prof)))
     relay = Relay(step=step)
     if prog:
         prog.start()
@@ -217,13 +219,14 @@ def context_from(req: dict[str, Any]):
     ctx = Context(box=Box(container=ct, host=host), _hosts=(_HostOutOfReach(host.name),
                                                             Host(ct, LocalTransport(ct.name), "container")))
     if req.get("topology"):
-        ctx._bench_topology = _topology(req["topology"])
+        from .gpus import GpuTopology
+        ctx.know(GpuTopology, _topology(req["topology"]))  # read on the control side, where the host is
     return ctx
 
 
 def serve(req: dict[str, Any], step=None) -> dict[str, Any]:
     """Run the request's measurements here; the document without a verdict."""
-    from .runner import measure_box
+    from .measure import measure_box
     from .workloads import resolve_profile
 
     if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:

@@ -119,26 +119,15 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
 
 
 def record_history(doc: dict[str, Any]) -> bool:
-    """Append to the history store (bench.history, written by another area); False when absent."""
-    try:
-        from . import history
-    except ImportError:
-        return False
-    fn = getattr(history, "record", None)
-    if fn is None:
-        return False
-    fn(doc)
+    """Append to the history store (bench.history); True once recorded."""
+    from . import history
+    history.record(doc)
     return True
 
 
 def history_baseline(box: str):
-    """`baseline(key)` over the box's history, or None when bench.history is not there."""
-    try:
-        from . import history
-    except ImportError:
-        return None
-    if not hasattr(history, "baseline_of"):
-        return None
+    """`baseline(key)` over the box's history."""
+    from . import history
     docs = history.runs(box)  # read once; the headline figure: aggregate tok/s under concurrency
     return lambda key: history.baseline_of(docs, key, 5, None)[0]
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gpubox import areas
 from gpubox.errors import GpuboxError
 from gpubox.state import state_dir
 
@@ -112,12 +113,9 @@ def run_benchmark(inventory: str | None, box: str, profile: str, timeout: float,
 
 
 def doctor_report(ctx) -> dict[str, Any] | None:
-    """Doctor's read-only checks (provision.recover) as a RunReport dict, when available."""
-    try:
-        from gpubox.provision.recover import doctor
-    except ImportError:
-        return None
-    return doctor(ctx, (), ()).to_dict()
+    """Doctor's read-only checks as a RunReport dict. Doctor is the recover orchestration's, a
+    layer above bench: it comes through the area registry (the "doctor" hook), not an import."""
+    return areas.hook("doctor")(ctx)
 
 
 def run_once(ctx, *, profile: str | None = None, from_json: str | None = None, with_doctor: bool = True,

@@ -35,9 +35,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
-from gpubox.steps import Finding, Plan, Step
+from gpubox.facts import Fact
 
 # Tokens that go into ExecStart= and a cron line. Refusing everything else (spaces, quotes, %,
 # $, ;, backslashes) means neither systemd's specifier/variable expansion nor /bin/sh (cron) can
@@ -85,7 +84,8 @@ def unit_base(box: str) -> str:
 def check_calendar(spec: str, host=None) -> str:
     """Validate an OnCalendar spec with `systemd-analyze calendar` (on the target, else here)."""
     if not spec or "\n" in spec or "%" in spec:
-        raise GpuboxError(f"--on-calendar {spec!r} is not a calendar spec", 'e.g. "*-*-* 00/6:00:00" or daily')
+        raise GpuboxError(f"--on-calendar {spec!r} is not a calendar spec",
+                          'e.g. "*-*-* 00/6:00:00" or daily')
     argv = ["systemd-analyze", "calendar", spec]
     r = host.run(argv, timeout=20) if host is not None else None
     if r is None or r.rc == 127:
@@ -143,7 +143,8 @@ class Spec:
 
     def run_argv(self) -> list[str]:
         """The health check's command line on the unit's host (argv)."""
-        inner = [self.gpubox, "-i", self.inventory, "schedule", "run-once", self.box, "--profile", self.profile]
+        inner = [self.gpubox, "-i", self.inventory, "schedule", "run-once", self.box,
+                 "--profile", self.profile]
         if self.on == "host":
             # The unit's Environment= would reach only pct: hand the state dir to the inner command.
             return [self.pct, "exec", str(self.vmid), "--", "/usr/bin/env",
@@ -276,9 +277,7 @@ def uses_systemd(host, s: Spec) -> bool:
 
 
 def desired_files(host, s: Spec) -> dict[str, str]:
-    if uses_systemd(host, s):
-        return {f"{UNIT_DIR}/{s.service}": render_service(s), f"{UNIT_DIR}/{s.timer}": render_timer(s)}
-    return {s.cron_file: render_cron(s)}
+    return wanted_files(s, uses_systemd(host, s))
 
 
 def _read(host, path: str) -> str | None:
@@ -286,9 +285,6 @@ def _read(host, path: str) -> str | None:
         return host.read_text(path)
     except FileNotFoundError:
         return None
-
-
-_diff = unified
 
 
 def unit_state(host, unit: str) -> dict[str, str]:
@@ -299,119 +295,52 @@ def unit_state(host, unit: str) -> dict[str, str]:
     return out
 
 
-def _prereqs(ctx, s: Spec) -> Finding | None:
-    """gpubox and its inventory must be in the container, or every run would fail."""
-    ct = ctx.container
-    for path, what, fix in ((s.gpubox, "gpubox", "install it there (pip install gpubox) or set gpubox_schedule.gpubox"),
-                            (s.inventory, "the inventory", f"copy an inventory naming {s.box} with ansible_connection: local there, or set gpubox_schedule.inventory")):
-        if not ct.exists(path):
-            return Finding.failed(f"{what} is not at {path} in {s.box}", cause="the scheduled run would fail every time",
-                                  repair=fix, path=path)
-    return None
+# -- facts: read on the schedule's target (the Proxmox host or the container) -------------------
+def _on(ctx, on: str):
+    return ctx.host if on == "host" else ctx.container
 
 
-class ScheduleStep(Step):
-    """Install (or confirm) the box's timer/cron entry."""
+class TargetExists(Fact):
+    """Does a path exist on the host (`on`="host") or in the container? Read with the context
+    because the schedule's `on` picks the machine."""
 
-    name = "schedule"
-    title = "scheduled health check"
+    where = "box"
 
-    def __init__(self, spec: Spec):
-        self.spec = spec
-        self.where = "host" if spec.on == "host" else "container"
-
-    def check(self, ctx) -> Finding:
-        s = self.spec
-        bad = _prereqs(ctx, s)
-        if bad:
-            return bad
-        h = target(ctx, s)
-        files = desired_files(h, s)
-        have = {p: _read(h, p) for p in files}  # one read per file (it may cross SSH)
-        stale = {p: have[p] for p, want in files.items() if have[p] != want}
-        systemd = uses_systemd(h, s)
-        ev: dict[str, Any] = {"mechanism": "systemd" if systemd else "cron", "files": sorted(files),
-                              "on": s.on}
-        problems = [f"{p} {'missing' if old is None else 'differs'}" for p, old in stale.items()]
-        if systemd:
-            st = unit_state(h, s.timer)
-            ev.update(enabled=st["is-enabled"], active=st["is-active"])
-            if st["is-enabled"] != "enabled":
-                problems.append(f"{s.timer} is {st['is-enabled']}")
-            if st["is-active"] != "active":
-                problems.append(f"{s.timer} is {st['is-active']}")
-        if problems:
-            return Finding.drift("; ".join(problems), repair=f"gpubox schedule install {s.box}", **ev)
-        what = f"every {format_span(s.every)}" if s.every else s.on_calendar
-        return Finding.ok(f"{ev['mechanism']} runs the {s.profile} check {what}", **ev)
-
-    def plan(self, ctx, finding: Finding) -> Plan:
-        s = self.spec
-        h = target(ctx, s)
-        files = desired_files(h, s)
-        have = {p: _read(h, p) for p in files}
-        changed = {p: c for p, c in files.items() if have[p] != c}
-        diff = "".join(_diff(p, have[p], c) for p, c in changed.items())
-        cmds = []
-        if uses_systemd(h, s):
-            if changed:
-                cmds.append(["systemctl", "daemon-reload"])
-            cmds.append(["systemctl", "enable", "--now", s.timer])
-            desc = f"install {', '.join(p.rsplit('/', 1)[1] for p in changed) or 'nothing new'} and enable {s.timer}"
-        else:
-            desc = f"write {s.cron_file} (cron: no systemd on {h.name})"
-        return Plan(description=desc, diff=diff, commands=cmds, data=changed)
-
-    def apply(self, ctx, plan: Plan) -> None:
-        h = target(ctx, self.spec)
-        for path, content in plan.data.items():
-            h.write(path, content, mode=0o644)
-        for argv in plan.commands:
-            h.run(argv, timeout=60, check=True)
+    @staticmethod
+    def read(ctx, on: str, path: str) -> bool:
+        return _on(ctx, on).exists(path)
 
 
-class RemoveStep(Step):
-    """Disable and delete the box's timer/cron entry."""
+class TargetText(Fact):
+    """A file's text there, None when it is absent."""
 
-    name = "schedule-remove"
-    title = "remove scheduled health check"
+    where = "box"
 
-    def __init__(self, spec: Spec):
-        self.spec = spec
-        self.where = "host" if spec.on == "host" else "container"
+    @staticmethod
+    def read(ctx, on: str, path: str) -> str | None:
+        return _read(_on(ctx, on), path)
 
-    def _present(self, h) -> list[str]:
-        s = self.spec
-        paths = [f"{UNIT_DIR}/{s.service}", f"{UNIT_DIR}/{s.timer}", s.cron_file]
-        return [p for p in paths if h.exists(p)]
 
-    def check(self, ctx) -> Finding:
-        h = target(ctx, self.spec)
-        present = self._present(h)
-        if present:
-            return Finding.drift(f"installed: {', '.join(present)}", files=present)
-        return Finding.ok("no scheduled health check installed", files=[])
+class TimerState(Fact):
+    """`systemctl is-enabled` / `is-active` of a unit there (what unit_state reads)."""
 
-    def plan(self, ctx, finding: Finding) -> Plan:
-        s = self.spec
-        h = target(ctx, s)
-        present = self._present(h)
-        units = [p for p in present if p.startswith(UNIT_DIR)]
-        cmds = []
-        if units and uses_systemd(h, s):
-            cmds = [["systemctl", "disable", "--now", s.timer], ["systemctl", "daemon-reload"]]
-        diff = "".join(_diff(p, _read(h, p), None) for p in present)
-        return Plan(description=f"disable {s.timer} and delete {len(present)} file(s)" if cmds
-                    else f"delete {', '.join(present)}", diff=diff, commands=cmds, data=present)
+    where = "box"
 
-    def apply(self, ctx, plan: Plan) -> None:
-        h = target(ctx, self.spec)
-        if plan.commands:
-            h.run(plan.commands[0], timeout=60, check=True)
-        for p in plan.data:
-            h.remove(p)
-        for argv in plan.commands[1:]:
-            h.run(argv, timeout=60, check=True)
+    @staticmethod
+    def read(ctx, on: str, unit: str) -> dict[str, str]:
+        return unit_state(_on(ctx, on), unit)
+
+
+def file_paths(s: Spec, systemd: bool) -> list[str]:
+    """The files a schedule consists of: the service and timer units, or the cron.d file."""
+    return [f"{UNIT_DIR}/{s.service}", f"{UNIT_DIR}/{s.timer}"] if systemd else [s.cron_file]
+
+
+def wanted_files(s: Spec, systemd: bool) -> dict[str, str]:
+    """Pure: the files and their text for this spec (desired_files without reading the target)."""
+    if systemd:
+        return {f"{UNIT_DIR}/{s.service}": render_service(s), f"{UNIT_DIR}/{s.timer}": render_timer(s)}
+    return {s.cron_file: render_cron(s)}
 
 
 def status(ctx, s: Spec) -> dict[str, Any]:
@@ -442,10 +371,3 @@ def status(ctx, s: Spec) -> dict[str, Any]:
     out["ok"] = bool(out["installed"] and out["current"] and
                      (not systemd or (out.get("enabled") == "enabled" and out.get("active") == "active")))
     return out
-
-
-def steps(ctx) -> list[Step]:
-    """For the recover pipeline: the schedule step when the box asks for one (gpubox_schedule)."""
-    if not ctx.box.var("gpubox_schedule"):
-        return []
-    return [ScheduleStep(spec_from(ctx.box))]

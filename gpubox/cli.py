@@ -9,26 +9,17 @@ import sys
 
 import click
 
-from . import __version__
+from . import __version__, areas
 from .errors import GpuboxError
 
-# command name -> "module:attribute"; a module that does not exist yet simply is not listed.
+# command name -> "module:attribute". The areas' commands come from their registrations
+# (gpubox.areas), still as strings: nothing loads until a command is run. A registered module that
+# is not importable (a stale registration, or one added by a plugin that is not installed) is
+# left out of --help and answers "No such command" instead of a traceback (LazyGroup).
 COMMANDS = {
     "inventory": "gpubox.cli_inventory:inventory",
     "sim": "gpubox.cli_sim:sim",
-    "doctor": "gpubox.provision.cli_recover:doctor",
-    "recover": "gpubox.provision.cli_recover:recover",
-    "demo": "gpubox.provision.cli_recover:demo",
-    "lxc": "gpubox.provision.cli_lxc:lxc",
-    "stage": "gpubox.provision.cli_stage:stage",
-    "tune": "gpubox.hwtune.cli:tune",
-    "nccl": "gpubox.hwtune.cli:nccl",
-    "gpus": "gpubox.hwtune.cli:gpus",
-    "probe": "gpubox.hwtune.cli_probe:probe",
-    "bench": "gpubox.bench.cli:bench",
-    "report": "gpubox.bench.cli_report:report",
-    "history": "gpubox.bench.cli_history:history",
-    "schedule": "gpubox.bench.cli_schedule:schedule",
+    **areas.commands(),
 }
 
 

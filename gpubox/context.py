@@ -39,6 +39,10 @@ class Context:
         """A fact's parsed value, read once per run (until `forget`)."""
         return self._facts.get(self, fact, *args)
 
+    def know(self, fact: type[Fact], value: Any, *args: Any) -> None:
+        """Take a fact's value read elsewhere (e.g. sent in a request) as this run's reading."""
+        self._facts.put(fact, value, *args)
+
     def forget(self, where: str | None = None) -> None:
         """Drop cached facts (after a change, so verify reads the host again)."""
         self._facts.forget(where)

@@ -1,7 +1,8 @@
 """Facts: how to read one piece of host state, plus a pure parse (pyinfra's `host.get_fact`).
 
-A fact class says where it is read ("host" = the Proxmox host, "container" = the LXC guest),
-how (`read(host, *args)`: file reads or an argv through the transport, nothing else) and how the
+A fact class says where it is read ("host" = the Proxmox host, "container" = the LXC guest,
+"box" = both: `read` gets the context, for a fact whose sources span the two, e.g. the GPU
+topology from NVML in the container, else the host's sysfs, else the inventory), how (`read(host, *args)`: file reads or an argv through the transport, nothing else) and how the
 raw answer becomes a value (`parse(raw, *args)`: pure, so tests feed it recorded text). The
 context caches each (fact, args) once per run; `Context.forget()` drops the cache after an apply
 so verify reads the host again.
@@ -43,11 +44,16 @@ class FactCache:
         with self._lock:
             if key in self._values:
                 return self._values[key]
-        host = ctx.host if fact.where == "host" else ctx.container
-        value = fact.parse(fact.read(host, *args), *args)
-        with self._lock:
-            self._values[key] = value
+        source = ctx if fact.where == "box" else ctx.host if fact.where == "host" else ctx.container
+        value = fact.parse(fact.read(source, *args), *args)
+        self.put(fact, value, *args)
         return value
+
+    def put(self, fact: type[Fact], value: Any, *args) -> None:
+        """A fact's value read elsewhere (the control node hands the container side what it read
+        on the Proxmox host): cached as if read in this run."""
+        with self._lock:
+            self._values[fact.key(*args)] = value
 
     def forget(self, where: str | None = None) -> None:
         with self._lock:

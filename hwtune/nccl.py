@@ -575,11 +575,3 @@ def pick_from(profiles: list[Profile], topology_class: str | None) -> Profile | 
 def pick_profile(topology_class: str) -> Profile | None:
     """`gpubox_nccl_profile: auto`: pick_from every known profile."""
     return pick_from(list(list_profiles().values()), topology_class)
-
-
-def __getattr__(name: str):
-    """The step moved to hwtune.nccl_step; old imports still work."""
-    if name == "NcclEnvStep":
-        from . import nccl_step
-        return nccl_step.NcclEnvStep
-    raise AttributeError(name)

@@ -112,11 +112,3 @@ def boot_setting(host) -> tuple[int | None, str | None]:
 def conf_text(value: int) -> str:
     return ("# Managed by gpubox (hwtune numa): automatic NUMA page migration off for GPU serving.\n"
             f"kernel.numa_balancing = {value}\n")
-
-
-def __getattr__(name: str):
-    """`NumaBalancingStep` and its dataclasses moved to hwtune.numa_step; old imports still work."""
-    if name in ("NumaBalancingStep", "Facts", "Options", "Evidence"):
-        from . import numa_step
-        return getattr(numa_step, name)
-    raise AttributeError(name)

@@ -425,11 +425,3 @@ def unit_text(bdfs: list[str], code: int) -> str:
               for b in bdfs]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
-
-
-def __getattr__(name: str):
-    """The steps moved to hwtune.pcie_step; old imports still work."""
-    if name in ("PcieMrrsStep", "PcieLinkStep"):
-        from . import pcie_step
-        return getattr(pcie_step, name)
-    raise AttributeError(name)

@@ -15,31 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpubox import areas
 from gpubox.errors import GpuboxError
 from gpubox.pipeline import Node, run_pipeline
 from gpubox.state import state_dir
-from gpubox.steps import RunReport, Step, StepResult
+from gpubox.steps import RunReport, Step, StepResult, evidence_dict
 
-# Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order.
-PROVIDERS = [
-    "gpubox.provision.lxc",          # host-devices, container-config, container, cuda
-    "gpubox.hwtune",                 # pcie-mrrs, pcie-link, numa-balancing, nccl-env
-    "gpubox.provision.stage_step",   # model-stage, drafter-stage
-    "gpubox.hwtune.probe_step",      # gpu-probe (checks only)
-    "gpubox.bench.step",             # bench: server health + latest verdict (doctor only; recover
-                              # runs the benchmark itself after the repairs)
-]
+# Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order: each area registers its
+# providers at their positions (<area>/area.py, found through gpubox.areas).
+PROVIDERS = areas.step_providers()
 
-# --skip/--only accept step names or these groups.
-GROUPS = {
-    "lxc": ("host-devices", "container-config", "container", "cuda"),
-    "devices": ("host-devices",),
-    "tune": ("pcie-mrrs", "pcie-link", "numa-balancing"),
-    "nccl": ("nccl-env",),
-    "stage": ("stage",),   # prefix: every *-stage step
-    "probe": ("gpu-probe",),
-    "bench": ("bench",),
-}
+# --skip/--only accept step names or these groups (registered by the areas likewise).
+GROUPS = areas.step_groups()
 
 
 class _DoctorBench(Step):
@@ -52,7 +39,7 @@ class _DoctorBench(Step):
 
     def check(self, ctx):
         f = self.inner.check(ctx)
-        if f.status == "drift" and "verdict" not in f.evidence:
+        if f.status == "drift" and "verdict" not in evidence_dict(f.evidence):
             f.status = "ok"
             f.detail += " (run `gpubox bench BOX` or `gpubox recover BOX` to measure)"
         return f
@@ -63,12 +50,7 @@ def collect_steps(ctx, *, for_recover: bool = False) -> list[Step]:
     benchmark itself once the repairs are done (a benchmark is a measurement, not a change)."""
     out: list[Step] = []
     for mod_name in PROVIDERS:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and mod_name.startswith(exc.name):
-                continue
-            raise
+        mod = importlib.import_module(mod_name)
         fn = getattr(mod, "steps", None)
         if fn is not None:
             for st in fn(ctx):
@@ -167,6 +149,12 @@ def doctor(ctx, skip=(), only=()) -> RunReport:
     return run_pipeline(ctx, nodes, "check", on_result=done)
 
 
+def doctor_dict(ctx) -> dict[str, Any]:
+    """Doctor's read-only checks of every step as a RunReport dict: what a scheduled health
+    check exports next to its verdict (bench.runonce finds it through the area registry)."""
+    return doctor(ctx, (), ()).to_dict()
+
+
 def recover(ctx, *, dry_run: bool = False, skip=(), only=(), bench: bool = True,
             profile: str | None = None, out_dir: str | None = None,
             report_format: str = "md") -> Outcome:
@@ -214,11 +202,7 @@ def headline(doc: dict[str, Any]) -> str:
 
 
 def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
-    try:
-        from gpubox.bench import runner
-    except ModuleNotFoundError:
-        outcome.notes.append("benchmark not available in this installation")
-        return
+    from gpubox.bench import runner
     from gpubox.state import sub_dir
     out = Path(out_dir or sub_dir("results", ctx.box.name))
     out.mkdir(parents=True, exist_ok=True)
@@ -242,10 +226,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         "ok" if verdict.get("status") == "healthy" else "drift",
         detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
         seconds=time.monotonic() - t0, title="verification benchmark"))
-    try:
-        from gpubox.bench.report import make_report
-    except ImportError:
-        return
+    from gpubox.bench.report import make_report
     fmt = {"md": "md", "html": "html", "latex": "latex"}[report_format]
     try:
         rep = make_report([outcome.bench_path], fmt=fmt, outdir=out / f"report-{Path(outcome.bench_path).stem}")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpubox.bench import results
-from gpubox.bench.step import BenchStep
+from gpubox.bench.bench_step import BenchStep
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.simbox import build

@@ -141,7 +141,7 @@ def test_host_mode_units_on_the_proxmox_host(sim, capsys):
 
 
 def test_steps_for_the_recover_pipeline(sim):
-    from gpubox.bench.schedule import ScheduleStep, steps
+    from gpubox.bench.schedule_step import ScheduleStep, steps
     from gpubox.context import Context
     from gpubox.inventory import Inventory
     inv = Inventory(sim.inventory_path)

@@ -32,11 +32,7 @@ PIECES = ["base", "lxc", "pci", "nccl", "model", "server", "persist"]
 
 def _piece_modules():
     for name in PIECES:
-        try:
-            yield importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
+        yield importlib.import_module(f"{__name__}.{name}")
 
 
 def all_faults() -> dict[str, str]:

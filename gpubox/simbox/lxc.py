@@ -11,9 +11,9 @@ because gpubox's checks read st_rdev and a fake would make them lie.
 from __future__ import annotations
 
 import os
-import stat
 
 from .core import SimBox
+from .devnodes import mknod  # noqa: F401  (tests and the stand-ins make nodes with it)
 
 FAULTS = {
     "uvm_stale_major": "the container config allows nvidia-uvm major 508; /proc/devices now says 511",
@@ -52,22 +52,6 @@ def proc_devices(char: list[tuple[int, str]]) -> str:
     out = ["Character devices:"] + [f"{m:3d} {n}" for m, n in sorted(char, key=lambda x: x[0])]
     out += ["", "Block devices:"] + [f"{m:3d} {n}" for m, n in PROC_DEVICES_BLOCK]
     return "\n".join(out) + "\n"
-
-
-def mknod(path, major: int, minor: int, mode: int = 0o666) -> None:
-    """A real character device node (replacing whatever is there)."""
-    from ..errors import GpuboxError
-
-    path = str(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.lexists(path):
-        os.unlink(path)
-    try:
-        os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
-    except PermissionError:
-        raise GpuboxError("cannot create device nodes for the simulated box (mknod: EPERM)",
-                          "run as root or with CAP_MKNOD (e.g. in CI's container)") from None
-    os.chmod(path, mode)
 
 
 def conf_text(sim: SimBox, faults: set[str]) -> str:

@@ -14,6 +14,7 @@ import random
 import struct
 from pathlib import Path
 
+from .. import areas
 from .core import SimBox
 
 FAULTS = {
@@ -35,7 +36,7 @@ def write_safetensors(path: str | os.PathLike, tensors: list[tuple[str, str, lis
     bytes + the tensors back to back) so the benchmark can stream GB-sized shards without holding
     them in memory; tests load the result with the safetensors library to prove it is the real
     format. Returns the file size."""
-    from gpubox.provision.safetensors_check import DTYPE_BYTES
+    DTYPE_BYTES = areas.hook("sim.safetensors").DTYPE_BYTES
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape in tensors:
         n = DTYPE_BYTES[dtype]
@@ -108,7 +109,7 @@ def make_model(dest: str | os.PathLike, shard_bytes: list[int], *, name: str = "
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    from gpubox.provision.stage import stage
+    stage = areas.hook("sim.stage").stage   # the staging engine `gpubox stage` runs
 
     make_model(sim.cpath(MODEL_SRC), MODEL_SHARDS, name="Qwen3.6-27B-sim", seed=1)
     make_model(sim.cpath(DRAFTER_SRC), DRAFTER_SHARDS, name="Qwen3.6-27B-DFlash-sim", tokenizer=False, seed=2)

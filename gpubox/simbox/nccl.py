@@ -8,6 +8,7 @@ silently) and a misspelled protocol token (which NCCL rejects at init).
 
 from __future__ import annotations
 
+from .. import areas
 from .core import SimBox
 
 FAULTS = {
@@ -27,12 +28,13 @@ NCCL_DEBUG=WARN
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    from gpubox.hwtune.nccl import CONF_FILE, ENV_FILE, file_header, load_profile, render
+    nccl = areas.hook("sim.nccl")   # the files `gpubox tune nccl` writes, rendered by hwtune
+    CONF_FILE, ENV_FILE, file_header, render = nccl.CONF_FILE, nccl.ENV_FILE, nccl.file_header, nccl.render
 
     sim.inventory_extra["container"]["gpubox_nccl_profile"] = PROFILE
     if "nccl_missing" in faults:
         return
-    prof = load_profile(PROFILE)
+    prof = nccl.load_profile(PROFILE)
     env_path, conf_path = sim.cpath(ENV_FILE), sim.cpath(CONF_FILE)
     env_path.parent.mkdir(parents=True, exist_ok=True)
     if "nccl_misspelled" in faults:

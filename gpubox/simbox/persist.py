@@ -8,6 +8,7 @@ why the reboot undid it — so each of those faults leaves its persistence out.
 
 from __future__ import annotations
 
+from .. import areas
 from .core import SimBox
 
 FAULTS: dict[str, str] = {}
@@ -19,18 +20,17 @@ def build(sim: SimBox, faults: set[str]) -> None:
     from ..transport.local import LocalTransport
 
     if not faults & {"uvm_missing"}:
-        from gpubox.provision.lxc import persist_files
-        for path, text in persist_files(sim.gpus).items():
+        for path, text in areas.hook("sim.lxc").persist_files(sim.gpus).items():
             p = sim.hpath(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
     if not faults & {"numa_balancing", "no_numa_balancing"}:
-        from gpubox.hwtune.numa import CONF, conf_text
-        sim.hpath(CONF).write_text(conf_text(0))
+        numa = areas.hook("sim.numa")
+        sim.hpath(numa.CONF).write_text(numa.conf_text(0))
     if not faults & {"mrrs_512", "lockdown"}:
-        from gpubox.hwtune.pcie import UNIT, UNIT_PATH, parse_mrrs, read_states, unit_text
+        pcie = areas.hook("sim.pcie")
         host = Host(HostEntry(sim.host, {"gpubox_root": str(sim.host_root)}), LocalTransport(sim.host))
-        bdfs = [s.bdf for s in read_states(host) if s.devctl is not None]
-        sim.hpath(UNIT_PATH).write_text(unit_text(bdfs, parse_mrrs(4096)))
+        bdfs = [s.bdf for s in pcie.read_states(host) if s.devctl is not None]
+        sim.hpath(pcie.UNIT_PATH).write_text(pcie.unit_text(bdfs, pcie.parse_mrrs(4096)))
         with sim.state() as st:
-            st.setdefault("units", {}).setdefault("host", {})[UNIT] = {"enabled": True, "active": True, "starts": 1}
+            st.setdefault("units", {}).setdefault("host", {})[pcie.UNIT] = {"enabled": True, "active": True, "starts": 1}

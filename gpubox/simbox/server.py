@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 
+from .. import areas
 from .core import SimBox
 
 FAULTS = {
@@ -41,7 +42,7 @@ def _literal(path) -> str:
 
 def build(sim: SimBox, faults: set[str]) -> None:
     ct = sim.inventory_extra["container"]
-    cmd = ["{python}", "-m", "gpubox.bench.simserver", "--model", "{model}", "--drafter", "{drafter}",
+    cmd = ["{python}", "-m", areas.hook_ref("sim.server"), "--model", "{model}", "--drafter", "{drafter}",
            "--method", "{method}", "--budget", "{budget}", "--tp", "{tp}", "--host", "{host}",
            "--port", "{port}", "--max-model-len", "{max_model_len}", "--speed", str(SIM_SPEED),
            "--host-root", _literal(sim.host_root), "--root", _literal(sim.ct_root)]

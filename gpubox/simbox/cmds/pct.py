@@ -35,7 +35,9 @@ import sys
 from typing import Callable
 from urllib.parse import quote, unquote
 
+from ... import areas
 from ..core import SimBox, StandinError
+from ..devnodes import mknod
 
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"  # where a Perl `die` without "\n" says it died
 _HDR_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I)
@@ -220,8 +222,6 @@ def _clear_dev(sim: SimBox) -> None:
 
 
 def _bind_node(sim: SimBox, host_path: str, ct_rel: str) -> None:
-    from ..lxc import mknod
-
     st = os.stat(sim.hpath(host_path))
     mknod(sim.cpath("/" + ct_rel.strip("/")), os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
 
@@ -279,8 +279,8 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
     """Fail where the real start fails, from the one start model (provision.lxcmodel, written from
     lxc cgfsng.c / cgroup2_devices.c and lxc-pve-autodev-hook): an unparsable device rule, a devN node
     that a mount entry already put in place (EEXIST). Lines as print_ct_stderr_log shows them."""
-    from gpubox.provision.lxcmodel import StartModel, host_rdev_under
-
+    lxcmodel = areas.hook("sim.lxcmodel")
+    StartModel, host_rdev_under = lxcmodel.StartModel, lxcmodel.host_rdev_under
     entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
     entries += [(None, k, v) for k, v in conf.get("lxc", [])]
     model = StartModel.build(entries, host_rdev_under(str(sim.hpath("/"))),
@@ -298,8 +298,6 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
 
 
 def _lxc_start(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list) -> None:
-    from ..lxc import mknod
-
     rules[:] = _refuse_like_lxc(sim, vmid, conf)  # what the bpf program allows, as lxc builds it
     binds = []
     for k, v in conf.get("lxc", []):

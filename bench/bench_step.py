@@ -1,0 +1,204 @@
+"""The benchmark as a step of the recover/doctor pipeline.
+
+check:  is the server answering (if one is running on gpubox_bench.port), and what did the box's
+        latest benchmark say? A fresh healthy result is ok; none, an old one, or a degraded/failed
+        one is drift (the benchmark should run). Facts: the health answer, the latest result and
+        its age; the decision over them is pure (`BenchStep.decide`, data cases in tests/steps/bench).
+plan:   the exact server command lines the benchmark would start.
+apply:  run the benchmark (bench.runner.run_box).
+verify: the verdict of that run: healthy -> ok, degraded -> drift, failed -> failed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpubox.facts import Fact
+from gpubox.steps import OMIT, Finding, Plan, Step
+
+from . import history, results
+from .launcher import build_command, spec_from_box
+from .workloads import resolve_profile
+
+MAX_AGE_S = 24 * 3600
+
+
+def latest_result(box: str, out_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """The box's newest result: bench.history when present, else the newest JSON in the result dir."""
+    runs = history.runs(box, last=1)
+    if runs:
+        return runs[-1]
+    d = Path(out_dir) if out_dir else results.default_out_dir()
+    docs = []
+    for p in d.glob(f"{box}-*.json"):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("schema") == results.SCHEMA and doc.get("box") == box:
+            docs.append(doc)
+    return max(docs, key=lambda x: x.get("started_at", "")) if docs else None
+
+
+def _age_s(doc: dict[str, Any], now: float) -> float:
+    try:
+        t = datetime.strptime(doc["finished_at"] or doc["started_at"], "%Y-%m-%dT%H:%M:%SZ")
+        return now - (t - datetime(1970, 1, 1)).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return float("inf")
+
+
+# --- facts ------------------------------------------------------------------------------------
+
+@dataclass
+class Latest:
+    """What the decision needs of a result document (gpubox.bench/1)."""
+
+    run_id: str
+    status: str                 # the verdict: healthy | degraded | failed
+    reasons: list[str]          # the verdict's reason messages, in order
+    measurements: int
+    path: str | None = None     # the result file, when the document says
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> "Latest":
+        v = doc["verdict"]
+        return cls(doc["run_id"], v["status"], [r["message"] for r in v["reasons"]],
+                   len(doc["measurements"]), doc.get("path"))
+
+
+class ServerHealth(Fact):
+    """Does a server answer GET /health with 200 at this URL? (From the control node, like the
+    benchmark client; read with the context, no host transport involved.)"""
+
+    where = "box"
+
+    @staticmethod
+    def read(ctx, url: str) -> bool:
+        try:
+            return httpx.get(url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+class LatestResult(Fact):
+    """The box's newest result document on the control node (history, else the result dir)."""
+
+    where = "box"
+
+    @staticmethod
+    def read(ctx, box: str, out_dir: str | None) -> dict[str, Any] | None:
+        return latest_result(box, out_dir)
+
+
+@dataclass
+class Facts:
+    server_running: bool
+    latest: Latest | None = None
+    age_s: float | None = None  # seconds since the latest result finished; None: no readable time
+
+
+@dataclass
+class Options:
+    max_age_s: float = MAX_AGE_S   # gpubox_bench.max_age_s: an older result is re-measured
+
+
+@dataclass
+class Evidence:
+    run_id: Any = OMIT
+    verdict: Any = OMIT
+    result: Any = OMIT
+    server_running: Any = OMIT
+
+
+def _finding_from(latest: Latest, prefix: str = "", running: Any = OMIT) -> Finding:
+    """The finding a result's verdict stands for: healthy ok, degraded drift, failed failed."""
+    top = "; ".join(latest.reasons[:3])
+    ev = Evidence(run_id=latest.run_id, verdict=latest.status, result=latest.path, server_running=running)
+    if latest.status == "healthy":
+        return Finding.ok(f"{prefix}benchmark healthy ({latest.measurements} measurements)", evidence=ev)
+    if latest.status == "degraded":
+        return Finding.drift(f"{prefix}benchmark degraded: {top}",
+                             cause="throughput below expectation/history",
+                             repair="check the tuning steps (NCCL, MaxReadReq, NUMA balancing), then re-run",
+                             evidence=ev)
+    return Finding.failed(f"{prefix}benchmark failed: {top}", cause="the server failed or requests errored",
+                          repair="see the server log tail in the result; fix, then `gpubox bench BOX`",
+                          evidence=ev)
+
+
+class BenchStep(Step):
+    """The benchmark: check/decide is facts + a pure decision like every step; plan and apply are
+    overrides because the benchmark is a measurement, not a list of commands and file writes: plan
+    shows the server command lines (resolving them reads the GPU topology, so only when a plan is
+    asked for), apply runs bench.runner.run_box, and verify judges that run's own document."""
+
+    name = "bench"
+    title = "server benchmark (TP1/4/8) with health verdict"
+    where = "container"
+    requires = ("cuda",)
+
+    def __init__(self, profile: str | None = None, out_dir: str | None = None):
+        self.profile, self.out_dir = profile, out_dir
+        self.doc: dict[str, Any] | None = None
+
+    def _settings(self, ctx) -> dict[str, Any]:
+        return dict(ctx.box.var("gpubox_bench", {}) or {})
+
+    def options(self, ctx) -> Options:
+        return Options(max_age_s=float(self._settings(ctx).get("max_age_s", MAX_AGE_S)))
+
+    def gather(self, ctx) -> Facts:
+        s = self._settings(ctx)
+        url = f"http://{s.get('host', '127.0.0.1')}:{int(s.get('port', 8000))}"
+        running = ctx.fact(ServerHealth, url)
+        doc = ctx.fact(LatestResult, ctx.box.name, self.out_dir or ctx.opt("bench_out"))
+        if doc is None:
+            return Facts(running)
+        age = _age_s(doc, time.time())
+        return Facts(running, Latest.of(doc), None if age == float("inf") else age)
+
+    def decide(self, facts: Facts, opts: Options) -> Finding:
+        running = facts.server_running
+        if facts.latest is None:
+            return Finding.drift("no benchmark result for this box yet", repair="run the benchmark",
+                                 evidence=Evidence(server_running=running))
+        age = float("inf") if facts.age_s is None else facts.age_s
+        if age > opts.max_age_s:
+            return Finding.drift(f"latest benchmark is {age / 3600:.1f} h old", repair="run the benchmark",
+                                 evidence=Evidence(run_id=facts.latest.run_id, server_running=running))
+        f = _finding_from(facts.latest, "latest ", running)
+        if f.status == "failed":  # a failed benchmark is re-run by apply, like a degraded one
+            f.status = "drift"
+        return f
+
+    def plan(self, ctx, finding: Finding) -> Plan:
+        s = self._settings(ctx)
+        prof = resolve_profile(self.profile or ctx.opt("bench_profile") or s.get("profile", "health"), s)
+        cmds = []
+        for tp in prof["tp"]:
+            for m in prof["methods"]:
+                argv, env = build_command(spec_from_box(ctx, m, int(tp), s))
+                cmds.append([f"{k}={v}" for k, v in sorted(env.items())] + argv)
+        return Plan(description=f"run the {prof['name']} benchmark ({len(cmds)} server launches)",
+                    commands=cmds, data=prof["name"])
+
+    def apply(self, ctx, plan: Plan) -> None:
+        from .runner import run_box
+        self.doc = run_box(ctx, profile=plan.data, out_dir=self.out_dir or ctx.opt("bench_out"))
+
+    def verify(self, ctx) -> Finding:
+        if self.doc is None:
+            return self.check(ctx)
+        return _finding_from(Latest.of(self.doc))
+
+
+def steps(ctx) -> list[Step]:
+    return [BenchStep()]

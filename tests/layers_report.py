@@ -1,0 +1,163 @@
+"""The import graph of gpubox's modules: layers and cycles (issue 17).
+
+Every module under gpubox/ (core), hwtune/, bench/ and provision/ (the areas, imported as
+gpubox.hwtune, gpubox.bench, gpubox.provision), every import statement in it, including the ones
+inside functions (those run too, only later). `python3 -m tests.layers_report` prints the figures
+for the closing note; tests/test_layers.py asserts the rules on the same graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+AREAS = ("hwtune", "bench", "provision")          # in layer order: an area may import those before it
+ALLOWED = {"core": {"core"}, "hwtune": {"core", "hwtune"}, "bench": {"core", "hwtune", "bench"},
+           "provision": {"core", "hwtune", "bench", "provision"}}
+
+
+def module_files(repo: Path = REPO) -> dict[str, Path]:
+    """Dotted module name -> file, for core and the three areas (not the gpubox/<area> symlinks)."""
+    out: dict[str, Path] = {}
+    roots = [("gpubox", repo / "gpubox")] + [(f"gpubox.{a}", repo / a) for a in AREAS]
+    for prefix, root in roots:
+        for p in sorted(root.rglob("*.py")):
+            rel = p.relative_to(root)
+            if prefix == "gpubox" and rel.parts[0] in AREAS:
+                continue   # gpubox/hwtune -> ../hwtune: counted once, under its own root
+            parts = list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([prefix, *parts])] = p
+    return out
+
+
+def area_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in AREAS else "core"
+
+
+def _imported(node: ast.AST, module: str, is_pkg: bool) -> list[str]:
+    """Candidate dotted names one import statement brings in (most specific first per name)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    assert isinstance(node, ast.ImportFrom)
+    if node.level:
+        base = module.split(".") if is_pkg else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        pkg = ".".join(base + ([node.module] if node.module else []))
+    else:
+        pkg = node.module or ""
+    return [f"{pkg}.{a.name}" for a in node.names] + [pkg]
+
+
+def graph(repo: Path = REPO) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (a `from pkg import name` counts as pkg.name when
+    that is a module of ours, else as pkg)."""
+    files = module_files(repo)
+    g: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = _imported(node, mod, is_pkg)
+            if isinstance(node, ast.ImportFrom):
+                hits = [n for n in names[:-1] if n in files]
+                if len(hits) < len(names) - 1 and names[-1] in files:
+                    hits.append(names[-1])
+            else:
+                hits = [n for n in names if n in files]
+                hits += [_nearest(n, files) for n in names if n not in files and _nearest(n, files)]
+            g[mod].update(h for h in hits if h != mod)
+    return g
+
+
+def _nearest(name: str, files) -> str | None:
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in files:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(g):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(g[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(g.get(nxt, ())))))
+                elif nxt in on:
+                    low[v] = min(low[v], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import that points up or sideways against the layer order."""
+    return [f"{a} -> {b}" for a in sorted(g) for b in sorted(g[a])
+            if area_of(b) not in ALLOWED[area_of(a)]]
+
+
+def report(repo: Path = REPO) -> str:
+    files = module_files(repo)
+    g = graph(repo)
+    lines = {a: 0 for a in ("core", *AREAS)}
+    mods = {a: 0 for a in lines}
+    for m, p in files.items():
+        lines[area_of(m)] += len(p.read_text().splitlines())
+        mods[area_of(m)] += 1
+    cyc = cycles(g)
+    bad = layer_violations(g)
+    out = [f"modules: {len(files)}  lines: {sum(lines.values())}"]
+    out += [f"  {a:<10} {mods[a]:>3} modules {lines[a]:>6} lines" for a in lines]
+    out.append(f"import edges: {sum(len(v) for v in g.values())}")
+    out.append(f"import cycles (SCCs > 1 module): {len(cyc)}")
+    out += ["  " + " <-> ".join(c) for c in cyc]
+    out.append(f"layer violations: {len(bad)}")
+    out += ["  " + b for b in bad]
+    cases = sorted((repo / "tests" / "steps").glob("*/*.json"))
+    steps = sorted({c.parent.name for c in cases})
+    out.append(f"data-only step cases: {len(cases)} over {len(steps)} steps ({', '.join(steps)})")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPO
+    print(report(root))
