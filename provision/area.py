@@ -6,7 +6,7 @@ from gpubox.areas import Area
 
 AREA = Area(
     name="provision",
-    providers=((10, "gpubox.provision.lxc"),          # host-devices, container-config, container, cuda
+    providers=((10, "gpubox.provision.lxc_step"),     # host-devices, container-config, container, cuda
                (30, "gpubox.provision.stage_step")),  # model-stage, drafter-stage
     groups=((10, "lxc", ("host-devices", "container-config", "container", "cuda")),
             (11, "devices", ("host-devices",)),

@@ -19,7 +19,8 @@ def _run(click_ctx, box: str, mode: str, **options) -> None:
     from gpubox.errors import GpuboxError
 
     from .confedit import MODES
-    from .lxc import _control, steps
+    from .lxc import _control
+    from .lxc_step import steps
 
     ctx = box_context(click_ctx, box, **options)
     con = ctx.console

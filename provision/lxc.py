@@ -13,7 +13,7 @@ restart ("auto" | "never" | "always"), persist, confirm (callable(question) -> b
 
 This module holds the facts these steps read (what is on the host, the container's config and
 state, the in-container probe) and the pure helpers they decide with; the steps themselves live
-in provision/lxc_step.py (their old names stay importable from here).
+in provision/lxc_step.py, with `steps()`.
 """
 
 from __future__ import annotations
@@ -248,20 +248,3 @@ def pending_lines(conf_text: str) -> list[str] | None:
     """The keyed lines of `[pve:pending]` (None: no pending section)."""
     pend = LxcConf.parse(conf_text).pending
     return None if pend is None else [l.raw.strip() for l in pend.lines if l.key]
-
-
-def steps(ctx=None) -> list:
-    """The LXC GPU-access steps in dependency order (also used by `gpubox recover`/`doctor`)."""
-    from .lxc_step import ContainerConfigStep, ContainerStep, CudaStep, HostDevicesStep
-    return [HostDevicesStep(), ContainerConfigStep(), ContainerStep(), CudaStep()]
-
-
-_MOVED = ("HostDevicesStep", "ContainerConfigStep", "ContainerStep", "CudaStep")
-
-
-def __getattr__(name: str):
-    """The step classes moved to provision.lxc_step; old imports still work."""
-    if name in _MOVED:
-        from . import lxc_step
-        return getattr(lxc_step, name)
-    raise AttributeError(name)

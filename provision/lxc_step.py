@@ -427,3 +427,8 @@ class CudaStep(Step):
         nv = (res.get("nvml") or {}).get("count")
         return Finding.ok(f"cuInit(0) = 0; NVML sees {nv} GPUs; driver {res.get('kernel_driver')} "
                           f"(host) = {res.get('user_driver')} (container)", evidence=ev)
+
+
+def steps(ctx=None) -> list:
+    """The LXC GPU-access steps in dependency order (also used by `gpubox recover`/`doctor`)."""
+    return [HostDevicesStep(), ContainerConfigStep(), ContainerStep(), CudaStep()]
