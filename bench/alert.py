@@ -21,10 +21,14 @@ def command_of(box) -> list[str] | None:
     if cmd in (None, "", []):
         return None
     if isinstance(cmd, str):
-        raise GpuboxError(f"box {box.name}: gpubox_alert_command is a string ({cmd!r})",
-                          'write it as an argv list, e.g. ["/usr/local/bin/notify-oncall", "--team", "inference"]')
+        raise GpuboxError(
+            f"box {box.name}: gpubox_alert_command is a string ({cmd!r})",
+            'write it as an argv list, e.g. ["/usr/local/bin/notify-oncall", "--team", "inference"]',
+        )
     if not isinstance(cmd, list) or not all(isinstance(a, (str, int, float)) for a in cmd):
-        raise GpuboxError(f"box {box.name}: gpubox_alert_command must be a list of strings", "see inventory/example.yml")
+        raise GpuboxError(
+            f"box {box.name}: gpubox_alert_command must be a list of strings", "see inventory/example.yml"
+        )
     return [str(a) for a in cmd]
 
 
@@ -35,21 +39,32 @@ def timeout_of(box) -> float:
     except (TypeError, ValueError):
         t = -1
     if t <= 0:
-        raise GpuboxError(f"box {box.name}: gpubox_alert_timeout {box.var('gpubox_alert_timeout')!r} is not a positive number",
-                          "give seconds, e.g. 30")
+        raise GpuboxError(
+            f"box {box.name}: gpubox_alert_timeout {box.var('gpubox_alert_timeout')!r} is not a positive number",
+            "give seconds, e.g. 30",
+        )
     return t
 
 
 def payload(doc: dict[str, Any]) -> dict[str, Any]:
     """What the hook reads on stdin: the verdict plus which run it is about."""
     v = doc.get("verdict") or {}
-    return {"schema": "gpubox.alert/1", "box": doc.get("box"), "run_id": doc.get("run_id"),
-            "profile": doc.get("profile"), "started_at": doc.get("started_at"),
-            "finished_at": doc.get("finished_at"), "simulated": bool(doc.get("simulated")),
-            "status": v.get("status"), "reasons": v.get("reasons") or []}
+    return {
+        "schema": "gpubox.alert/1",
+        "box": doc.get("box"),
+        "run_id": doc.get("run_id"),
+        "profile": doc.get("profile"),
+        "started_at": doc.get("started_at"),
+        "finished_at": doc.get("finished_at"),
+        "simulated": bool(doc.get("simulated")),
+        "status": v.get("status"),
+        "reasons": v.get("reasons") or [],
+    }
 
 
-def fire(host, argv: list[str] | None, doc: dict[str, Any], timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
+def fire(
+    host, argv: list[str] | None, doc: dict[str, Any], timeout: float = DEFAULT_TIMEOUT
+) -> dict[str, Any]:
     """Run the hook on HOST when DOC's verdict is degraded or failed; report what happened."""
     status = (doc.get("verdict") or {}).get("status")
     if status not in ("degraded", "failed"):

@@ -9,8 +9,11 @@ AREA = Area(
     # after the repairs)
     providers=((50, "gpubox.bench.bench_step"),),
     groups=((50, "bench", ("bench",)),),
-    commands={"bench": "gpubox.bench.cli:bench", "report": "gpubox.bench.cli_report:report",
-              "history": "gpubox.bench.cli_history:history",
-              "schedule": "gpubox.bench.cli_schedule:schedule"},
-    hooks={"sim.server": "gpubox.bench.simserver"},   # the simulated box's `python -m` server
+    commands={
+        "bench": "gpubox.bench.cli:bench",
+        "report": "gpubox.bench.cli_report:report",
+        "history": "gpubox.bench.cli_history:history",
+        "schedule": "gpubox.bench.cli_schedule:schedule",
+    },
+    hooks={"sim.server": "gpubox.bench.simserver"},  # the simulated box's `python -m` server
 )

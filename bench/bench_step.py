@@ -57,21 +57,27 @@ def _age_s(doc: dict[str, Any], now: float) -> float:
 
 # --- facts ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Latest:
     """What the decision needs of a result document (gpubox.bench/1)."""
 
     run_id: str
-    status: str                 # the verdict: healthy | degraded | failed
-    reasons: list[str]          # the verdict's reason messages, in order
+    status: str  # the verdict: healthy | degraded | failed
+    reasons: list[str]  # the verdict's reason messages, in order
     measurements: int
-    path: str | None = None     # the result file, when the document says
+    path: str | None = None  # the result file, when the document says
 
     @classmethod
     def of(cls, doc: dict[str, Any]) -> "Latest":
         v = doc["verdict"]
-        return cls(doc["run_id"], v["status"], [r["message"] for r in v["reasons"]],
-                   len(doc["measurements"]), doc.get("path"))
+        return cls(
+            doc["run_id"],
+            v["status"],
+            [r["message"] for r in v["reasons"]],
+            len(doc["measurements"]),
+            doc.get("path"),
+        )
 
 
 class ServerHealth(Fact):
@@ -107,7 +113,7 @@ class Facts:
 
 @dataclass
 class Options:
-    max_age_s: float = MAX_AGE_S   # gpubox_bench.max_age_s: an older result is re-measured
+    max_age_s: float = MAX_AGE_S  # gpubox_bench.max_age_s: an older result is re-measured
 
 
 @dataclass
@@ -125,13 +131,18 @@ def _finding_from(latest: Latest, prefix: str = "", running: Any = OMIT) -> Find
     if latest.status == "healthy":
         return Finding.ok(f"{prefix}benchmark healthy ({latest.measurements} measurements)", evidence=ev)
     if latest.status == "degraded":
-        return Finding.drift(f"{prefix}benchmark degraded: {top}",
-                             cause="throughput below expectation/history",
-                             repair="check the tuning steps (NCCL, MaxReadReq, NUMA balancing), then re-run",
-                             evidence=ev)
-    return Finding.failed(f"{prefix}benchmark failed: {top}", cause="the server failed or requests errored",
-                          repair="see the server log tail in the result; fix, then `gpubox bench BOX`",
-                          evidence=ev)
+        return Finding.drift(
+            f"{prefix}benchmark degraded: {top}",
+            cause="throughput below expectation/history",
+            repair="check the tuning steps (NCCL, MaxReadReq, NUMA balancing), then re-run",
+            evidence=ev,
+        )
+    return Finding.failed(
+        f"{prefix}benchmark failed: {top}",
+        cause="the server failed or requests errored",
+        repair="see the server log tail in the result; fix, then `gpubox bench BOX`",
+        evidence=ev,
+    )
 
 
 class BenchStep(Step):
@@ -168,12 +179,18 @@ class BenchStep(Step):
     def decide(self, facts: Facts, opts: Options) -> Finding:
         running = facts.server_running
         if facts.latest is None:
-            return Finding.drift("no benchmark result for this box yet", repair="run the benchmark",
-                                 evidence=Evidence(server_running=running))
+            return Finding.drift(
+                "no benchmark result for this box yet",
+                repair="run the benchmark",
+                evidence=Evidence(server_running=running),
+            )
         age = float("inf") if facts.age_s is None else facts.age_s
         if age > opts.max_age_s:
-            return Finding.drift(f"latest benchmark is {age / 3600:.1f} h old", repair="run the benchmark",
-                                 evidence=Evidence(run_id=facts.latest.run_id, server_running=running))
+            return Finding.drift(
+                f"latest benchmark is {age / 3600:.1f} h old",
+                repair="run the benchmark",
+                evidence=Evidence(run_id=facts.latest.run_id, server_running=running),
+            )
         f = _finding_from(facts.latest, "latest ", running)
         if f.status == "failed":  # a failed benchmark is re-run by apply, like a degraded one
             f.status = "drift"
@@ -187,11 +204,15 @@ class BenchStep(Step):
             for m in prof["methods"]:
                 argv, env = build_command(spec_from_box(ctx, m, int(tp), s))
                 cmds.append([f"{k}={v}" for k, v in sorted(env.items())] + argv)
-        return Plan(description=f"run the {prof['name']} benchmark ({len(cmds)} server launches)",
-                    commands=cmds, data=prof["name"])
+        return Plan(
+            description=f"run the {prof['name']} benchmark ({len(cmds)} server launches)",
+            commands=cmds,
+            data=prof["name"],
+        )
 
     def apply(self, ctx, plan: Plan) -> None:
         from .runner import run_box
+
         self.doc = run_box(ctx, profile=plan.data, out_dir=self.out_dir or ctx.opt("bench_out"))
 
     def verify(self, ctx) -> Finding:

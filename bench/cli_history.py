@@ -24,6 +24,7 @@ def _series_key(key: str) -> tuple:
 def table_data(docs: list[dict[str, Any]], workload: str | None) -> tuple[list[str], list[dict[str, Any]]]:
     """(column keys, one row per run) for the measurements of WORKLOAD (None: all)."""
     from .history import headline_field
+
     keys: set[str] = set()
     rows = []
     for d in docs:
@@ -35,10 +36,17 @@ def table_data(docs: list[dict[str, Any]], workload: str | None) -> tuple[list[s
             v = m.get(headline_field(m)) if m.get("status", "ok") == "ok" else None
             values[m["key"]] = v
         v = d.get("verdict") or {}
-        rows.append({"run_id": d.get("run_id"), "started_at": d.get("started_at"), "profile": d.get("profile"),
-                     "simulated": bool(d.get("simulated")), "status": v.get("status"),
-                     "flagged": sorted({r.get("key") for r in v.get("reasons") or [] if r.get("key")}),
-                     "values": values})
+        rows.append(
+            {
+                "run_id": d.get("run_id"),
+                "started_at": d.get("started_at"),
+                "profile": d.get("profile"),
+                "simulated": bool(d.get("simulated")),
+                "status": v.get("status"),
+                "flagged": sorted({r.get("key") for r in v.get("reasons") or [] if r.get("key")}),
+                "values": values,
+            }
+        )
     return sorted(keys, key=_series_key), rows
 
 
@@ -53,11 +61,12 @@ def _label(key: str) -> str:
 def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> None:
     """One line per TP/method; runs the verdict flagged for that line are marked with a red x."""
     import matplotlib
+
     matplotlib.use("Agg")  # files only; no display on a server
-    import matplotlib.ticker
     from datetime import datetime
 
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     times = [datetime.strptime(r["started_at"], "%Y-%m-%dT%H:%M:%SZ") for r in rows]
     fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
@@ -65,9 +74,12 @@ def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> No
         pts = [(t, r["values"].get(key)) for t, r in zip(times, rows) if r["values"].get(key) is not None]
         if not pts:
             continue
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=_label(key))
-        bad = [(t, r["values"][key]) for t, r in zip(times, rows)
-               if key in r["flagged"] and r["values"].get(key) is not None]
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=_label(key))
+        bad = [
+            (t, r["values"][key])
+            for t, r in zip(times, rows)
+            if key in r["flagged"] and r["values"].get(key) is not None
+        ]
         if bad:
             ax.scatter([b[0] for b in bad], [b[1] for b in bad], marker="x", s=70, color="red", zorder=3)
     ax.set_title(f"{box}: tokens/s per TP and method (x = flagged by the verdict)")
@@ -83,7 +95,9 @@ def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> No
     try:
         fig.savefig(path)
     except (OSError, ValueError) as exc:
-        raise GpuboxError(f"cannot write plot {path}: {exc}", "give a writable .png, .svg or .pdf path") from None
+        raise GpuboxError(
+            f"cannot write plot {path}: {exc}", "give a writable .png, .svg or .pdf path"
+        ) from None
     finally:
         plt.close(fig)
 
@@ -91,18 +105,35 @@ def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> No
 @click.command()
 @click.argument("box")
 @click.option("--last", type=click.IntRange(1, None), metavar="N", help="Only the newest N runs.")
-@click.option("--workload", default="decode", show_default=True,
-              help="Which measurements to show (decode, concurrency, long_context, agentic, all).")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), metavar="FILE", help="Also draw a chart (.png/.svg/.pdf).")
-@click.option("--on-box", is_flag=True, help="Read the history the scheduled runs keep on the box (needs the inventory).")
+@click.option(
+    "--workload",
+    default="decode",
+    show_default=True,
+    help="Which measurements to show (decode, concurrency, long_context, agentic, all).",
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Also draw a chart (.png/.svg/.pdf).",
+)
+@click.option(
+    "--on-box",
+    is_flag=True,
+    help="Read the history the scheduled runs keep on the box (needs the inventory).",
+)
 @json_option
 @click.pass_context
 def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
     """Show BOX's recorded benchmark runs: tok/s per TP and method over time, with each verdict."""
     from . import history as store
+
     if on_box:
         from gpubox.clihelp import box_context
+
         from .schedule import spec_from
+
         c = box_context(ctx, box, as_json=True)
         try:
             path = f"{spec_from(c.box).state_dir}/history/{box}.jsonl"
@@ -119,8 +150,11 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
         where = str(store.store_path(box))
     if not docs:
         others = [b for b in store.boxes() if b != box]
-        hint = f"boxes with a history here: {', '.join(others)}" if others and not on_box else \
-            f"run `gpubox bench {box}` or install a schedule (`gpubox schedule install {box}`)"
+        hint = (
+            f"boxes with a history here: {', '.join(others)}"
+            if others and not on_box
+            else f"run `gpubox bench {box}` or install a schedule (`gpubox schedule install {box}`)"
+        )
         raise GpuboxError(f"no runs recorded for {box} in {where}", hint)
     keys, rows = table_data(docs, None if workload == "all" else workload)
     if plot_file:

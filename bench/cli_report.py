@@ -9,19 +9,49 @@ from gpubox.clihelp import json_option
 
 @click.command("report")
 @click.argument("results", nargs=-1, required=True, metavar="RESULT.json...")
-@click.option("--format", "fmt", type=click.Choice(["latex", "md", "html"]), default="latex",
-              show_default=True, help="LaTeX (with PDF figures), Markdown (PNG figures) or one self-contained HTML file.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["latex", "md", "html"]),
+    default="latex",
+    show_default=True,
+    help="LaTeX (with PDF figures), Markdown (PNG figures) or one self-contained HTML file.",
+)
 @click.option("--pdf", is_flag=True, help="Compile the LaTeX with latexmk/pdflatex (LaTeX format only).")
-@click.option("-o", "--out", "outdir", default="report", show_default=True, type=click.Path(),
-              help="Directory for the report and its figures/.")
-@click.option("--compare", is_flag=True, help="Compare each run with the first (e.g. before/after tuning): "
-              "side-by-side table with deltas, a delta plot and a finding.")
-@click.option("--name", "names", multiple=True, metavar="NAME",
-              help="What to call each run, in order (default: the file name without .json).")
+@click.option(
+    "-o",
+    "--out",
+    "outdir",
+    default="report",
+    show_default=True,
+    type=click.Path(),
+    help="Directory for the report and its figures/.",
+)
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="Compare each run with the first (e.g. before/after tuning): "
+    "side-by-side table with deltas, a delta plot and a finding.",
+)
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    metavar="NAME",
+    help="What to call each run, in order (default: the file name without .json).",
+)
 @click.option("--title", default=None, help="Report title (default: the box names).")
 @json_option
-def report(results: tuple[str, ...], fmt: str, pdf: bool, outdir: str, compare: bool,
-           names: tuple[str, ...], title: str | None, as_json: bool) -> None:
+def report(
+    results: tuple[str, ...],
+    fmt: str,
+    pdf: bool,
+    outdir: str,
+    compare: bool,
+    names: tuple[str, ...],
+    title: str | None,
+    as_json: bool,
+) -> None:
     """Write a report from one or more benchmark result files: findings with their numbers first,
     then tables (TP scaling, method x output length, concurrency, long context, acceptance length),
     plots, the health verdict and the box facts.
@@ -40,6 +70,7 @@ def report(results: tuple[str, ...], fmt: str, pdf: bool, outdir: str, compare: 
         print_json(out.to_dict())
         return
     from rich.markup import escape
+
     con = console()
     mark = {"good": "[green]+[/]", "warn": "[red]![/]", "info": "[blue]-[/]"}
     for f in out.report.findings:

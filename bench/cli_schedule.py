@@ -12,10 +12,19 @@ from gpubox.clihelp import box_context, emit, json_option
 from gpubox.output import console, print_json
 from gpubox.pipeline import run_steps
 
-on_option = click.option("--on", "on", type=click.Choice(["container", "host"]), default=None,
-                         help="Where the units live: in the container (default) or on the Proxmox host via pct exec.")
-mech_option = click.option("--mechanism", type=click.Choice(["auto", "systemd", "cron"]), default=None,
-                           help="auto: systemd when /run/systemd/system exists there, else /etc/cron.d.")
+on_option = click.option(
+    "--on",
+    "on",
+    type=click.Choice(["container", "host"]),
+    default=None,
+    help="Where the units live: in the container (default) or on the Proxmox host via pct exec.",
+)
+mech_option = click.option(
+    "--mechanism",
+    type=click.Choice(["auto", "systemd", "cron"]),
+    default=None,
+    help="auto: systemd when /run/systemd/system exists there, else /etc/cron.d.",
+)
 
 
 @click.group()
@@ -31,17 +40,27 @@ def schedule() -> None:
 @click.option("--timeout", metavar="SPAN", help="Time limit of one run (default 2h).")
 @on_option
 @mech_option
-@click.option("--dry-run", is_flag=True, help="Print the unit files (as a diff) and commands; change nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the unit files (as a diff) and commands; change nothing."
+)
 @json_option
 @click.pass_context
 def install(ctx, box, every, on_calendar, profile, timeout, on, mechanism, dry_run, as_json) -> None:
     """Write and enable the service + timer (or cron line) that runs the health check of BOX."""
     from .schedule import check_calendar, desired_files, spec_from, target
     from .schedule_step import ScheduleStep
+
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
-        spec = spec_from(c.box, every=every, on_calendar=on_calendar, profile=profile, timeout=timeout,
-                         on=on, mechanism=mechanism)
+        spec = spec_from(
+            c.box,
+            every=every,
+            on_calendar=on_calendar,
+            profile=profile,
+            timeout=timeout,
+            on=on,
+            mechanism=mechanism,
+        )
         if spec.on_calendar:
             check_calendar(spec.on_calendar, target(c, spec))
         report = run_steps(c, [ScheduleStep(spec)], "plan" if dry_run else "apply")
@@ -56,6 +75,7 @@ def install(ctx, box, every, on_calendar, profile, timeout, on, mechanism, dry_r
 def _print_dry_run(report, box: str) -> None:
     """The unit files in full (what would be installed), then the diff against what is there."""
     from gpubox.output import render_report
+
     con = console()
     for path, text in report.extra["files"].items():
         con.print(f"[bold]# {escape(path)}[/]")
@@ -80,6 +100,7 @@ def remove(ctx, box, on, mechanism, dry_run, as_json) -> None:
     """Disable and delete BOX's scheduled health check."""
     from .schedule import spec_from
     from .schedule_step import RemoveStep
+
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
         spec = spec_from(c.box, on=on, mechanism=mechanism)
@@ -97,7 +118,9 @@ def remove(ctx, box, on, mechanism, dry_run, as_json) -> None:
 @click.pass_context
 def status(ctx, box, on, mechanism, as_json) -> None:
     """Is the check installed, enabled and active, and how did the last run go? (exit 1: not running)"""
-    from .schedule import spec_from, status as get_status
+    from .schedule import spec_from
+    from .schedule import status as get_status
+
     c = box_context(ctx, box, as_json=as_json)
     try:
         st = get_status(c, spec_from(c.box, on=on, mechanism=mechanism))
@@ -110,14 +133,24 @@ def status(ctx, box, on, mechanism, as_json) -> None:
         t.add_column("")
         t.add_column("", overflow="fold")
         t.add_row("where", f"{st['on']} ({st['host']}), {st['mechanism']}")
-        t.add_row("installed", ("yes" if st["installed"] else "[yellow]no[/]")
-                  + ("" if st["current"] or not st["installed"] else " [yellow](differs from what install writes)[/]"))
+        t.add_row(
+            "installed",
+            ("yes" if st["installed"] else "[yellow]no[/]")
+            + (
+                ""
+                if st["current"] or not st["installed"]
+                else " [yellow](differs from what install writes)[/]"
+            ),
+        )
         if st["mechanism"] == "systemd":
             t.add_row("timer", f"{st.get('enabled')}, {st.get('active')}")
         last = st["last_run"]
         if last:
             style = {"healthy": "green", "degraded": "yellow"}.get(last["status"], "bold red")
-            t.add_row("last run", f"{last['started_at']}  [{style}]{last['status']}[/]  ({st['runs']} runs recorded)")
+            t.add_row(
+                "last run",
+                f"{last['started_at']}  [{style}]{last['status']}[/]  ({st['runs']} runs recorded)",
+            )
             for msg in last["reasons"]:
                 t.add_row("", escape(str(msg)))
         else:
@@ -129,20 +162,36 @@ def status(ctx, box, on, mechanism, as_json) -> None:
 @schedule.command("run-once")
 @click.argument("box")
 @click.option("--profile", default=None, help="Benchmark profile (default: the schedule's, health).")
-@click.option("--from-json", "from_json", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Judge and record this result document instead of running the benchmark.")
-@click.option("--doctor/--no-doctor", default=True, show_default=True, help="Also export doctor's step findings.")
-@click.option("--prom-dir", metavar="DIR", help="node_exporter textfile directory (default from the inventory).")
+@click.option(
+    "--from-json",
+    "from_json",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Judge and record this result document instead of running the benchmark.",
+)
+@click.option(
+    "--doctor/--no-doctor", default=True, show_default=True, help="Also export doctor's step findings."
+)
+@click.option(
+    "--prom-dir", metavar="DIR", help="node_exporter textfile directory (default from the inventory)."
+)
 @click.option("--no-prom", is_flag=True, help="Do not write the .prom file.")
 @json_option
 @click.pass_context
 def run_once(ctx, box, profile, from_json, doctor, prom_dir, no_prom, as_json) -> None:
     """Run one health check now (what the timer runs); exit 0 healthy, 1 degraded/failed, 2 could not run."""
     from .runonce import run_once as do_run
+
     c = box_context(ctx, box, as_json=as_json)
     try:
-        res = do_run(c, profile=profile, from_json=from_json, with_doctor=doctor, prom_dir=prom_dir,
-                     write_prom=not no_prom)
+        res = do_run(
+            c,
+            profile=profile,
+            from_json=from_json,
+            with_doctor=doctor,
+            prom_dir=prom_dir,
+            write_prom=not no_prom,
+        )
     finally:
         c.close()
     if as_json:
@@ -158,7 +207,9 @@ def run_once(ctx, box, profile, from_json, doctor, prom_dir, no_prom, as_json) -
             con.print(f"  metrics: {escape(res['prom'])}")
         a = res["alert"]
         if a.get("fired"):
-            con.print(f"  alert: {escape(' '.join(a['argv']))} -> {'ok' if a.get('ok') else escape(str(a.get('error')))}")
+            con.print(
+                f"  alert: {escape(' '.join(a['argv']))} -> {'ok' if a.get('ok') else escape(str(a.get('error')))}"
+            )
         for n in res["notes"]:
             con.print(f"  [yellow]note:[/] {escape(n)}")
     sys.exit(0 if res["ok"] else 1)

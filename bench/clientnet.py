@@ -383,12 +383,19 @@ def _literal(host: str, port: int) -> list | None:
 
 
 class TimedBackend(httpcore.AsyncNetworkBackend):
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None, socket_options=None) -> TimedStream:
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options=None,
+    ) -> TimedStream:
         loop = asyncio.get_running_loop()
         try:
             infos = _literal(host, port) or await asyncio.wait_for(
-                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout
+            )
         except asyncio.TimeoutError:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
         except OSError as exc:
@@ -434,8 +441,11 @@ def _lane(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
     t = httpx.AsyncHTTPTransport(verify=False, limits=limits)  # http:// only: no CA bundle to load
     if hasattr(t, "_pool"):
         t._pool = httpcore.AsyncConnectionPool(
-            max_connections=1, max_keepalive_connections=1, keepalive_expiry=limits.keepalive_expiry,
-            network_backend=TimedBackend())
+            max_connections=1,
+            max_keepalive_connections=1,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=TimedBackend(),
+        )
     return t
 
 
@@ -463,8 +473,9 @@ class LaneTransport(httpx.AsyncBaseTransport):
     list makes that O(1); HTTP itself is still httpx/httpcore/h11."""
 
     def __init__(self, limits: httpx.Limits) -> None:
-        self._limits = httpx.Limits(max_connections=1, max_keepalive_connections=1,
-                                    keepalive_expiry=limits.keepalive_expiry)
+        self._limits = httpx.Limits(
+            max_connections=1, max_keepalive_connections=1, keepalive_expiry=limits.keepalive_expiry
+        )
         self._free: list[httpx.AsyncHTTPTransport] = []
         self._all: list[httpx.AsyncHTTPTransport] = []
         self._cap = limits.max_connections
@@ -492,8 +503,12 @@ class LaneTransport(httpx.AsyncBaseTransport):
         except BaseException:
             release()
             raise
-        return httpx.Response(status_code=resp.status_code, headers=resp.headers,
-                              stream=_LaneStream(resp.stream, release), extensions=resp.extensions)
+        return httpx.Response(
+            status_code=resp.status_code,
+            headers=resp.headers,
+            stream=_LaneStream(resp.stream, release),
+            extensions=resp.extensions,
+        )
 
     async def aclose(self) -> None:
         for lane in self._all:

@@ -47,8 +47,10 @@ def history_dir(base: Path | None = None) -> Path:
 def store_path(box: str, base: Path | None = None) -> Path:
     """The JSONL file holding BOX's runs."""
     if not _SAFE_NAME.match(box or ""):
-        raise GpuboxError(f"box name {box!r} cannot name a history file",
-                          "use letters, digits, '.', '_', '-' (as in the inventory)")
+        raise GpuboxError(
+            f"box name {box!r} cannot name a history file",
+            "use letters, digits, '.', '_', '-' (as in the inventory)",
+        )
     return history_dir(base) / f"{box}.jsonl"
 
 
@@ -77,8 +79,10 @@ def validate(doc: Any) -> None:
     if not isinstance(doc, dict):
         raise GpuboxError("a benchmark result must be a JSON object", "pass a gpubox.bench/1 document")
     if doc.get("schema") != SCHEMA:
-        raise GpuboxError(f"result schema is {doc.get('schema')!r}, not {SCHEMA!r}",
-                          "record documents written by `gpubox bench` (docs/result-schema.md)")
+        raise GpuboxError(
+            f"result schema is {doc.get('schema')!r}, not {SCHEMA!r}",
+            "record documents written by `gpubox bench` (docs/result-schema.md)",
+        )
     for k in ("box", "run_id", "started_at"):
         if not doc.get(k):
             raise GpuboxError(f"result document has no {k!r}", "it must name box, run_id and started_at")
@@ -108,8 +112,11 @@ def record(doc: dict[str, Any], base: Path | None = None) -> None:
     """Store one run (replacing an earlier record of the same run_id). Idempotent."""
     validate(doc)
     path = store_path(doc["box"], base)
-    line = json.dumps({"history": HISTORY_SCHEMA, "recorded_at": _utc_now(), "doc": _trim(doc)},
-                      separators=(",", ":"), sort_keys=False)
+    line = json.dumps(
+        {"history": HISTORY_SCHEMA, "recorded_at": _utc_now(), "doc": _trim(doc)},
+        separators=(",", ":"),
+        sort_keys=False,
+    )
     with _locked(path):
         raw = path.read_text() if path.exists() else ""
         existing = raw.splitlines()
@@ -173,7 +180,9 @@ def is_healthy(doc: dict[str, Any]) -> bool:
     return ((doc.get("verdict") or {}).get("status")) == "healthy"
 
 
-def baseline_of(docs: Iterable[dict[str, Any]], key: str, n: int = 5, field: str | None = None) -> tuple[float | None, list[str]]:
+def baseline_of(
+    docs: Iterable[dict[str, Any]], key: str, n: int = 5, field: str | None = None
+) -> tuple[float | None, list[str]]:
     """(median of KEY over the last n healthy runs among DOCS, the run_ids used)."""
     picked: list[tuple[str, float]] = []
     for d in reversed(list(docs)):

@@ -29,8 +29,15 @@ def _progress(console, total: int):
     if console is None:
         return None, (lambda desc, advance=True: None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)
+
+    prog = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
     task = prog.add_task("bench", total=total)
 
     def step(desc: str, advance: bool = True) -> None:
@@ -39,25 +46,43 @@ def _progress(console, total: int):
     return prog, step
 
 
-async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[str, dict]],
-                         prof: dict[str, Any],
-                         timeout: float, alive: Callable[[], bool] = lambda: True,
-                         on_point: Callable[[str, bool], None] = lambda d, a=True: None,
-                         died: Callable[[], str] | None = None, tokenizer_dir: str | None = None,
-                         learned: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+async def measure_server(
+    url: str,
+    *,
+    tp: int,
+    label: str,
+    points: list[tuple[str, dict]],
+    prof: dict[str, Any],
+    timeout: float,
+    alive: Callable[[], bool] = lambda: True,
+    on_point: Callable[[str, bool], None] = lambda d, a=True: None,
+    died: Callable[[], str] | None = None,
+    tokenizer_dir: str | None = None,
+    learned: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Every workload point against one running server; never raises for a failing server.
 
     `learned` receives what the client found out about the server (how prompts were sized, which
     sampling fields it rejected, where output tokens came from) for the result document."""
     method, budget, label = parse_method(label) if label != "custom" else ("custom", None, "custom")
-    p = Point(tp, method, budget, label, int(prof.get("warmup", 1)), int(prof.get("repetitions", 3)),
-              int(prof.get("prompt_tokens", 128)), metrics_url=url,
-              deadline_s=float(prof.get("request_deadline_s", max(timeout * 8, 60.0))))
+    p = Point(
+        tp,
+        method,
+        budget,
+        label,
+        int(prof.get("warmup", 1)),
+        int(prof.get("repetitions", 3)),
+        int(prof.get("prompt_tokens", 128)),
+        metrics_url=url,
+        deadline_s=float(prof.get("request_deadline_s", max(timeout * 8, 60.0))),
+    )
     out: list[dict[str, Any]] = []
     dead_reason: str | None = None
     from .sizing import LocalTokenizer
-    async with Client(url, timeout=timeout, phase_timeout=min(30.0, timeout),
-                      tokenizer=LocalTokenizer.load(tokenizer_dir)) as c:
+
+    async with Client(
+        url, timeout=timeout, phase_timeout=min(30.0, timeout), tokenizer=LocalTokenizer.load(tokenizer_dir)
+    ) as c:
         for kind, kw in points:
             on_point(f"TP{tp} {label} {kind} {next(iter(kw.values()))}", False)
             if dead_reason:
@@ -70,8 +95,9 @@ async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[st
                 m = not_run(tp, method, budget, label, kind, kw, "failed", str(exc), p.reps)
             except Exception as exc:  # any surprise fails this measurement, never the run (issue 16)
                 why = " ".join(str(exc).split())[:200]
-                m = not_run(tp, method, budget, label, kind, kw, "failed", f"{type(exc).__name__}: {why}",
-                            p.reps)
+                m = not_run(
+                    tp, method, budget, label, kind, kw, "failed", f"{type(exc).__name__}: {why}", p.reps
+                )
             if not alive():
                 dead_reason = died() if died else "the server died"
                 if m["status"] == "failed":
@@ -79,26 +105,37 @@ async def measure_server(url: str, *, tp: int, label: str, points: list[tuple[st
             out.append(m)
             on_point("", True)
         if learned is not None:
-            learned.update({"prompt_sizing": c.sizer.source if c.sizer else None,
-                            "prompt_sizing_tried": c.sizer.tried if c.sizer else [],
-                            "sampling_extras_accepted": c.extras_ok, "notes": list(c.notes)})
+            learned.update(
+                {
+                    "prompt_sizing": c.sizer.source if c.sizer else None,
+                    "prompt_sizing_tried": c.sizer.tried if c.sizer else [],
+                    "sampling_extras_accepted": c.extras_ok,
+                    "notes": list(c.notes),
+                }
+            )
     return out
 
 
 def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
     """What the report appendix needs about the box as measured; absent facts are None, not guesses."""
     var = ctx.box.var
-    facts: dict[str, Any] = {"gpus": [], "driver": None, "nccl_env": {},
-                             "nccl_profile": var("gpubox_nccl_profile"),
-                             "pcie_mrrs": {}, "numa_balancing": None,
-                             "engine": settings.get("engine", "vllm"),
-                             "model": settings.get("model") or (var("gpubox_model", {}) or {}).get("dest"),
-                             "drafter": (settings.get("drafter")
-                                         or (var("gpubox_drafter", {}) or {}).get("dest"))}
+    facts: dict[str, Any] = {
+        "gpus": [],
+        "driver": None,
+        "nccl_env": {},
+        "nccl_profile": var("gpubox_nccl_profile"),
+        "pcie_mrrs": {},
+        "numa_balancing": None,
+        "engine": settings.get("engine", "vllm"),
+        "model": settings.get("model") or (var("gpubox_model", {}) or {}).get("dest"),
+        "drafter": (settings.get("drafter") or (var("gpubox_drafter", {}) or {}).get("dest")),
+    }
     try:
         td = box_topology(ctx).to_dict()  # the hwtune area's GPU facts (NVML, else sysfs, else inventory)
-        facts["gpus"] = [{k: g.get(k) for k in ("index", "name", "bus_id", "numa_node", "link", "memory_mib")}
-                         for g in td["gpus"]]
+        facts["gpus"] = [
+            {k: g.get(k) for k in ("index", "name", "bus_id", "numa_node", "link", "memory_mib")}
+            for g in td["gpus"]
+        ]
         facts["topology_source"] = td.get("source")
         facts["driver"] = td.get("driver")
     except GpuboxError:
@@ -124,14 +161,27 @@ def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: list[str],
-                settings: dict[str, Any], facts: dict[str, Any], log_root: Path,
-                step: Callable[..., None] | None = None) -> dict[str, Any]:
+def measure_box(
+    ctx,
+    name: str,
+    prof: dict[str, Any],
+    tps: list[int],
+    methods: list[str],
+    settings: dict[str, Any],
+    facts: dict[str, Any],
+    log_root: Path,
+    step: Callable[..., None] | None = None,
+) -> dict[str, Any]:
     """Launch, measure and tear down each TP x method on this machine: the one measuring loop,
     run by `run_box` locally and by bench.remote inside the container. The document it returns
     has no verdict yet (`_finish` adds it where the history lives)."""
-    doc = results.new_document(ctx.box.name, name, simulated=bool(settings.get("simulated")),
-                               sim_speed=settings.get("sim_speed"), facts=facts)
+    doc = results.new_document(
+        ctx.box.name,
+        name,
+        simulated=bool(settings.get("simulated")),
+        sim_speed=settings.get("sim_speed"),
+        facts=facts,
+    )
     log_dir = Path(log_root) / doc["run_id"]
     points = plan(prof)
     timeout = float(settings.get("request_timeout", 120))
@@ -146,10 +196,21 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
             for label in methods:
                 spec = spec_from_box(ctx, label, tp, settings)
                 argv, env = build_command(spec)
-                rec = {"tp": tp, "method": spec.method, "budget": spec.budget, "label": spec.label,
-                       "gpus": spec.gpus, "command": argv, "env": env, "status": "ok", "error": None,
-                       "log_tail": None, "startup_s": None, "max_model_len": spec.max_model_len,
-                       "log": str(log_dir / f"tp{tp}-{spec.label.replace(':', '-')}.log")}
+                rec = {
+                    "tp": tp,
+                    "method": spec.method,
+                    "budget": spec.budget,
+                    "label": spec.label,
+                    "gpus": spec.gpus,
+                    "command": argv,
+                    "env": env,
+                    "status": "ok",
+                    "error": None,
+                    "log_tail": None,
+                    "startup_s": None,
+                    "max_model_len": spec.max_model_len,
+                    "log": str(log_dir / f"tp{tp}-{spec.label.replace(':', '-')}.log"),
+                }
                 doc["servers"].append(rec)
                 server = Server(argv, env, host=spec.host, port=spec.port, log_path=rec["log"])
                 step(f"TP{tp} {spec.label}: starting server", False)
@@ -160,9 +221,19 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
                     server.stop()
                     rec.update(status="failed", error=exc.problem, log_tail=exc.log_tail)
                     for kind, kw in points:
-                        doc["measurements"].append(not_run(tp, spec.method, spec.budget, spec.label, kind, kw,
-                                                           "failed", f"server did not start: {exc.problem}",
-                                                           int(prof.get("repetitions", 3))))
+                        doc["measurements"].append(
+                            not_run(
+                                tp,
+                                spec.method,
+                                spec.budget,
+                                spec.label,
+                                kind,
+                                kw,
+                                "failed",
+                                f"server did not start: {exc.problem}",
+                                int(prof.get("repetitions", 3)),
+                            )
+                        )
                         step("", True)
                     continue
 
@@ -174,13 +245,25 @@ def measure_box(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: l
                 try:
                     rec["client"] = learned = {}
                     tok_dir = settings.get("tokenizer") or spec.model or None
-                    ms = asyncio.run(measure_server(server.url, tp=tp, label=spec.label, points=points,
-                                                    prof=prof, timeout=timeout, alive=server.alive,
-                                                    on_point=step, died=died, tokenizer_dir=tok_dir,
-                                                    learned=learned))
+                    ms = asyncio.run(
+                        measure_server(
+                            server.url,
+                            tp=tp,
+                            label=spec.label,
+                            points=points,
+                            prof=prof,
+                            timeout=timeout,
+                            alive=server.alive,
+                            on_point=step,
+                            died=died,
+                            tokenizer_dir=tok_dir,
+                            learned=learned,
+                        )
+                    )
                     doc["measurements"] += ms
                     try:
                         import httpx
+
                         info = httpx.get(server.url + "/v1/models", timeout=2).json()["data"][0]
                         rec["max_model_len"] = info.get("max_model_len") or rec["max_model_len"]
                     except Exception:

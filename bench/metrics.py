@@ -40,7 +40,7 @@ def _parse(text: str) -> dict[str, Any] | None:
         for s in fam.samples:
             if not s.name.startswith(PREFIX) or not s.name.endswith("_total"):
                 continue
-            short = s.name[len(PREFIX):-len("_total")]
+            short = s.name[len(PREFIX) : -len("_total")]
             if short == PER_POS:
                 pos = int(s.labels.get("position", 0))
                 per_pos[pos] = per_pos.get(pos, 0.0) + s.value
@@ -55,6 +55,7 @@ def _parse(text: str) -> dict[str, Any] | None:
 def scrape(base_url: str, timeout: float = 5.0) -> dict[str, Any] | None:
     """Counters now, or None when /metrics is missing or has no spec-decode counters."""
     import time
+
     deadline = time.monotonic() + timeout  # whole-scrape bound: a trickling /metrics cannot hang a run
     buf = bytearray()
     try:
@@ -81,8 +82,11 @@ def acceptance(before: dict[str, Any] | None, after: dict[str, Any] | None) -> d
     pb, pa = before.get("per_pos") or [], after.get("per_pos") or []
     per_pos = [(pa[i] - (pb[i] if i < len(pb) else 0.0)) / drafts for i in range(len(pa))]
     rate = d["num_accepted_tokens"] / d["num_draft_tokens"] if d["num_draft_tokens"] > 0 else None
-    return {"mean_length": round(1.0 + d["num_accepted_tokens"] / drafts, 4),
-            "rate": None if rate is None else round(rate, 4),
-            "per_position": [round(x, 4) for x in per_pos],
-            "drafts": int(drafts), "draft_tokens": int(d["num_draft_tokens"]),
-            "accepted": int(d["num_accepted_tokens"])}
+    return {
+        "mean_length": round(1.0 + d["num_accepted_tokens"] / drafts, 4),
+        "rate": None if rate is None else round(rate, 4),
+        "per_position": [round(x, 4) for x in per_pos],
+        "drafts": int(drafts),
+        "draft_tokens": int(d["num_draft_tokens"]),
+        "accepted": int(d["num_accepted_tokens"]),
+    }

@@ -49,7 +49,9 @@ def _lbl(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def render(doc: dict[str, Any] | None, doctor: dict[str, Any] | None = None, *, box: str | None = None) -> str:
+def render(
+    doc: dict[str, Any] | None, doctor: dict[str, Any] | None = None, *, box: str | None = None
+) -> str:
     """Exposition text for a judged result document and/or a doctor RunReport dict."""
     box = box or (doc or {}).get("box") or (doctor or {}).get("box") or "-"
     reg = CollectorRegistry()
@@ -59,19 +61,38 @@ def render(doc: dict[str, Any] | None, doctor: dict[str, Any] | None = None, *, 
 
     if doc is not None:
         status = (doc.get("verdict") or {}).get("status", "failed")
-        g("gpubox_health", "Health of the last scheduled check: 0 healthy, 1 degraded, 2 failed.") \
-            .labels(box=box).set(LEVELS.get(status, 2))
+        g("gpubox_health", "Health of the last scheduled check: 0 healthy, 1 degraded, 2 failed.").labels(
+            box=box
+        ).set(LEVELS.get(status, 2))
         fin, start = _ts(doc.get("finished_at")), _ts(doc.get("started_at"))
         if fin or start:
-            g("gpubox_last_run_timestamp_seconds", "Unix time the last health benchmark finished.") \
-                .labels(box=box).set(fin or start)
+            g("gpubox_last_run_timestamp_seconds", "Unix time the last health benchmark finished.").labels(
+                box=box
+            ).set(fin or start)
         if fin and start:
-            g("gpubox_last_run_duration_seconds", "Wall time of the last health benchmark.") \
-                .labels(box=box).set(fin - start)
-        tok = g("gpubox_bench_tokens_per_second", "Per-request decode tokens/s (median over repetitions).", M_LABELS)
-        agg = g("gpubox_bench_aggregate_tokens_per_second", "Output tokens/s summed over concurrent requests.", M_LABELS)
-        acc = g("gpubox_acceptance_length", "Mean speculative-decoding acceptance length (1 + accepted/drafts).", M_LABELS)
-        ok = g("gpubox_bench_measurement_ok", "1 when the measurement ran, 0 when it failed or was skipped.", M_LABELS)
+            g("gpubox_last_run_duration_seconds", "Wall time of the last health benchmark.").labels(
+                box=box
+            ).set(fin - start)
+        tok = g(
+            "gpubox_bench_tokens_per_second",
+            "Per-request decode tokens/s (median over repetitions).",
+            M_LABELS,
+        )
+        agg = g(
+            "gpubox_bench_aggregate_tokens_per_second",
+            "Output tokens/s summed over concurrent requests.",
+            M_LABELS,
+        )
+        acc = g(
+            "gpubox_acceptance_length",
+            "Mean speculative-decoding acceptance length (1 + accepted/drafts).",
+            M_LABELS,
+        )
+        ok = g(
+            "gpubox_bench_measurement_ok",
+            "1 when the measurement ran, 0 when it failed or was skipped.",
+            M_LABELS,
+        )
         for m in doc.get("measurements") or []:
             if not m.get("key"):
                 continue
@@ -81,20 +102,26 @@ def render(doc: dict[str, Any] | None, doctor: dict[str, Any] | None = None, *, 
             if m.get("status", "ok") != "ok":
                 continue  # no figures for what did not run: absent, never zero
             concurrent = m.get("workload") == "concurrency" or (m.get("concurrency") or 1) > 1
-            for gauge, v in ((tok, _num(m.get("tok_s"))),
-                             (agg, _num(m.get("aggregate_tok_s")) if concurrent else None),
-                             (acc, _num((m.get("acceptance") or {}).get("mean_length")))):
+            for gauge, v in (
+                (tok, _num(m.get("tok_s"))),
+                (agg, _num(m.get("aggregate_tok_s")) if concurrent else None),
+                (acc, _num((m.get("acceptance") or {}).get("mean_length"))),
+            ):
                 if v is not None:
                     gauge.labels(**labels).set(v)
     if doctor is not None:
-        step = g("gpubox_step_ok", "Doctor finding per step: 1 ok or fixed, 0 drift, failed or blocked.",
-                 ("box", "step", "host"))
+        step = g(
+            "gpubox_step_ok",
+            "Doctor finding per step: 1 ok or fixed, 0 drift, failed or blocked.",
+            ("box", "step", "host"),
+        )
         for s in doctor.get("steps") or []:
             st = s.get("status")
             if st == "skipped" and not (s.get("evidence") or {}).get("blocked_by"):
                 continue
-            step.labels(box=box, step=_lbl(s.get("name")), host=_lbl(s.get("host"))) \
-                .set(1 if st in ("ok", "fixed") else 0)
+            step.labels(box=box, step=_lbl(s.get("name")), host=_lbl(s.get("host"))).set(
+                1 if st in ("ok", "fixed") else 0
+            )
     return generate_latest(reg).decode()
 
 

@@ -45,13 +45,16 @@ class Settings:
         for name in ("window", "sustained", "min_runs"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise GpuboxError(f"gpubox_bench.regress.{name} = {v!r} is not a positive whole number",
-                                  f"set e.g. {name}: {Settings.__dataclass_fields__[name].default}")
+                raise GpuboxError(
+                    f"gpubox_bench.regress.{name} = {v!r} is not a positive whole number",
+                    f"set e.g. {name}: {Settings.__dataclass_fields__[name].default}",
+                )
         for name in ("tolerance", "expect_tolerance"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
-                raise GpuboxError(f"{name.replace('_', '.')} = {v!r} is not a fraction in [0, 1)",
-                                  "write 10% as 0.10")
+                raise GpuboxError(
+                    f"{name.replace('_', '.')} = {v!r} is not a fraction in [0, 1)", "write 10% as 0.10"
+                )
 
 
 def settings_from_box(box) -> Settings:
@@ -62,12 +65,18 @@ def settings_from_box(box) -> Settings:
     reg = bench.get("regress") or {}
     expect = bench.get("expect") or {}
     if not isinstance(reg, dict) or not isinstance(expect, dict):
-        raise GpuboxError(f"box {box.name}: gpubox_bench.regress/expect must be mappings",
-                          "see docs/schedule.md")
+        raise GpuboxError(
+            f"box {box.name}: gpubox_bench.regress/expect must be mappings", "see docs/schedule.md"
+        )
     exp_tol = expect.get("tolerance", 0.10)
-    return Settings(window=reg.get("window", 5), tolerance=reg.get("tolerance", exp_tol),
-                    sustained=reg.get("sustained", 3), min_runs=reg.get("min_runs", 3),
-                    expect=expect.get("tok_s") or None, expect_tolerance=exp_tol)
+    return Settings(
+        window=reg.get("window", 5),
+        tolerance=reg.get("tolerance", exp_tol),
+        sustained=reg.get("sustained", 3),
+        min_runs=reg.get("min_runs", 3),
+        expect=expect.get("tok_s") or None,
+        expect_tolerance=exp_tol,
+    )
 
 
 def _describe(m: dict[str, Any]) -> str:
@@ -95,8 +104,13 @@ def _prior(doc: dict[str, Any], runs: Iterable[dict[str, Any]]) -> list[dict[str
     """Runs before DOC (the store may already hold DOC itself), same kind (simulated or not)."""
     started = str(doc.get("started_at", ""))
     sim = bool(doc.get("simulated"))
-    return [r for r in runs if r.get("run_id") != doc.get("run_id")
-            and str(r.get("started_at", "")) < started and bool(r.get("simulated")) == sim]
+    return [
+        r
+        for r in runs
+        if r.get("run_id") != doc.get("run_id")
+        and str(r.get("started_at", "")) < started
+        and bool(r.get("simulated")) == sim
+    ]
 
 
 def _streak(prior: list[dict[str, Any]], key: str, field: str, threshold: float) -> int:
@@ -110,8 +124,9 @@ def _streak(prior: list[dict[str, Any]], key: str, field: str, threshold: float)
     return n
 
 
-def evaluate(doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (),
-             settings: Settings | None = None) -> dict[str, Any]:
+def evaluate(
+    doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (), settings: Settings | None = None
+) -> dict[str, Any]:
     """The history/expectation verdict of DOC against earlier RUNS (schema's `verdict` shape)."""
     settings = settings or Settings()
     prior = _prior(doc, runs)
@@ -122,9 +137,16 @@ def evaluate(doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (),
             continue
         status = m.get("status", "ok")
         if status == "failed":
-            reasons.append({"level": FAILED, "kind": "measurement", "key": key,
-                            "message": f"{_describe(m)} failed: {m.get('reason') or 'no reason given'}",
-                            "observed": None, "expected": None})
+            reasons.append(
+                {
+                    "level": FAILED,
+                    "kind": "measurement",
+                    "key": key,
+                    "message": f"{_describe(m)} failed: {m.get('reason') or 'no reason given'}",
+                    "observed": None,
+                    "expected": None,
+                }
+            )
             continue
         if status != "ok":
             continue
@@ -139,24 +161,51 @@ def evaluate(doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (),
                 drop = (base - observed) / base
                 runs_below = 1 + _streak(prior, key, field, threshold)
                 pattern = "sustained" if runs_below >= settings.sustained else "one-off"
-                tail = (f"sustained: {runs_below} runs in a row" if pattern == "sustained"
-                        else "one-off" if runs_below == 1 else f"one-off so far: {runs_below} runs in a row")
-                reasons.append({
-                    "level": DEGRADED, "kind": "history", "key": key, "field": field,
-                    "message": (f"{_describe(m)} {observed:.1f} tok/s is {drop:.1%} below the median "
-                                f"{base:.1f} of the last {len(used)} healthy runs "
-                                f"(tolerance {settings.tolerance:.0%}); {tail}"),
-                    "observed": observed, "expected": round(base, 3), "baseline": round(base, 3),
-                    "baseline_runs": used, "drop": round(drop, 4), "pattern": pattern,
-                    "runs_below": runs_below})
+                tail = (
+                    f"sustained: {runs_below} runs in a row"
+                    if pattern == "sustained"
+                    else "one-off"
+                    if runs_below == 1
+                    else f"one-off so far: {runs_below} runs in a row"
+                )
+                reasons.append(
+                    {
+                        "level": DEGRADED,
+                        "kind": "history",
+                        "key": key,
+                        "field": field,
+                        "message": (
+                            f"{_describe(m)} {observed:.1f} tok/s is {drop:.1%} below the median "
+                            f"{base:.1f} of the last {len(used)} healthy runs "
+                            f"(tolerance {settings.tolerance:.0%}); {tail}"
+                        ),
+                        "observed": observed,
+                        "expected": round(base, 3),
+                        "baseline": round(base, 3),
+                        "baseline_runs": used,
+                        "drop": round(drop, 4),
+                        "pattern": pattern,
+                        "runs_below": runs_below,
+                    }
+                )
         exp = _expected(settings, m)
         if exp is not None and exp > 0 and observed < exp * (1 - settings.expect_tolerance):
             drop = (exp - observed) / exp
-            reasons.append({
-                "level": DEGRADED, "kind": "expectation", "key": key, "field": field,
-                "message": (f"{_describe(m)} {observed:.1f} tok/s is {drop:.1%} below the expected "
-                            f"{exp:.1f} (tolerance {settings.expect_tolerance:.0%})"),
-                "observed": observed, "expected": exp, "drop": round(drop, 4)})
+            reasons.append(
+                {
+                    "level": DEGRADED,
+                    "kind": "expectation",
+                    "key": key,
+                    "field": field,
+                    "message": (
+                        f"{_describe(m)} {observed:.1f} tok/s is {drop:.1%} below the expected "
+                        f"{exp:.1f} (tolerance {settings.expect_tolerance:.0%})"
+                    ),
+                    "observed": observed,
+                    "expected": exp,
+                    "drop": round(drop, 4),
+                }
+            )
     status = max((r["level"] for r in reasons), key=LEVELS.get, default=HEALTHY)
     return {"status": status, "reasons": reasons}
 
@@ -186,7 +235,9 @@ def _round(v):
     return round(float(v), 1) if isinstance(v, (int, float)) else v
 
 
-def judge(doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (), settings: Settings | None = None) -> dict[str, Any]:
+def judge(
+    doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (), settings: Settings | None = None
+) -> dict[str, Any]:
     """DOC with its verdict merged with the history/expectation verdict (a copy)."""
     out = copy.deepcopy(doc)
     out["verdict"] = merge(doc.get("verdict"), evaluate(doc, runs, settings))

@@ -45,7 +45,9 @@ def _gpubox_vars(entry_vars: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry_vars.items() if k.startswith("gpubox_")}
 
 
-def build_request(ctx, name: str, tps: list[int], methods: list[str], settings: dict[str, Any]) -> dict[str, Any]:
+def build_request(
+    ctx, name: str, tps: list[int], methods: list[str], settings: dict[str, Any]
+) -> dict[str, Any]:
     """Everything the container side needs, resolved here where the Proxmox host is reachable."""
     from .gpus import box_topology
     from .launcher import gpus_for_tp, nccl_env
@@ -64,12 +66,18 @@ def build_request(ctx, name: str, tps: list[int], methods: list[str], settings: 
         v.pop("gpubox_nccl_profile", None)  # already resolved into gpubox_bench.env
     ct_vars["gpubox_bench"] = bench
     ct_vars["gpubox_connection"] = "local"  # in there, the container is this machine
-    return {"protocol": PROTOCOL, "box": ctx.box.name, "profile": name,
-            "tps": [int(t) for t in tps], "methods": [str(m) for m in methods],
-            "container": {"name": ctx.box.container.name, "vars": ct_vars},
-            "host": {"name": ctx.box.host.name, "vars": host_vars},
-            "facts": facts, "topology": topo.to_dict() if topo is not None else None,
-            "log_dir": str(settings.get("remote_log_dir") or DEFAULT_LOG_DIR)}
+    return {
+        "protocol": PROTOCOL,
+        "box": ctx.box.name,
+        "profile": name,
+        "tps": [int(t) for t in tps],
+        "methods": [str(m) for m in methods],
+        "container": {"name": ctx.box.container.name, "vars": ct_vars},
+        "host": {"name": ctx.box.host.name, "vars": host_vars},
+        "facts": facts,
+        "topology": topo.to_dict() if topo is not None else None,
+        "log_dir": str(settings.get("remote_log_dir") or DEFAULT_LOG_DIR),
+    }
 
 
 def remote_timeout(prof: dict[str, Any], settings: dict[str, Any], launches: int) -> float:
@@ -78,6 +86,7 @@ def remote_timeout(prof: dict[str, Any], settings: dict[str, Any], launches: int
     if settings.get("remote_timeout"):
         return float(settings["remote_timeout"])
     from .workloads import plan
+
     timeout = float(settings.get("request_timeout", 120))
     deadline = float(prof.get("request_deadline_s", max(timeout * 8, 60.0)))
     per_point = (int(prof.get("warmup", 1)) + int(prof.get("repetitions", 3))) * deadline
@@ -102,7 +111,8 @@ def probe(ctx, python: str) -> None:
         "install gpubox in the container (`ansible-playbook playbooks/bench.yml -l "
         f"{ctx.box.name}` puts it in /opt/gpubox/venv) or `pip install gpubox` in the serving venv, and set "
         "gpubox_python to that interpreter (e.g. /opt/gpubox/venv/bin/python3); or start the server yourself "
-        "and use `gpubox bench run --url http://...`")
+        "and use `gpubox bench run --url http://...`",
+    )
 
 
 def _parse_reply(ctx, python: str, r) -> dict[str, Any]:
@@ -116,8 +126,10 @@ def _parse_reply(ctx, python: str, r) -> dict[str, Any]:
         raise GpuboxError(f"{ctx.box.name} (in the container): {e.get('problem')}", e.get("fix"))
     if r.rc != 0 or not isinstance(reply, dict) or not isinstance(reply.get("document"), dict):
         why = _last_line(r.stderr) or _last_line(r.stdout) or "no output"
-        raise GpuboxError(f"{ctx.box.name}: `{python} -m gpubox.bench.remote` in the container exited {r.rc}: {why}",
-                          "run it by hand there with -v to see why, or check that gpubox there is as new as here")
+        raise GpuboxError(
+            f"{ctx.box.name}: `{python} -m gpubox.bench.remote` in the container exited {r.rc}: {why}",
+            "run it by hand there with -v to see why, or check that gpubox there is as new as here",
+        )
     return reply["document"]
 
 
@@ -146,8 +158,16 @@ def _fetch_logs(ctx, doc: dict[str, Any], out: Path) -> None:
             continue
 
 
-def run_remote(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: list[str],
-               settings: dict[str, Any], out: Path, progress=None) -> dict[str, Any]:
+def run_remote(
+    ctx,
+    name: str,
+    prof: dict[str, Any],
+    tps: list[int],
+    methods: list[str],
+    settings: dict[str, Any],
+    out: Path,
+    progress=None,
+) -> dict[str, Any]:
     """Measure inside the container through its transport; the document without a verdict.
     `progress(console, total)` makes the bar (bench.runner hands its own)."""
     python = str(ctx.box.var("gpubox_python") or DEFAULT_PYTHON)
@@ -157,6 +177,7 @@ def run_remote(ctx, name: str, prof: dict[str, Any], tps: list[int], methods: li
     timeout = remote_timeout(prof, settings, launches)
     argv = [python, "-m", "gpubox.bench.remote"]
     from gpubox.progress import Relay, without_progress
+
     from .measure import _progress
     from .workloads import plan
 
@@ -187,9 +208,10 @@ class _HostOutOfReach:
         self.name = name
 
     def __getattr__(self, attr: str):
-        raise GpuboxError(f"{self.name}: the Proxmox host is not reachable from inside the container "
-                          f"(asked for {attr!r})",
-                          "this is a gpubox bug: host facts belong in the request (bench.remote.build_request)")
+        raise GpuboxError(
+            f"{self.name}: the Proxmox host is not reachable from inside the container (asked for {attr!r})",
+            "this is a gpubox bug: host facts belong in the request (bench.remote.build_request)",
+        )
 
     def close(self) -> None:
         pass
@@ -197,10 +219,16 @@ class _HostOutOfReach:
 
 def _topology(d: dict[str, Any]):
     from gpubox.hwtune.topology import Gpu, Topology
+
     fields = Gpu.__dataclass_fields__
     gpus = [Gpu(**{k: g.get(k) for k in fields}) for g in d.get("gpus", [])]
-    return Topology(d.get("source") or "request", gpus, dict(d.get("pairs") or {}), d.get("driver"),
-                    list(d.get("notes") or []))
+    return Topology(
+        d.get("source") or "request",
+        gpus,
+        dict(d.get("pairs") or {}),
+        d.get("driver"),
+        list(d.get("notes") or []),
+    )
 
 
 def context_from(req: dict[str, Any]):
@@ -215,11 +243,16 @@ def context_from(req: dict[str, Any]):
         ct = HostEntry(str(req["container"]["name"]), dict(req["container"]["vars"]))
         host = HostEntry(str(req["host"]["name"]), dict(req["host"]["vars"]))
     except (KeyError, TypeError) as exc:
-        raise GpuboxError(f"benchmark request lacks {exc}", "send the request bench.remote.build_request makes") from None
-    ctx = Context(box=Box(container=ct, host=host), _hosts=(_HostOutOfReach(host.name),
-                                                            Host(ct, LocalTransport(ct.name), "container")))
+        raise GpuboxError(
+            f"benchmark request lacks {exc}", "send the request bench.remote.build_request makes"
+        ) from None
+    ctx = Context(
+        box=Box(container=ct, host=host),
+        _hosts=(_HostOutOfReach(host.name), Host(ct, LocalTransport(ct.name), "container")),
+    )
     if req.get("topology"):
         from .gpus import GpuTopology
+
         ctx.know(GpuTopology, _topology(req["topology"]))  # read on the control side, where the host is
     return ctx
 
@@ -231,21 +264,34 @@ def serve(req: dict[str, Any], step=None) -> dict[str, Any]:
 
     if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:
         got = req.get("protocol") if isinstance(req, dict) else None
-        raise GpuboxError(f"benchmark request protocol {got!r}, this gpubox speaks {PROTOCOL}",
-                          "install the same gpubox version in the container as on the control node")
+        raise GpuboxError(
+            f"benchmark request protocol {got!r}, this gpubox speaks {PROTOCOL}",
+            "install the same gpubox version in the container as on the control node",
+        )
     ctx = context_from(req)
     settings = dict(ctx.box.var("gpubox_bench", {}) or {})
     name = str(req["profile"])
     prof = resolve_profile(name, settings)
     log_root = Path(ctx.container.path(str(req.get("log_dir") or DEFAULT_LOG_DIR)))
-    return measure_box(ctx, name, prof, [int(t) for t in req["tps"]], [str(m) for m in req["methods"]],
-                       settings, dict(req.get("facts") or {}), log_root, step=step)
+    return measure_box(
+        ctx,
+        name,
+        prof,
+        [int(t) for t in req["tps"]],
+        [str(m) for m in req["methods"]],
+        settings,
+        dict(req.get("facts") or {}),
+        log_root,
+        step=step,
+    )
 
 
 def _line_step(beat):
     """Progress as gpubox.progress lines on stderr, relayed live to the control node."""
+
     def step(desc: str, advance: bool = True) -> None:
         beat.emit(ev="step", desc=desc, advance=bool(advance))
+
     return step
 
 
@@ -254,9 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             req = json.loads(sys.stdin.read())
         except ValueError as exc:
-            raise GpuboxError(f"benchmark request on stdin is not JSON ({exc})",
-                              "this entry point is called by `gpubox bench`/`recover`; send it their request") from None
+            raise GpuboxError(
+                f"benchmark request on stdin is not JSON ({exc})",
+                "this entry point is called by `gpubox bench`/`recover`; send it their request",
+            ) from None
         from gpubox.progress import Heartbeat
+
         with Heartbeat() as beat:  # "alive" while a server starts: minutes without a step
             doc = serve(req, step=_line_step(beat))
     except GpuboxError as exc:

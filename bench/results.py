@@ -29,8 +29,12 @@ def tool_info() -> dict[str, Any]:
     here = Path(__file__).resolve().parent.parent
     commit = None
     try:
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, timeout=5)
+        r = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if r.returncode == 0:
             commit = r.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
@@ -38,14 +42,32 @@ def tool_info() -> dict[str, Any]:
     return {"version": __version__, "git": commit}
 
 
-def new_document(box: str, profile: str, *, simulated: bool = False, sim_speed: float | None = None,
-                 facts: dict[str, Any] | None = None, url: str | None = None) -> dict[str, Any]:
+def new_document(
+    box: str,
+    profile: str,
+    *,
+    simulated: bool = False,
+    sim_speed: float | None = None,
+    facts: dict[str, Any] | None = None,
+    url: str | None = None,
+) -> dict[str, Any]:
     started = utc_now()
-    doc = {"schema": SCHEMA, "box": box, "run_id": f"{box}-{started.replace('-', '').replace(':', '')}",
-           "started_at": started, "finished_at": None, "profile": profile, "tool": tool_info(),
-           "simulated": bool(simulated), "sim_speed": sim_speed, "url": url,
-           "facts": facts or {}, "servers": [], "measurements": [],
-           "verdict": {"status": "failed", "reasons": []}}
+    doc = {
+        "schema": SCHEMA,
+        "box": box,
+        "run_id": f"{box}-{started.replace('-', '').replace(':', '')}",
+        "started_at": started,
+        "finished_at": None,
+        "profile": profile,
+        "tool": tool_info(),
+        "simulated": bool(simulated),
+        "sim_speed": sim_speed,
+        "url": url,
+        "facts": facts or {},
+        "servers": [],
+        "measurements": [],
+        "verdict": {"status": "failed", "reasons": []},
+    }
     return doc
 
 
@@ -60,7 +82,17 @@ def validate(doc: dict[str, Any]) -> list[str]:
     errs: list[str] = []
     if doc.get("schema") != SCHEMA:
         errs.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
-    for k in ("box", "run_id", "started_at", "profile", "tool", "facts", "servers", "measurements", "verdict"):
+    for k in (
+        "box",
+        "run_id",
+        "started_at",
+        "profile",
+        "tool",
+        "facts",
+        "servers",
+        "measurements",
+        "verdict",
+    ):
         if k not in doc:
             errs.append(f"missing key {k!r}")
     for i, s in enumerate(doc.get("servers", [])):
@@ -110,7 +142,9 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise GpuboxError(f"cannot create output directory {d}: {exc.strerror}", "pick a writable --out") from None
+        raise GpuboxError(
+            f"cannot create output directory {d}: {exc.strerror}", "pick a writable --out"
+        ) from None
     path = d / f"{doc['run_id']}.json"
     tmp = path.with_suffix(f".tmp.{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -121,6 +155,7 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
 def record_history(doc: dict[str, Any]) -> bool:
     """Append to the history store (bench.history); True once recorded."""
     from . import history
+
     history.record(doc)
     return True
 
@@ -128,6 +163,7 @@ def record_history(doc: dict[str, Any]) -> bool:
 def history_baseline(box: str):
     """`baseline(key)` over the box's history."""
     from . import history
+
     docs = history.runs(box)  # read once; the headline figure: aggregate tok/s under concurrency
     return lambda key: history.baseline_of(docs, key, 5, None)[0]
 

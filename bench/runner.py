@@ -19,6 +19,7 @@ from gpubox.errors import GpuboxError
 from . import results
 from .client import Client
 from .launcher import parse_method
+
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
 from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
 from .verdict import evaluate
@@ -33,6 +34,7 @@ def server_identity(url: str, model: str | None) -> str:
     another server's median)."""
     import hashlib
     from urllib.parse import urlsplit
+
     u = urlsplit(url)
     raw = f"{u.hostname or 'host'}-{u.port or ''}-{(model or 'model').rsplit('/', 1)[-1]}"
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")[:60]
@@ -60,8 +62,15 @@ def bounded_tps(profile_tps: list, box_tps: list | None) -> list[int]:
     return [t for t in want if t in allowed] or sorted(allowed)
 
 
-def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, *, tps: list[int] | None = None,
-            methods: list[str] | None = None, baseline=None) -> dict[str, Any]:
+def run_box(
+    ctx,
+    profile: str | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    tps: list[int] | None = None,
+    methods: list[str] | None = None,
+    baseline=None,
+) -> dict[str, Any]:
     """Benchmark the box's server at each TP x method; returns the (written) result document.
 
     With the container reached locally the measuring happens in this process. Over SSH or
@@ -77,22 +86,37 @@ def run_box(ctx, profile: str | None = None, out_dir: str | Path | None = None, 
     gpus_total = int(ctx.box.var("gpubox_gpus", 0) or 0)
     for tp in tps:
         if tp < 1 or (gpus_total and tp > gpus_total):
-            raise GpuboxError(f"TP {tp} needs {tp} GPUs but {ctx.box.name} has {gpus_total}",
-                              f"use --tp with values 1..{gpus_total}")
+            raise GpuboxError(
+                f"TP {tp} needs {tp} GPUs but {ctx.box.name} has {gpus_total}",
+                f"use --tp with values 1..{gpus_total}",
+            )
     out = Path(out_dir) if out_dir else results.default_out_dir()
     if getattr(ctx.container.transport, "is_local", False):
         doc = measure_box(ctx, name, prof, tps, methods, settings, box_facts(ctx, settings), out / "logs")
     else:
         from .remote import run_remote
+
         doc = run_remote(ctx, name, prof, tps, methods, settings, out, progress=_progress)
     return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
 
 
-def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = None, tp: int = 1,
-            method: str = "custom", box: str | None = None, expect: dict | None = None, timeout: float = 120.0,
-            settings: dict[str, Any] | None = None, console=None, baseline=None,
-            tokenizer_dir: str | None = None, phase_timeout: float | None = None,
-            overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_url(
+    url: str,
+    *,
+    profile: str = "health",
+    out_dir: str | Path | None = None,
+    tp: int = 1,
+    method: str = "custom",
+    box: str | None = None,
+    expect: dict | None = None,
+    timeout: float = 120.0,
+    settings: dict[str, Any] | None = None,
+    console=None,
+    baseline=None,
+    tokenizer_dir: str | None = None,
+    phase_timeout: float | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Measure an already running server at URL (no launch, no teardown).
 
     Without `box` the history is the server's own (server_identity: URL + model id)."""
@@ -100,27 +124,55 @@ def run_url(url: str, *, profile: str = "health", out_dir: str | Path | None = N
     prof = resolve_profile(profile, settings)
     if overrides:
         from .workloads import apply_overrides
+
         prof = apply_overrides(prof, **overrides)
     if method != "custom":
         parse_method(method)
-    info = asyncio.run(_server_info(url, phase_timeout or min(30.0, timeout)))  # exit 2 with the cause when nothing sane answers
+    info = asyncio.run(
+        _server_info(url, phase_timeout or min(30.0, timeout))
+    )  # exit 2 with the cause when nothing sane answers
     box = box or server_identity(url, info.model)
     points = plan(prof)
-    doc = results.new_document(box, profile, simulated=bool(settings.get("simulated")),
-                               sim_speed=settings.get("sim_speed"), url=url)
+    doc = results.new_document(
+        box, profile, simulated=bool(settings.get("simulated")), sim_speed=settings.get("sim_speed"), url=url
+    )
     learned: dict[str, Any] = {}
-    doc["servers"].append({"tp": tp, "method": method.split(":")[0], "budget": None, "label": method,
-                           "gpus": [], "command": [], "env": {}, "status": "ok", "error": None,
-                           "log_tail": None, "startup_s": None, "max_model_len": info.max_model_len, "url": url,
-                           "model": info.model, "client": learned})
+    doc["servers"].append(
+        {
+            "tp": tp,
+            "method": method.split(":")[0],
+            "budget": None,
+            "label": method,
+            "gpus": [],
+            "command": [],
+            "env": {},
+            "status": "ok",
+            "error": None,
+            "log_tail": None,
+            "startup_s": None,
+            "max_model_len": info.max_model_len,
+            "url": url,
+            "model": info.model,
+            "client": learned,
+        }
+    )
     prog, step = _progress(console, len(points))
     if prog:
         prog.start()
     try:
-        doc["measurements"] = asyncio.run(measure_server(url, tp=tp, label=method, points=points, prof=prof,
-                                                         timeout=timeout, on_point=step,
-                                                         tokenizer_dir=tokenizer_dir or settings.get("tokenizer"),
-                                                         learned=learned))
+        doc["measurements"] = asyncio.run(
+            measure_server(
+                url,
+                tp=tp,
+                label=method,
+                points=points,
+                prof=prof,
+                timeout=timeout,
+                on_point=step,
+                tokenizer_dir=tokenizer_dir or settings.get("tokenizer"),
+                learned=learned,
+            )
+        )
     finally:
         if prog:
             prog.stop()
@@ -132,5 +184,7 @@ async def _server_info(url: str, phase_timeout: float):
         try:
             return await c.server_info()
         except GpuboxError as exc:
-            raise GpuboxError(f"no OpenAI-compatible server answers at {url}: {exc.problem}",
-                              "check the URL and that the server is up (GET /v1/models)") from None
+            raise GpuboxError(
+                f"no OpenAI-compatible server answers at {url}: {exc.problem}",
+                "check the URL and that the server is up (GET /v1/models)",
+            ) from None

@@ -29,7 +29,6 @@ from gpubox.state import state_dir
 
 from . import alert, history, prom, regress
 
-
 HELD_ENV = "GPUBOX_LOCK_HELD"  # set by run-once for its `gpubox bench` child: the lock it holds
 
 
@@ -52,14 +51,17 @@ def run_lock(box: str, base: Path | None = None):
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise GpuboxError(f"a health check of {box} is already running ({holder})",
-                              "wait for it to finish; runs never overlap") from None
+            raise GpuboxError(
+                f"a health check of {box} is already running ({holder})",
+                "wait for it to finish; runs never overlap",
+            ) from None
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
         f.flush()
         from gpubox.boxlock import box_lock
-        with box_lock(box):     # the one per-box lock too: no repair may restart the box mid-benchmark
+
+        with box_lock(box):  # the one per-box lock too: no repair may restart the box mid-benchmark
             yield path
     finally:
         f.close()
@@ -69,26 +71,53 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def failed_doc(box: str, profile: str, reason: str, started: float, simulated: bool = False) -> dict[str, Any]:
+def failed_doc(
+    box: str, profile: str, reason: str, started: float, simulated: bool = False
+) -> dict[str, Any]:
     """A result document for a benchmark that did not produce one."""
     iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    return {"schema": history.SCHEMA, "box": box,
-            "run_id": f"{box}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}",
-            "started_at": iso(started), "finished_at": iso(time.time()), "profile": profile,
-            "tool": {"version": _version()}, "simulated": simulated, "facts": {}, "servers": [],
-            "measurements": [],
-            "verdict": {"status": "failed", "reasons": [{"level": "failed", "key": None, "kind": "run",
-                                                         "message": f"benchmark did not run: {reason}",
-                                                         "observed": None, "expected": None}]}}
+    return {
+        "schema": history.SCHEMA,
+        "box": box,
+        "run_id": f"{box}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}",
+        "started_at": iso(started),
+        "finished_at": iso(time.time()),
+        "profile": profile,
+        "tool": {"version": _version()},
+        "simulated": simulated,
+        "facts": {},
+        "servers": [],
+        "measurements": [],
+        "verdict": {
+            "status": "failed",
+            "reasons": [
+                {
+                    "level": "failed",
+                    "key": None,
+                    "kind": "run",
+                    "message": f"benchmark did not run: {reason}",
+                    "observed": None,
+                    "expected": None,
+                }
+            ],
+        },
+    }
 
 
 def _version() -> str:
     from gpubox import __version__
+
     return __version__
 
 
-def run_benchmark(inventory: str | None, box: str, profile: str, timeout: float, simulated: bool,
-                  lock_path: Path | None = None) -> dict[str, Any]:
+def run_benchmark(
+    inventory: str | None,
+    box: str,
+    profile: str,
+    timeout: float,
+    simulated: bool,
+    lock_path: Path | None = None,
+) -> dict[str, Any]:
     """`gpubox bench BOX --profile P --json` as a child process; its document, or a failed one.
 
     The child takes the same per-box lock as any `gpubox bench`; `lock_path` (held by us) tells
@@ -118,8 +147,16 @@ def doctor_report(ctx) -> dict[str, Any] | None:
     return areas.hook("doctor")(ctx)
 
 
-def run_once(ctx, *, profile: str | None = None, from_json: str | None = None, with_doctor: bool = True,
-             prom_dir: str | None = None, write_prom: bool = True, timeout: float | None = None) -> dict[str, Any]:
+def run_once(
+    ctx,
+    *,
+    profile: str | None = None,
+    from_json: str | None = None,
+    with_doctor: bool = True,
+    prom_dir: str | None = None,
+    write_prom: bool = True,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     """One health check of ctx.box; returns what happened (the CLI prints it)."""
     from .schedule import spec_from
 
@@ -140,11 +177,14 @@ def run_once(ctx, *, profile: str | None = None, from_json: str | None = None, w
             try:
                 doc = json.loads(Path(from_json).read_text())
             except (OSError, ValueError) as exc:
-                raise GpuboxError(f"cannot read result {from_json}: {exc}", "give a gpubox.bench/1 JSON file") from None
+                raise GpuboxError(
+                    f"cannot read result {from_json}: {exc}", "give a gpubox.bench/1 JSON file"
+                ) from None
             history.validate(doc)
             if doc["box"] != box.name:
-                raise GpuboxError(f"{from_json} is a result of {doc['box']}, not {box.name}",
-                                  "give a result of this box")
+                raise GpuboxError(
+                    f"{from_json} is a result of {doc['box']}, not {box.name}", "give a result of this box"
+                )
         else:
             inv = str(ctx.inventory.path) if ctx.inventory is not None else None
             doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated, lock_path)
@@ -167,10 +207,24 @@ def run_once(ctx, *, profile: str | None = None, from_json: str | None = None, w
         if fired.get("fired") and not fired.get("ok"):
             notes.append(f"alert command failed: {fired.get('error')}")
     v = doc["verdict"]
-    return {"box": box.name, "run_id": doc["run_id"], "profile": doc.get("profile"),
-            "status": v["status"], "ok": v["status"] == "healthy", "reasons": v.get("reasons", []),
-            "history": str(history.store_path(box.name)), "prom": prom_path, "lock": str(lock_path),
-            "doctor": None if doctor is None else {"ok": doctor.get("ok"),
-                                                   "problems": [s["name"] for s in doctor.get("steps", [])
-                                                                if s.get("status") in ("drift", "failed")]},
-            "alert": fired, "notes": notes}
+    return {
+        "box": box.name,
+        "run_id": doc["run_id"],
+        "profile": doc.get("profile"),
+        "status": v["status"],
+        "ok": v["status"] == "healthy",
+        "reasons": v.get("reasons", []),
+        "history": str(history.store_path(box.name)),
+        "prom": prom_path,
+        "lock": str(lock_path),
+        "doctor": None
+        if doctor is None
+        else {
+            "ok": doctor.get("ok"),
+            "problems": [
+                s["name"] for s in doctor.get("steps", []) if s.get("status") in ("drift", "failed")
+            ],
+        },
+        "alert": fired,
+        "notes": notes,
+    }

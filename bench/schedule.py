@@ -45,9 +45,18 @@ _SAFE = re.compile(r"^[A-Za-z0-9_./:@+=,-]+$")
 _SPAN = re.compile(r"^\s*(\d+)\s*(s|sec|m|min|h|d)?\s*$")
 _UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, None: 1}
 MIN_EVERY = 300
-DEFAULTS = {"every": None, "on_calendar": None, "profile": "health", "on": "container",
-            "timeout": "2h", "gpubox": "/usr/local/bin/gpubox", "inventory": "/etc/gpubox/inventory.yml",
-            "state_dir": "/var/lib/gpubox", "pct": "/usr/sbin/pct", "mechanism": "auto"}
+DEFAULTS = {
+    "every": None,
+    "on_calendar": None,
+    "profile": "health",
+    "on": "container",
+    "timeout": "2h",
+    "gpubox": "/usr/local/bin/gpubox",
+    "inventory": "/etc/gpubox/inventory.yml",
+    "state_dir": "/var/lib/gpubox",
+    "pct": "/usr/sbin/pct",
+    "mechanism": "auto",
+}
 UNIT_DIR = "/etc/systemd/system"
 CRON_DIR = "/etc/cron.d"
 
@@ -71,8 +80,10 @@ def format_span(seconds: int) -> str:
 def safe_token(value: Any, what: str) -> str:
     s = str(value)
     if not _SAFE.match(s):
-        raise GpuboxError(f"{what} {s!r} has characters a unit or cron line cannot carry safely",
-                          "use letters, digits and . _ / : @ + = , - only")
+        raise GpuboxError(
+            f"{what} {s!r} has characters a unit or cron line cannot carry safely",
+            "use letters, digits and . _ / : @ + = , - only",
+        )
     return s
 
 
@@ -84,8 +95,9 @@ def unit_base(box: str) -> str:
 def check_calendar(spec: str, host=None) -> str:
     """Validate an OnCalendar spec with `systemd-analyze calendar` (on the target, else here)."""
     if not spec or "\n" in spec or "%" in spec:
-        raise GpuboxError(f"--on-calendar {spec!r} is not a calendar spec",
-                          'e.g. "*-*-* 00/6:00:00" or daily')
+        raise GpuboxError(
+            f"--on-calendar {spec!r} is not a calendar spec", 'e.g. "*-*-* 00/6:00:00" or daily'
+        )
     argv = ["systemd-analyze", "calendar", spec]
     r = host.run(argv, timeout=20) if host is not None else None
     if r is None or r.rc == 127:
@@ -98,8 +110,10 @@ def check_calendar(spec: str, host=None) -> str:
         rc, err = r.rc, r.stderr
     if rc != 0:
         msg = (err.strip().splitlines() or ["invalid"])[-1]
-        raise GpuboxError(f"--on-calendar {spec!r} is not valid: {msg}",
-                          'see systemd.time(7); e.g. "*-*-* 00/6:00:00", "Mon..Fri 03:00"')
+        raise GpuboxError(
+            f"--on-calendar {spec!r} is not valid: {msg}",
+            'see systemd.time(7); e.g. "*-*-* 00/6:00:00", "Mon..Fri 03:00"',
+        )
     return spec
 
 
@@ -143,12 +157,27 @@ class Spec:
 
     def run_argv(self) -> list[str]:
         """The health check's command line on the unit's host (argv)."""
-        inner = [self.gpubox, "-i", self.inventory, "schedule", "run-once", self.box,
-                 "--profile", self.profile]
+        inner = [
+            self.gpubox,
+            "-i",
+            self.inventory,
+            "schedule",
+            "run-once",
+            self.box,
+            "--profile",
+            self.profile,
+        ]
         if self.on == "host":
             # The unit's Environment= would reach only pct: hand the state dir to the inner command.
-            return [self.pct, "exec", str(self.vmid), "--", "/usr/bin/env",
-                    f"GPUBOX_STATE_DIR={self.state_dir}", *inner]
+            return [
+                self.pct,
+                "exec",
+                str(self.vmid),
+                "--",
+                "/usr/bin/env",
+                f"GPUBOX_STATE_DIR={self.state_dir}",
+                *inner,
+            ]
         return inner
 
 
@@ -168,8 +197,10 @@ def spec_from(box, **cli: Any) -> Spec:
         cfg["every"] = "6h"
     every = parse_span(cfg["every"], "--every") if cfg["every"] else None
     if every is not None and every < MIN_EVERY:
-        raise GpuboxError(f"--every {cfg['every']} is shorter than {format_span(MIN_EVERY)}",
-                          "a health benchmark occupies the GPUs for minutes; schedule it hours apart")
+        raise GpuboxError(
+            f"--every {cfg['every']} is shorter than {format_span(MIN_EVERY)}",
+            "a health benchmark occupies the GPUs for minutes; schedule it hours apart",
+        )
     if cfg["on"] not in ("container", "host"):
         raise GpuboxError(f"schedule on {cfg['on']!r} is not a place", "use container or host")
     if cfg["mechanism"] not in ("auto", "systemd", "cron"):
@@ -177,14 +208,26 @@ def spec_from(box, **cli: Any) -> Spec:
     for k in ("gpubox", "inventory", "state_dir", "pct"):
         safe_token(cfg[k], f"gpubox_schedule.{k}")
         if not str(cfg[k]).startswith("/"):
-            raise GpuboxError(f"gpubox_schedule.{k} {cfg[k]!r} is not an absolute path",
-                              "units and cron need absolute paths")
+            raise GpuboxError(
+                f"gpubox_schedule.{k} {cfg[k]!r} is not an absolute path",
+                "units and cron need absolute paths",
+            )
     safe_token(cfg["profile"], "--profile")
     safe_token(box.name, "box name")
-    return Spec(box=box.name, vmid=box.vmid, every=every, on_calendar=cfg["on_calendar"],
-                profile=str(cfg["profile"]), on=cfg["on"], timeout=parse_span(cfg["timeout"], "timeout"),
-                gpubox=str(cfg["gpubox"]), inventory=str(cfg["inventory"]), state_dir=str(cfg["state_dir"]),
-                pct=str(cfg["pct"]), mechanism=cfg["mechanism"])
+    return Spec(
+        box=box.name,
+        vmid=box.vmid,
+        every=every,
+        on_calendar=cfg["on_calendar"],
+        profile=str(cfg["profile"]),
+        on=cfg["on"],
+        timeout=parse_span(cfg["timeout"], "timeout"),
+        gpubox=str(cfg["gpubox"]),
+        inventory=str(cfg["inventory"]),
+        state_dir=str(cfg["state_dir"]),
+        pct=str(cfg["pct"]),
+        mechanism=cfg["mechanism"],
+    )
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -240,8 +283,10 @@ def render_timer(s: Spec) -> str:
 
 def cron_schedule(s: Spec) -> str:
     if s.on_calendar:
-        raise GpuboxError(f"--on-calendar needs systemd, which {s.box}'s {s.on} does not run",
-                          "use --every (e.g. 6h), which cron can express")
+        raise GpuboxError(
+            f"--on-calendar needs systemd, which {s.box}'s {s.on} does not run",
+            "use --every (e.g. 6h), which cron can express",
+        )
     e = s.every
     if e % 86400 == 0 and e == 86400:
         return "0 0 * * *"
@@ -249,8 +294,10 @@ def cron_schedule(s: Spec) -> str:
         return f"0 */{e // 3600} * * *" if e > 3600 else "0 * * * *"
     if e % 60 == 0 and 60 % (e // 60) == 0:
         return f"*/{e // 60} * * * *"
-    raise GpuboxError(f"--every {format_span(e)} cannot be written as a cron schedule",
-                      "use a divisor of an hour or a day (e.g. 30min, 2h, 4h, 6h, 12h, 1d), or systemd")
+    raise GpuboxError(
+        f"--every {format_span(e)} cannot be written as a cron schedule",
+        "use a divisor of an hour or a day (e.g. 30min, 2h, 4h, 6h, 12h, 1d), or systemd",
+    )
 
 
 def render_cron(s: Spec) -> str:
@@ -351,23 +398,40 @@ def status(ctx, s: Spec) -> dict[str, Any]:
     systemd = uses_systemd(h, s)
     files = desired_files(h, s)
     present = {p: _read(h, p) for p in files}
-    out: dict[str, Any] = {"box": s.box, "on": s.on, "host": h.name,
-                           "mechanism": "systemd" if systemd else "cron",
-                           "installed": all(v is not None for v in present.values()),
-                           "current": all(present[p] == c for p, c in files.items()),
-                           "files": sorted(files)}
+    out: dict[str, Any] = {
+        "box": s.box,
+        "on": s.on,
+        "host": h.name,
+        "mechanism": "systemd" if systemd else "cron",
+        "installed": all(v is not None for v in present.values()),
+        "current": all(present[p] == c for p, c in files.items()),
+        "files": sorted(files),
+    }
     if systemd:
         st = unit_state(h, s.timer)
-        out.update(enabled=st["is-enabled"], active=st["is-active"],
-                   last_service_state=unit_state(h, s.service)["is-active"])
+        out.update(
+            enabled=st["is-enabled"],
+            active=st["is-active"],
+            last_service_state=unit_state(h, s.service)["is-active"],
+        )
     text = _read(ctx.container, f"{s.state_dir}/history/{s.box}.jsonl")
     runs = history.parse_lines(text or "")
     last = runs[-1] if runs else None
     out["runs"] = len(runs)
-    out["last_run"] = None if last is None else {
-        "run_id": last.get("run_id"), "started_at": last.get("started_at"),
-        "finished_at": last.get("finished_at"), "status": (last.get("verdict") or {}).get("status"),
-        "reasons": [r.get("message") for r in (last.get("verdict") or {}).get("reasons") or []]}
-    out["ok"] = bool(out["installed"] and out["current"] and
-                     (not systemd or (out.get("enabled") == "enabled" and out.get("active") == "active")))
+    out["last_run"] = (
+        None
+        if last is None
+        else {
+            "run_id": last.get("run_id"),
+            "started_at": last.get("started_at"),
+            "finished_at": last.get("finished_at"),
+            "status": (last.get("verdict") or {}).get("status"),
+            "reasons": [r.get("message") for r in (last.get("verdict") or {}).get("reasons") or []],
+        }
+    )
+    out["ok"] = bool(
+        out["installed"]
+        and out["current"]
+        and (not systemd or (out.get("enabled") == "enabled" and out.get("active") == "active"))
+    )
     return out

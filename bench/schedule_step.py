@@ -13,10 +13,19 @@ from typing import Any
 from gpubox.diffs import unified
 from gpubox.steps import OMIT, Finding, Plan, Remove, Run, Step, Write
 
-from .schedule import (UNIT_DIR, Spec, TargetExists, TargetText, TimerState, file_paths, format_span,
-                       spec_from, wanted_files)
+from .schedule import (
+    UNIT_DIR,
+    Spec,
+    TargetExists,
+    TargetText,
+    TimerState,
+    file_paths,
+    format_span,
+    spec_from,
+    wanted_files,
+)
 
-SYSTEMD_DIR = "/run/systemd/system"   # sd_booted(3): systemd runs there
+SYSTEMD_DIR = "/run/systemd/system"  # sd_booted(3): systemd runs there
 
 
 def _systemd(ctx, s: Spec) -> bool:
@@ -44,23 +53,31 @@ class Evidence:
 # -- install -------------------------------------------------------------------------------------
 @dataclass
 class Facts:
-    missing: list[str]                        # prerequisites absent in the container (gpubox, inventory)
-    systemd: bool = False                     # the target runs systemd (or the mechanism says so)
-    have: dict[str, str | None] | None = None   # each schedule file's text there (None: absent)
-    enabled: str | None = None                # systemctl is-enabled <timer> (systemd only)
-    active: str | None = None                 # systemctl is-active <timer>
-    target: str = ""                          # the target's name (host or container)
+    missing: list[str]  # prerequisites absent in the container (gpubox, inventory)
+    systemd: bool = False  # the target runs systemd (or the mechanism says so)
+    have: dict[str, str | None] | None = None  # each schedule file's text there (None: absent)
+    enabled: str | None = None  # systemctl is-enabled <timer> (systemd only)
+    active: str | None = None  # systemctl is-active <timer>
+    target: str = ""  # the target's name (host or container)
 
 
 def _prereq_failure(s: Spec, path: str) -> Finding:
     if path == s.gpubox:
         what, fix = "gpubox", "install it there (pip install gpubox) or set gpubox_schedule.gpubox"
     else:
-        what, fix = "the inventory", (f"copy an inventory naming {s.box} with ansible_connection: local "
-                                      "there, or set gpubox_schedule.inventory")
-    return Finding.failed(f"{what} is not at {path} in {s.box}",
-                          cause="the scheduled run would fail every time", repair=fix,
-                          evidence=Evidence(path=path))
+        what, fix = (
+            "the inventory",
+            (
+                f"copy an inventory naming {s.box} with ansible_connection: local "
+                "there, or set gpubox_schedule.inventory"
+            ),
+        )
+    return Finding.failed(
+        f"{what} is not at {path} in {s.box}",
+        cause="the scheduled run would fail every time",
+        repair=fix,
+        evidence=Evidence(path=path),
+    )
 
 
 class ScheduleStep(Step):
@@ -118,8 +135,12 @@ class ScheduleStep(Step):
             desc = f"install {names} and enable {s.timer}"
         else:
             desc = f"write {s.cron_file} (cron: no systemd on {facts.target})"
-        return Finding.drift("; ".join(problems), repair=f"gpubox schedule install {s.box}",
-                             plan=Plan(desc, actions=actions), evidence=ev)
+        return Finding.drift(
+            "; ".join(problems),
+            repair=f"gpubox schedule install {s.box}",
+            plan=Plan(desc, actions=actions),
+            evidence=ev,
+        )
 
 
 # -- remove --------------------------------------------------------------------------------------
@@ -132,8 +153,8 @@ class RemoveFile(Remove):
 
 @dataclass
 class RemoveFacts:
-    present: dict[str, str]      # the schedule's files there (units and cron line) and their text
-    systemd: bool = False        # the target runs systemd (read only when units are present)
+    present: dict[str, str]  # the schedule's files there (units and cron line) and their text
+    systemd: bool = False  # the target runs systemd (read only when units are present)
 
 
 class RemoveStep(Step):
@@ -166,13 +187,19 @@ class RemoveStep(Step):
         units = [p for p in present if p.startswith(UNIT_DIR)]
         removes = [RemoveFile(p, old=facts.present[p]) for p in present]
         if units and facts.systemd:
-            actions = [Run(["systemctl", "disable", "--now", s.timer], timeout=60), *removes,
-                       Run(["systemctl", "daemon-reload"], timeout=60)]
+            actions = [
+                Run(["systemctl", "disable", "--now", s.timer], timeout=60),
+                *removes,
+                Run(["systemctl", "daemon-reload"], timeout=60),
+            ]
             desc = f"disable {s.timer} and delete {len(present)} file(s)"
         else:
             actions, desc = list(removes), f"delete {', '.join(present)}"
-        return Finding.drift(f"installed: {', '.join(present)}", plan=Plan(desc, actions=actions),
-                             evidence=Evidence(files=present))
+        return Finding.drift(
+            f"installed: {', '.join(present)}",
+            plan=Plan(desc, actions=actions),
+            evidence=Evidence(files=present),
+        )
 
 
 def steps(ctx) -> list[Step]:

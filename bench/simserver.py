@@ -54,9 +54,11 @@ OUT_CURVE = {
 }
 # per-request slowdown with C concurrent streams: rate / (1 + a * (C - 1)); from the seed's C=8
 # aggregates (TP4 1270.8, TP8 727.0 tok/s for DDTree b15); auto batches almost for free.
-CONTENTION = {"auto": {1: 0.02, 4: 0.02, 8: 0.02},
-              "ddtree": {1: 0.15, 4: 0.110, 8: 0.272},
-              "linear": {1: 0.12, 4: 0.09, 8: 0.2}}
+CONTENTION = {
+    "auto": {1: 0.02, 4: 0.02, 8: 0.02},
+    "ddtree": {1: 0.15, 4: 0.110, 8: 0.272},
+    "linear": {1: 0.12, 4: 0.09, 8: 0.2},
+}
 # long context: rate / (1 + max(0, ctx - 16k) / K); K from DDTree b15 at 100k: TP4 5.7, TP8 35.2 tok/s
 LONG_K = {1: 4000.0, 4: 1737.0, 8: 12900.0}
 # mean acceptance length (1 + accepted/drafts) per budget; independent of TP on a healthy box
@@ -102,14 +104,16 @@ def decode_rate(method: str, budget: int, tp: int, out_len: int, active: int, ct
 TUNING_GAIN_SINGLE = 1.075
 TUNING_GAIN_C8 = 1.185
 TUNING_WEIGHT = {"nccl": 1 / 3, "mrrs": 1 / 3, "numa": 1 / 3}
-NUMA_STALL_P = 0.25          # share of decode steps that hit a NUMA-balancing stall
+NUMA_STALL_P = 0.25  # share of decode steps that hit a NUMA-balancing stall
 MRRS_TUNED = 4096
 # What pays on the seed's PCIe 2-NUMA hardware (hwtune/profiles/pcie-2numa.yaml): the hardware's
 # truth, so the simulator does not read the profile it is judging.
 NCCL_TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MIN_CTAS": "8"}
-NCCL_ALIASES = {"NCCL_MIN_CTAS": ("NCCL_MIN_NCHANNELS",)}   # deprecated since 2.17 (FACTS NCCL)
-NCCL_TOKENS = {"NCCL_ALGO": {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"},
-               "NCCL_PROTO": {"ll", "ll128", "simple"}}
+NCCL_ALIASES = {"NCCL_MIN_CTAS": ("NCCL_MIN_NCHANNELS",)}  # deprecated since 2.17 (FACTS NCCL)
+NCCL_TOKENS = {
+    "NCCL_ALGO": {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"},
+    "NCCL_PROTO": {"ll", "ll128", "simple"},
+}
 PCI_DEVICES = "sys/bus/pci/devices"
 NUMA_SYSCTL = "proc/sys/kernel/numa_balancing"
 
@@ -146,7 +150,7 @@ def gpu_functions(host_root: Path) -> list[tuple[str, int | None]]:
             word = read_devctl((d / "config").read_bytes())
         except OSError:
             word = None
-        code = None if word is None else (word & 0x7000) >> 12    # bits 14:12, 128 << n; 6, 7 reserved
+        code = None if word is None else (word & 0x7000) >> 12  # bits 14:12, 128 << n; 6, 7 reserved
         out.append((d.name, 128 << code if code is not None and code <= 5 else None))
     return out
 
@@ -174,7 +178,7 @@ def nccl_settings(env: dict[str, str], root: Path | None) -> dict[str, tuple[str
     out = {k: (v, "environment") for k, v in env.items() if k.startswith("NCCL_")}
     if root is None:
         return out
-    user = env.get("NCCL_CONF_FILE") or "/root/.nccl.conf"    # the server runs as root in the CT
+    user = env.get("NCCL_CONF_FILE") or "/root/.nccl.conf"  # the server runs as root in the CT
     for logical in (user, "/etc/nccl.conf"):
         for k, v in _conf_file(root / logical.lstrip("/")).items():
             if k.startswith("NCCL_") and k not in out:
@@ -188,7 +192,7 @@ def nccl_fatal(settings: dict[str, tuple[str, str]]) -> str | None:
         if name not in settings:
             continue
         value, source = settings[name]
-        if ";" in value or ":" in value:      # per-collective syntax: not modelled, accepted
+        if ";" in value or ":" in value:  # per-collective syntax: not modelled, accepted
             continue
         for tok in value.split(","):
             t = tok.strip().lstrip("^").lower()
@@ -215,6 +219,7 @@ def _nccl_tuned(name: str, settings: dict[str, tuple[str, str]]) -> bool:
 class Tuning:
     """What the simulator saw at start, and how untuned each knob is (0 = tuned, 1 = the seed's
     untuned state; MRRS scales with log2(4096/MRRS) / 3, so 512 bytes = 1)."""
+
     modelled: bool = False
     tp: int = 1
     gpus: list[dict] = field(default_factory=list)
@@ -241,18 +246,29 @@ class Tuning:
         return math.exp(-ln_gain * self.weight(parts))
 
     def to_dict(self) -> dict:
-        return {"simulated": True, "modelled": self.modelled, "tp": self.tp, "gpus": self.gpus,
-                "numa_balancing": self.numa_balancing, "nccl": self.nccl, "nccl_fatal": self.nccl_fatal,
-                "severity": self.severity, "notes": self.notes,
-                "factor_single_stream": round(self.factor(1), 4), "factor_c8": round(self.factor(8), 4)}
+        return {
+            "simulated": True,
+            "modelled": self.modelled,
+            "tp": self.tp,
+            "gpus": self.gpus,
+            "numa_balancing": self.numa_balancing,
+            "nccl": self.nccl,
+            "nccl_fatal": self.nccl_fatal,
+            "severity": self.severity,
+            "notes": self.notes,
+            "factor_single_stream": round(self.factor(1), 4),
+            "factor_c8": round(self.factor(8), 4),
+        }
 
     def summary(self) -> str:
         if not self.modelled:
             return "not modelled (no --host-root): decode rates are the tuned seed's"
         mrrs = ",".join(f"{g['index']}:{g['mrrs'] or '?'}" for g in self.gpus) or "no GPU functions"
         nccl = " ".join(f"{k}={'ok' if v['tuned'] else 'untuned'}" for k, v in self.nccl.items())
-        return (f"tp={self.tp} MaxReadReq[{mrrs}] numa_balancing={self.numa_balancing} {nccl} -> decode "
-                f"x{self.factor(1):.3f} single stream, x{self.factor(8):.3f} at C=8")
+        return (
+            f"tp={self.tp} MaxReadReq[{mrrs}] numa_balancing={self.numa_balancing} {nccl} -> decode "
+            f"x{self.factor(1):.3f} single stream, x{self.factor(8):.3f} at C=8"
+        )
 
 
 def read_tuning(tp: int, env: dict[str, str], host_root: str | None, root: str | None) -> Tuning:
@@ -271,25 +287,31 @@ def read_tuning(tp: int, env: dict[str, str], host_root: str | None, root: str |
     except ValueError:
         t.notes.append(f"CUDA_VISIBLE_DEVICES={visible!r} is not a list of indices; using 0..{tp - 1}")
         idx = list(range(tp))
-    for i in idx[:max(tp, 1)]:
+    for i in idx[: max(tp, 1)]:
         if i < len(funcs):
             t.gpus.append({"index": i, "bdf": funcs[i][0], "mrrs": funcs[i][1]})
         else:
             t.notes.append(f"GPU {i} has no PCI function under {hroot / PCI_DEVICES}")
     known = [g["mrrs"] for g in t.gpus if g["mrrs"]]
-    if known:   # a collective waits for the slowest member: the worst GPU of the group counts
+    if known:  # a collective waits for the slowest member: the worst GPU of the group counts
         t.severity["mrrs"] = max(0.0, math.log2(MRRS_TUNED / min(known)) / 3)
     try:
         t.numa_balancing = (hroot / NUMA_SYSCTL).read_text().strip()
     except OSError:
-        t.numa_balancing = None          # kernel without CONFIG_NUMA_BALANCING: nothing scans
-    try:   # bit 0 = NUMA_BALANCING_NORMAL; 2 (memory tiering) only promotes from slow tiers
+        t.numa_balancing = None  # kernel without CONFIG_NUMA_BALANCING: nothing scans
+    try:  # bit 0 = NUMA_BALANCING_NORMAL; 2 (memory tiering) only promotes from slow tiers
         t.severity["numa"] = 1.0 if t.numa_balancing and int(t.numa_balancing) & 1 else 0.0
     except ValueError:
         t.notes.append(f"numa_balancing={t.numa_balancing!r} is not a number")
     settings = nccl_settings(env, Path(root) if root else None)
-    t.nccl = {k: {"value": settings.get(k, (None, None))[0], "source": settings.get(k, (None, None))[1],
-                  "tuned": _nccl_tuned(k, settings)} for k in NCCL_TUNED}
+    t.nccl = {
+        k: {
+            "value": settings.get(k, (None, None))[0],
+            "source": settings.get(k, (None, None))[1],
+            "tuned": _nccl_tuned(k, settings),
+        }
+        for k in NCCL_TUNED
+    }
     for k in NCCL_TUNED:
         for alias in NCCL_ALIASES.get(k, ()):
             if k not in settings and alias in settings:
@@ -305,7 +327,7 @@ def accept_prob(mean_len: float, budget: int) -> float:
     lo, hi = 0.0, 0.9999
     for _ in range(60):
         mid = (lo + hi) / 2
-        s = sum(mid ** i for i in range(1, budget + 1))
+        s = sum(mid**i for i in range(1, budget + 1))
         lo, hi = (mid, hi) if s < target else (lo, mid)
     return lo
 
@@ -325,7 +347,11 @@ class Sim:
         self.spec = self.method in ("ddtree", "linear")
         self.tuning = read_tuning(a.tp, dict(os.environ), a.host_root, a.root)
         if self.spec:
-            mean_len = ACCEPT_LEN["linear"] if self.method == "linear" else ACCEPT_LEN["ddtree"].get(self.budget, 7.0)
+            mean_len = (
+                ACCEPT_LEN["linear"]
+                if self.method == "linear"
+                else ACCEPT_LEN["ddtree"].get(self.budget, 7.0)
+            )
             self.p = accept_prob(mean_len * a.accept_scale, self.budget)
 
     # -- tokenizer ---------------------------------------------------------------------------
@@ -347,14 +373,19 @@ class Sim:
             return float(self.a.rate) * self.speed
         active = 1 if self.a.no_contention else self.active
         # NCCL and MRRS slow every step evenly; NUMA balancing comes as stalls (numa_stall)
-        return (decode_rate(self.method, self.budget, self.a.tp, out_len, active, ctx) * self.speed
-                * self.tuning.factor(active, ("nccl", "mrrs")))
+        return (
+            decode_rate(self.method, self.budget, self.a.tp, out_len, active, ctx)
+            * self.speed
+            * self.tuning.factor(active, ("nccl", "mrrs"))
+        )
 
     def mean_rate(self, out_len: int, ctx: int) -> float:
         """rate() with NUMA balancing's stalls averaged in (the non-streaming path)."""
         if self.a.rate:
             return self.rate(out_len, ctx)
-        return self.rate(out_len, ctx) * self.tuning.factor(1 if self.a.no_contention else self.active, ("numa",))
+        return self.rate(out_len, ctx) * self.tuning.factor(
+            1 if self.a.no_contention else self.active, ("numa",)
+        )
 
     def numa_stall(self, step_s: float, rng: random.Random) -> float:
         """Extra seconds for one decode step under NUMA balancing: a stall on NUMA_STALL_P of the
@@ -386,40 +417,60 @@ class Sim:
     def metrics(self) -> str:
         name = self.a.served_name
         lab = f'model_name="{name}",engine="0"'
-        out = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
-               "# TYPE vllm:num_requests_running gauge",
-               f"vllm:num_requests_running{{{lab}}} {self.active}",
-               "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-               "# TYPE vllm:generation_tokens_total counter",
-               f"vllm:generation_tokens_total{{{lab}}} {self.total_tokens}.0"]
+        out = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{lab}}} {self.active}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{lab}}} {self.total_tokens}.0",
+        ]
         if self.spec:  # vLLM exposes these only when speculative decoding is configured
-            for short, v in (("num_drafts", self.drafts), ("num_draft_tokens", self.draft_tokens),
-                             ("num_accepted_tokens", self.accepted)):
-                out += [f"# HELP vllm:spec_decode_{short}_total Number of spec decoding {short}.",
-                        f"# TYPE vllm:spec_decode_{short}_total counter",
-                        f"vllm:spec_decode_{short}_total{{{lab}}} {v}.0"]
-            out += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
-                    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
-            out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}.0'
-                    for i, v in enumerate(self.per_pos)]
+            for short, v in (
+                ("num_drafts", self.drafts),
+                ("num_draft_tokens", self.draft_tokens),
+                ("num_accepted_tokens", self.accepted),
+            ):
+                out += [
+                    f"# HELP vllm:spec_decode_{short}_total Number of spec decoding {short}.",
+                    f"# TYPE vllm:spec_decode_{short}_total counter",
+                    f"vllm:spec_decode_{short}_total{{{lab}}} {v}.0",
+                ]
+            out += [
+                "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
+                "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+            ]
+            out += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}.0'
+                for i, v in enumerate(self.per_pos)
+            ]
         return "\n".join(out) + "\n"
 
 
 # -- HTTP/1.1 on asyncio streams -------------------------------------------------------------------
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           500: "Internal Server Error"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+}
 
 
 async def _send(w: asyncio.StreamWriter, status: int, body: bytes, ctype="application/json") -> None:
-    w.write(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\ncontent-type: {ctype}\r\n"
-            f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    w.write(
+        f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\ncontent-type: {ctype}\r\n"
+        f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     await w.drain()
 
 
 def _err(message: str, code: int, typ: str = "BadRequestError") -> bytes:
     # vLLM's ErrorResponse shape
-    return json.dumps({"object": "error", "message": message, "type": typ, "param": None,
-                       "code": code}).encode()
+    return json.dumps(
+        {"object": "error", "message": message, "type": typ, "param": None, "code": code}
+    ).encode()
 
 
 class Handler:
@@ -455,15 +506,42 @@ class Handler:
         if path == "/health":
             await _send(w, 200, b"")
         elif path == "/v1/models":
-            await _send(w, 200, json.dumps({"object": "list", "data": [{
-                "id": a.served_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": a.model, "max_model_len": a.max_model_len}]}).encode())
+            await _send(
+                w,
+                200,
+                json.dumps(
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": a.served_name,
+                                "object": "model",
+                                "created": int(time.time()),
+                                "owned_by": "vllm",
+                                "root": a.model,
+                                "max_model_len": a.max_model_len,
+                            }
+                        ],
+                    }
+                ).encode(),
+            )
         elif path == "/metrics":
             await _send(w, 200, s.metrics().encode(), "text/plain; version=0.0.4")
         elif path == "/sim/state":  # simulator only: the tuning state it saw at start and its effect
-            await _send(w, 200, json.dumps({"simulator": "gpubox bench.simserver", "method": s.method,
-                                            "budget": s.budget, "tp": a.tp, "speed": s.speed,
-                                            "tuning": s.tuning.to_dict()}).encode())
+            await _send(
+                w,
+                200,
+                json.dumps(
+                    {
+                        "simulator": "gpubox bench.simserver",
+                        "method": s.method,
+                        "budget": s.budget,
+                        "tp": a.tp,
+                        "speed": s.speed,
+                        "tuning": s.tuning.to_dict(),
+                    }
+                ).encode(),
+            )
         elif path == "/sim/truth":  # simulator only: what the server itself timed, per request
             await _send(w, 200, json.dumps(s.truth).encode())
         elif path == "/tokenize" and method == "POST":
@@ -476,8 +554,13 @@ class Handler:
                 count = s.chat_tokens(req["messages"])
             else:
                 count = s.count(str(req.get("prompt", "")))
-            await _send(w, 200, json.dumps({"count": count, "max_model_len": a.max_model_len,
-                                            "tokens": list(range(count))}).encode())
+            await _send(
+                w,
+                200,
+                json.dumps(
+                    {"count": count, "max_model_len": a.max_model_len, "tokens": list(range(count))}
+                ).encode(),
+            )
         elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
             return await self.generate(path, body, w)
         else:
@@ -493,23 +576,26 @@ class Handler:
             await _send(w, 400, _err("invalid JSON body", 400))
             return True
         if a.error_status:
-            await _send(w, a.error_status, _err("simulated engine failure", a.error_status,
-                                                "InternalServerError"))
+            await _send(
+                w, a.error_status, _err("simulated engine failure", a.error_status, "InternalServerError")
+            )
             return True
         chat = path.endswith("chat/completions")
         prompt_tokens = s.chat_tokens(req.get("messages")) if chat else s.count(str(req.get("prompt", "")))
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         if prompt_tokens + max_tokens > a.max_model_len:
             where = "messages" if chat else "prompt"
-            msg = (f"This model's maximum context length is {a.max_model_len} tokens. However, you "
-                   f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {where}, "
-                   f"{max_tokens} in the completion). Please reduce the length of the {where} or completion.")
+            msg = (
+                f"This model's maximum context length is {a.max_model_len} tokens. However, you "
+                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {where}, "
+                f"{max_tokens} in the completion). Please reduce the length of the {where} or completion."
+            )
             await _send(w, 400, _err(msg, 400))
             return True
         s.requests += 1
         rid = s.requests
         rng = random.Random(rid * 7919 + a.seed)
-        stall_rng = random.Random(rid * 104729 + a.seed)   # own stream: stalls leave acceptance alone
+        stall_rng = random.Random(rid * 104729 + a.seed)  # own stream: stalls leave acceptance alone
         n_target = max_tokens
         if not req.get("ignore_eos") and int(req.get("min_tokens") or 0) < max_tokens:
             n_target = max(int(req.get("min_tokens") or 1), min(max_tokens, rng.randint(200, 600)))
@@ -526,8 +612,13 @@ class Handler:
                 ch = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
             else:
                 ch = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-            d = {"id": cid, "object": obj, "created": created, "model": a.served_name,
-                 "choices": [] if usage else ch}
+            d = {
+                "id": cid,
+                "object": obj,
+                "created": created,
+                "model": a.served_name,
+                "choices": [] if usage else ch,
+            }
             if usage:
                 d["usage"] = usage
             data = b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
@@ -537,19 +628,39 @@ class Handler:
         emitted = 0
         try:
             if not stream:  # non-streaming: wait the whole generation, answer once
-                await asyncio.sleep(s.ttft(prompt_tokens) + (n_target - 1) / s.mean_rate(n_target, prompt_tokens))
+                await asyncio.sleep(
+                    s.ttft(prompt_tokens) + (n_target - 1) / s.mean_rate(n_target, prompt_tokens)
+                )
                 s.total_tokens += n_target
                 text = " tok" * n_target
-                d = {"id": cid, "object": "chat.completion" if chat else "text_completion",
-                     "created": created, "model": a.served_name,
-                     "choices": [{"index": 0, "finish_reason": "length" if n_target == max_tokens else "stop",
-                                  **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}],
-                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_target,
-                               "total_tokens": prompt_tokens + n_target}}
+                d = {
+                    "id": cid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": a.served_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "length" if n_target == max_tokens else "stop",
+                            **(
+                                {"message": {"role": "assistant", "content": text}}
+                                if chat
+                                else {"text": text}
+                            ),
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": n_target,
+                        "total_tokens": prompt_tokens + n_target,
+                    },
+                }
                 await _send(w, 200, json.dumps(d).encode())
                 return True
-            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                    b"transfer-encoding: chunked\r\n\r\n")
+            w.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
             if chat:
                 w.write(chunk(None, role=True))
             await w.drain()
@@ -595,14 +706,32 @@ class Handler:
                 s.total_tokens += n
                 first = False
             if usage_on:
-                w.write(chunk(None, usage={"prompt_tokens": prompt_tokens, "completion_tokens": emitted,
-                                           "total_tokens": prompt_tokens + emitted}))
+                w.write(
+                    chunk(
+                        None,
+                        usage={
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": emitted,
+                            "total_tokens": prompt_tokens + emitted,
+                        },
+                    )
+                )
             done = b"data: [DONE]\n\n"
             w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
             await w.drain()
-            s.truth.append({"id": cid, "user": req.get("user"), "t_recv": t_recv, "t_first": t_first,
-                            "t_last": t_last, "ttft_s": t_first - t_recv, "e2e_s": t_last - t_recv,
-                            "output_tokens": emitted, "prompt_tokens": prompt_tokens})
+            s.truth.append(
+                {
+                    "id": cid,
+                    "user": req.get("user"),
+                    "t_recv": t_recv,
+                    "t_first": t_first,
+                    "t_last": t_last,
+                    "ttft_s": t_first - t_recv,
+                    "e2e_s": t_last - t_recv,
+                    "output_tokens": emitted,
+                    "prompt_tokens": prompt_tokens,
+                }
+            )
             del loop
             return True
         finally:
@@ -610,8 +739,10 @@ class Handler:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gpubox.bench.simserver",
-                                description="gpubox SIMULATOR of a vLLM OpenAI-compatible server (no GPU).")
+    p = argparse.ArgumentParser(
+        prog="python -m gpubox.bench.simserver",
+        description="gpubox SIMULATOR of a vLLM OpenAI-compatible server (no GPU).",
+    )
     p.add_argument("--model", default="/dev/shm/Qwen3.6-27B")
     p.add_argument("--served-model-name", dest="served_name", default=None)
     p.add_argument("--drafter", default="")
@@ -622,16 +753,23 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--speed", type=float, default=1.0, help="multiply every simulated rate by this")
-    p.add_argument("--rate", type=float, default=None, help="fixed decode tok/s (before --speed): exact timing")
+    p.add_argument(
+        "--rate", type=float, default=None, help="fixed decode tok/s (before --speed): exact timing"
+    )
     p.add_argument("--ttft", type=float, default=None, help="fixed time to first token, s (before --speed)")
     p.add_argument("--no-contention", action="store_true", help="concurrent streams do not slow each other")
     p.add_argument("--accept-scale", type=float, default=1.0, help="scale mean acceptance length (tests)")
     p.add_argument("--startup-s", type=float, default=0.2, help="simulated model load time before listening")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--host-root", default=None,
-                   help="root of the (simulated) host whose tuning to model: sysfs PCI config, numa_balancing")
+    p.add_argument(
+        "--host-root",
+        default=None,
+        help="root of the (simulated) host whose tuning to model: sysfs PCI config, numa_balancing",
+    )
     p.add_argument("--root", default=None, help="the server's own root, for /etc/nccl.conf and ~/.nccl.conf")
-    p.add_argument("--fail-start", action="store_true", help="exit 1 during start-up like a CUDA init failure")
+    p.add_argument(
+        "--fail-start", action="store_true", help="exit 1 during start-up like a CUDA init failure"
+    )
     p.add_argument("--die-after", type=int, default=None, help="crash after N generated tokens in total")
     p.add_argument("--hang-after", type=int, default=None, help="stop sending after N tokens of a request")
     p.add_argument("--error-status", type=int, default=None, help="answer completions with this HTTP status")
@@ -657,24 +795,34 @@ async def _serve(a: argparse.Namespace) -> None:
 
 def main(argv=None) -> int:
     a = parse(argv)
-    print(f"INFO gpubox SIMULATED vLLM server: model={a.model} method={a.method} budget={a.budget} "
-          f"tp={a.tp} max_model_len={a.max_model_len} speed={a.speed}", flush=True)
+    print(
+        f"INFO gpubox SIMULATED vLLM server: model={a.model} method={a.method} budget={a.budget} "
+        f"tp={a.tp} max_model_len={a.max_model_len} speed={a.speed}",
+        flush=True,
+    )
     child = None
     if a.spawn_child:  # a grandchild process, like vLLM's EngineCore/worker processes
         import subprocess
+
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         print(f"INFO EngineCore worker pid={child.pid}", flush=True)
     time.sleep(a.startup_s / max(a.speed, 1.0))
     if a.fail_start:
-        print("ERROR RuntimeError: CUDA error: unknown error (simulated start-up failure)\n"
-              "ERROR Engine core initialization failed. See root cause above.", flush=True)
+        print(
+            "ERROR RuntimeError: CUDA error: unknown error (simulated start-up failure)\n"
+            "ERROR Engine core initialization failed. See root cause above.",
+            flush=True,
+        )
         return 1
-    if a.tp > 1 and a.host_root:   # NCCL initialises communicators only with more than one rank
+    if a.tp > 1 and a.host_root:  # NCCL initialises communicators only with more than one rank
         fatal = nccl_fatal(nccl_settings(dict(os.environ), Path(a.root) if a.root else None))
         if fatal:
-            print(f"ERROR NCCL WARN {fatal} (simulated)\nERROR RuntimeError: NCCL error: invalid usage "
-                  "(run with NCCL_DEBUG=WARN for details)\n"
-                  "ERROR Engine core initialization failed. See root cause above.", flush=True)
+            print(
+                f"ERROR NCCL WARN {fatal} (simulated)\nERROR RuntimeError: NCCL error: invalid usage "
+                "(run with NCCL_DEBUG=WARN for details)\n"
+                "ERROR Engine core initialization failed. See root cause above.",
+                flush=True,
+            )
             return 1
     try:
         asyncio.run(_serve(a))

@@ -18,16 +18,24 @@ from collections import defaultdict
 from typing import Any, Callable
 
 HEALTHY, DEGRADED, FAILED = "healthy", "degraded", "failed"
-DEFAULTS = {"tolerance": 0.10, "min_speedup_over_auto": None, "acceptance_drift": 0.10,
-            "output_len": 1024, "history_tolerance": None}
+DEFAULTS = {
+    "tolerance": 0.10,
+    "min_speedup_over_auto": None,
+    "acceptance_drift": 0.10,
+    "output_len": 1024,
+    "history_tolerance": None,
+}
 
 
 def _reason(level: str, key: str | None, message: str, observed=None, expected=None) -> dict[str, Any]:
     return {"level": level, "key": key, "message": message, "observed": observed, "expected": expected}
 
 
-def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
-             baseline: Callable[[str], float | None] | None = None) -> dict[str, Any]:
+def evaluate(
+    doc: dict[str, Any],
+    expect: dict[str, Any] | None = None,
+    baseline: Callable[[str], float | None] | None = None,
+) -> dict[str, Any]:
     """Verdict for a result document (docs/result-schema.md)."""
     ex = {**DEFAULTS, **(expect or {})}
     tol = float(ex["tolerance"])
@@ -39,15 +47,23 @@ def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
     # 1. failures
     for s in doc.get("servers", []):
         if s.get("status") == "failed":
-            reasons.append(_reason(FAILED, f"tp{s['tp']}/{s['label']}",
-                                   f"TP{s['tp']} {s['label']} server failed: {s.get('error')}"))
+            reasons.append(
+                _reason(
+                    FAILED,
+                    f"tp{s['tp']}/{s['label']}",
+                    f"TP{s['tp']} {s['label']} server failed: {s.get('error')}",
+                )
+            )
     for m in ms:
         if m["status"] == "failed":
             reasons.append(_reason(FAILED, m["key"], f"{m['key']} failed: {m.get('reason')}"))
 
     ok = [m for m in ms if m["status"] == "ok"]
-    decode = {(m["tp"], m["label"]): m for m in ok
-              if m["workload"] == "decode" and m.get("output_len") == out_len and m.get("tok_s")}
+    decode = {
+        (m["tp"], m["label"]): m
+        for m in ok
+        if m["workload"] == "decode" and m.get("output_len") == out_len and m.get("tok_s")
+    }
 
     # 2. expectations from the inventory
     exp_tok = ex.get("tok_s") or {}
@@ -64,9 +80,16 @@ def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
             floor = float(expected) * (1 - tol)
             if obs < floor:
                 below = (1 - obs / float(expected)) * 100
-                reasons.append(_reason(DEGRADED, m["key"],
-                                       f"TP{tp} {label} decode {obs:.1f} tok/s is {below:.1f}% below the expected "
-                                       f"{float(expected):.1f} (tolerance {tol * 100:.0f}%)", obs, float(expected)))
+                reasons.append(
+                    _reason(
+                        DEGRADED,
+                        m["key"],
+                        f"TP{tp} {label} decode {obs:.1f} tok/s is {below:.1f}% below the expected "
+                        f"{float(expected):.1f} (tolerance {tol * 100:.0f}%)",
+                        obs,
+                        float(expected),
+                    )
+                )
 
     # 3. speedup over autoregressive at the same TP
     min_sp = ex.get("min_speedup_over_auto")
@@ -77,10 +100,16 @@ def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
                 continue
             sp = m["tok_s"] / auto["tok_s"]
             if sp < float(min_sp):
-                reasons.append(_reason(DEGRADED, m["key"],
-                                       f"TP{tp} {label} is only {sp:.2f}x autoregressive ({m['tok_s']:.1f} vs "
-                                       f"{auto['tok_s']:.1f} tok/s); expected at least {float(min_sp):.2f}x",
-                                       round(sp, 3), float(min_sp)))
+                reasons.append(
+                    _reason(
+                        DEGRADED,
+                        m["key"],
+                        f"TP{tp} {label} is only {sp:.2f}x autoregressive ({m['tok_s']:.1f} vs "
+                        f"{auto['tok_s']:.1f} tok/s); expected at least {float(min_sp):.2f}x",
+                        round(sp, 3),
+                        float(min_sp),
+                    )
+                )
 
     # 4. history: the median of the box's last good runs
     if baseline is not None:
@@ -93,9 +122,16 @@ def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
             except Exception:
                 base = None
             if base and obs < base * (1 - htol):
-                reasons.append(_reason(DEGRADED, m["key"],
-                                       f"{m['key']} {obs:.1f} tok/s is {(1 - obs / base) * 100:.1f}% below this "
-                                       f"box's recent median {base:.1f} (tolerance {htol * 100:.0f}%)", obs, base))
+                reasons.append(
+                    _reason(
+                        DEGRADED,
+                        m["key"],
+                        f"{m['key']} {obs:.1f} tok/s is {(1 - obs / base) * 100:.1f}% below this "
+                        f"box's recent median {base:.1f} (tolerance {htol * 100:.0f}%)",
+                        obs,
+                        base,
+                    )
+                )
 
     # 5. acceptance length must not drift with TP
     drift_tol = float(ex["acceptance_drift"])
@@ -113,10 +149,17 @@ def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
         spread = (max(vals) - min(vals)) / med if med else 0
         if spread > drift_tol:
             detail = ", ".join(f"TP{tp} {v:.2f}" for tp, v in sorted(per_tp.items()))
-            reasons.append(_reason(DEGRADED, f"{label}/{suffix}",
-                                   f"{label} mean acceptance length drifts across TP sizes ({detail}; "
-                                   f"{spread * 100:.0f}% > {drift_tol * 100:.0f}%): the TP>1 path is "
-                                   f"computing something different", round(spread, 4), drift_tol))
+            reasons.append(
+                _reason(
+                    DEGRADED,
+                    f"{label}/{suffix}",
+                    f"{label} mean acceptance length drifts across TP sizes ({detail}; "
+                    f"{spread * 100:.0f}% > {drift_tol * 100:.0f}%): the TP>1 path is "
+                    f"computing something different",
+                    round(spread, 4),
+                    drift_tol,
+                )
+            )
 
     # 6. TP scaling must not invert: a larger TP slower than TP1 (beyond tolerance)
     labels = {label for _, label in decode}
@@ -128,9 +171,16 @@ def evaluate(doc: dict[str, Any], expect: dict[str, Any] | None = None,
             if lb != label or tp <= 1:
                 continue
             if m["tok_s"] < one["tok_s"] * (1 - tol):
-                reasons.append(_reason(DEGRADED, m["key"],
-                                       f"TP scaling inverts for {label}: TP{tp} {m['tok_s']:.1f} tok/s < TP1 "
-                                       f"{one['tok_s']:.1f} tok/s", m["tok_s"], one["tok_s"]))
+                reasons.append(
+                    _reason(
+                        DEGRADED,
+                        m["key"],
+                        f"TP scaling inverts for {label}: TP{tp} {m['tok_s']:.1f} tok/s < TP1 "
+                        f"{one['tok_s']:.1f} tok/s",
+                        m["tok_s"],
+                        one["tok_s"],
+                    )
+                )
 
     if not ok and not reasons:
         reasons.append(_reason(FAILED, None, "no measurement completed"))

@@ -26,19 +26,28 @@ from .client import Client, ContextTooLong, Request, Sample, run_concurrent
 
 PROFILES: dict[str, dict[str, Any]] = {
     "health": {
-        "tp": [1, 4, 8], "methods": ["auto", "ddtree:15"], "warmup": 1, "repetitions": 3,
+        "tp": [1, 4, 8],
+        "methods": ["auto", "ddtree:15"],
+        "warmup": 1,
+        "repetitions": 3,
         "prompt_tokens": 128,
-        "workloads": [{"kind": "decode", "output_lens": [1024]},
-                      {"kind": "concurrency", "concurrency": [8], "output_len": 1024}],
+        "workloads": [
+            {"kind": "decode", "output_lens": [1024]},
+            {"kind": "concurrency", "concurrency": [8], "output_len": 1024},
+        ],
     },
     "full": {
-        "tp": [1, 4, 8], "methods": ["auto", "linear:15", "ddtree:15", "ddtree:16", "ddtree:32", "ddtree:64"],
-        "warmup": 1, "repetitions": 3, "prompt_tokens": 128,
-        "workloads": [{"kind": "decode", "output_lens": [256, 1024, 2048]},
-                      {"kind": "concurrency", "concurrency": [1, 2, 4, 8], "output_len": 1024},
-                      {"kind": "long_context", "context_tokens": [25000, 100000], "output_len": 256},
-                      {"kind": "agentic", "turns": 6, "prefix_tokens": 3000, "turn_tokens": 100,
-                       "output_len": 128}],
+        "tp": [1, 4, 8],
+        "methods": ["auto", "linear:15", "ddtree:15", "ddtree:16", "ddtree:32", "ddtree:64"],
+        "warmup": 1,
+        "repetitions": 3,
+        "prompt_tokens": 128,
+        "workloads": [
+            {"kind": "decode", "output_lens": [256, 1024, 2048]},
+            {"kind": "concurrency", "concurrency": [1, 2, 4, 8], "output_len": 1024},
+            {"kind": "long_context", "context_tokens": [25000, 100000], "output_len": 256},
+            {"kind": "agentic", "turns": 6, "prefix_tokens": 3000, "turn_tokens": 100, "output_len": 128},
+        ],
     },
 }
 KINDS = ("decode", "concurrency", "long_context", "agentic")
@@ -50,8 +59,10 @@ def resolve_profile(name: str, bench_vars: dict[str, Any] | None = None) -> dict
     bench_vars = bench_vars or {}
     custom = bench_vars.get("profiles") or {}
     if name not in PROFILES and name not in custom:
-        raise GpuboxError(f"unknown benchmark profile {name!r}",
-                          f"use one of {', '.join(sorted({*PROFILES, *custom}))} or define gpubox_bench.profiles.{name}")
+        raise GpuboxError(
+            f"unknown benchmark profile {name!r}",
+            f"use one of {', '.join(sorted({*PROFILES, *custom}))} or define gpubox_bench.profiles.{name}",
+        )
     prof = copy.deepcopy(PROFILES.get(name, PROFILES["health"]))
     prof.update(copy.deepcopy(custom.get(name) or {}))
     if name == bench_vars.get("profile", "health"):
@@ -61,7 +72,9 @@ def resolve_profile(name: str, bench_vars: dict[str, Any] | None = None) -> dict
     prof["name"] = name
     for w in prof["workloads"]:
         if w.get("kind") not in KINDS:
-            raise GpuboxError(f"profile {name}: unknown workload kind {w.get('kind')!r}", f"use {', '.join(KINDS)}")
+            raise GpuboxError(
+                f"profile {name}: unknown workload kind {w.get('kind')!r}", f"use {', '.join(KINDS)}"
+            )
     if int(prof.get("repetitions", 1)) < 1:
         raise GpuboxError(f"profile {name}: repetitions must be >= 1", "set repetitions: 3")
     return prof
@@ -85,20 +98,49 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def measurement(*, tp: int, label: str, method: str, budget: int | None, workload: str, key_suffix: str,
-                output_len: int | None, concurrency: int = 1, context_tokens: int | None = None,
-                samples: list[Sample] | None = None, rep_walls: list[float] | None = None,
-                acceptance: dict | None = None, status: str | None = None, reason: str | None = None,
-                repetitions: int = 0) -> dict[str, Any]:
+def measurement(
+    *,
+    tp: int,
+    label: str,
+    method: str,
+    budget: int | None,
+    workload: str,
+    key_suffix: str,
+    output_len: int | None,
+    concurrency: int = 1,
+    context_tokens: int | None = None,
+    samples: list[Sample] | None = None,
+    rep_walls: list[float] | None = None,
+    acceptance: dict | None = None,
+    status: str | None = None,
+    reason: str | None = None,
+    repetitions: int = 0,
+) -> dict[str, Any]:
     """One measurement record (docs/result-schema.md). Failed/skipped ones have null figures."""
     samples = samples or []
     m: dict[str, Any] = {
-        "key": f"tp{tp}/{label}/{workload}/{key_suffix}", "tp": tp, "method": method, "budget": budget,
-        "label": label, "workload": workload, "output_len": output_len, "concurrency": concurrency,
-        "context_tokens": context_tokens, "status": status or "ok", "reason": reason,
-        "repetitions": repetitions, "tok_s": None, "tok_s_spread": None, "aggregate_tok_s": None,
-        "ttft_s": None, "tpot_ms": None, "e2e_s": None, "tokens_per_chunk": None,
-        "acceptance": acceptance, "samples": [s.to_dict() for s in samples], "errors": 0,
+        "key": f"tp{tp}/{label}/{workload}/{key_suffix}",
+        "tp": tp,
+        "method": method,
+        "budget": budget,
+        "label": label,
+        "workload": workload,
+        "output_len": output_len,
+        "concurrency": concurrency,
+        "context_tokens": context_tokens,
+        "status": status or "ok",
+        "reason": reason,
+        "repetitions": repetitions,
+        "tok_s": None,
+        "tok_s_spread": None,
+        "aggregate_tok_s": None,
+        "ttft_s": None,
+        "tpot_ms": None,
+        "e2e_s": None,
+        "tokens_per_chunk": None,
+        "acceptance": acceptance,
+        "samples": [s.to_dict() for s in samples],
+        "errors": 0,
     }
     bad = [s for s in samples if not s.ok]
     m["errors"] = len(bad)
@@ -115,8 +157,11 @@ def measurement(*, tp: int, label: str, method: str, budget: int | None, workloa
         return m
     # per repetition: median of per-request decode tok/s; headline = median over repetitions
     reps = sorted({s.rep for s in samples})
-    rep_tok = [statistics.median([s.tok_s for s in samples if s.rep == r and s.tok_s]) for r in reps
-               if any(s.tok_s for s in samples if s.rep == r)]
+    rep_tok = [
+        statistics.median([s.tok_s for s in samples if s.rep == r and s.tok_s])
+        for r in reps
+        if any(s.tok_s for s in samples if s.rep == r)
+    ]
     m["tok_s"] = _r(statistics.median(rep_tok), 2) if rep_tok else None
     m["tok_s_spread"] = [_r(min(rep_tok), 2), _r(max(rep_tok), 2)] if rep_tok else None
     if rep_walls:
@@ -146,22 +191,34 @@ def measurement(*, tp: int, label: str, method: str, budget: int | None, workloa
 class Point:
     """Where a measurement runs: the server's tp/method and the profile's warmup/repetitions."""
 
-    def __init__(self, tp: int, method: str, budget: int | None, label: str, warmup: int, reps: int,
-                 prompt_tokens: int = 128, metrics_url: str | None = None, deadline_s: float | None = None):
+    def __init__(
+        self,
+        tp: int,
+        method: str,
+        budget: int | None,
+        label: str,
+        warmup: int,
+        reps: int,
+        prompt_tokens: int = 128,
+        metrics_url: str | None = None,
+        deadline_s: float | None = None,
+    ):
         self.tp, self.method, self.budget, self.label = tp, method, budget, label
         self.warmup, self.reps, self.prompt_tokens = warmup, reps, prompt_tokens
         self.metrics_url = metrics_url
         self.deadline_s = deadline_s
 
     def rec(self, **kw) -> dict[str, Any]:
-        return measurement(tp=self.tp, label=self.label, method=self.method, budget=self.budget,
-                           repetitions=self.reps, **kw)
+        return measurement(
+            tp=self.tp, label=self.label, method=self.method, budget=self.budget, repetitions=self.reps, **kw
+        )
 
 
 async def _warm(c: Client, p: Point, req: Request) -> None:
     for _ in range(p.warmup):
-        w = Request(min(req.max_tokens, WARMUP_TOKENS), prompt=req.prompt, messages=req.messages,
-                    ignore_eos=True)
+        w = Request(
+            min(req.max_tokens, WARMUP_TOKENS), prompt=req.prompt, messages=req.messages, ignore_eos=True
+        )
         await c.stream(w, deadline_s=p.deadline_s)
 
 
@@ -169,7 +226,9 @@ def _scrape(p: Point):
     return metrics.scrape(p.metrics_url) if p.metrics_url else None
 
 
-async def _repeat(c: Client, p: Point, make, concurrency: int) -> tuple[list[Sample], list[float], dict | None]:
+async def _repeat(
+    c: Client, p: Point, make, concurrency: int
+) -> tuple[list[Sample], list[float], dict | None]:
     before = _scrape(p)
     samples: list[Sample] = []
     walls: list[float] = []
@@ -205,13 +264,19 @@ async def concurrency(c: Client, p: Point, conc: int, output_len: int) -> dict[s
         return p.rec(status="skipped", reason=str(exc), **kw)
     prompts = [await c.prompt_of(p.prompt_tokens, salt=i) for i in range(conc)]
     await _warm(c, p, Request(output_len, prompt=prompts[0]))
-    samples, walls, acc = await _repeat(c, p, lambda rep: [Request(output_len, prompt=q) for q in prompts], conc)
+    samples, walls, acc = await _repeat(
+        c, p, lambda rep: [Request(output_len, prompt=q) for q in prompts], conc
+    )
     return p.rec(samples=samples, rep_walls=walls, acceptance=acc, **kw)
 
 
 async def long_context(c: Client, p: Point, ctx_tokens: int, output_len: int) -> dict[str, Any]:
-    kw = dict(workload="long_context", key_suffix=f"ctx{ctx_tokens}", output_len=output_len,
-              context_tokens=ctx_tokens)
+    kw = dict(
+        workload="long_context",
+        key_suffix=f"ctx{ctx_tokens}",
+        output_len=output_len,
+        context_tokens=ctx_tokens,
+    )
     try:
         await c.check_fits(ctx_tokens, output_len)  # before building a 100k-token prompt
     except ContextTooLong as exc:
@@ -223,8 +288,9 @@ async def long_context(c: Client, p: Point, ctx_tokens: int, output_len: int) ->
     return p.rec(samples=samples, acceptance=acc, **kw)
 
 
-async def agentic(c: Client, p: Point, turns: int, prefix_tokens: int, turn_tokens: int,
-                  output_len: int) -> dict[str, Any]:
+async def agentic(
+    c: Client, p: Point, turns: int, prefix_tokens: int, turn_tokens: int, output_len: int
+) -> dict[str, Any]:
     """A chat session: a long shared system prompt, then turns that append user and assistant text."""
     final_ctx = prefix_tokens + turns * (turn_tokens + output_len + 8) + 3
     kw = dict(workload="agentic", key_suffix=f"turns{turns}", output_len=output_len, context_tokens=final_ctx)
@@ -249,7 +315,9 @@ async def agentic(c: Client, p: Point, turns: int, prefix_tokens: int, turn_toke
     samples: list[Sample] = []
     for rep in range(p.reps):
         for msgs in session(rep):  # turns are sequential: each waits for the previous answer
-            s = await c.stream(Request(output_len, messages=msgs, thinking=False), rep=rep, deadline_s=p.deadline_s)
+            s = await c.stream(
+                Request(output_len, messages=msgs, thinking=False), rep=rep, deadline_s=p.deadline_s
+            )
             samples.append(s)
             if not s.ok:
                 break
@@ -259,8 +327,13 @@ async def agentic(c: Client, p: Point, turns: int, prefix_tokens: int, turn_toke
     return p.rec(samples=samples, acceptance=acc, **kw)
 
 
-def apply_overrides(prof: dict[str, Any], *, concurrency: list[int] | None = None,
-                    output_len: int | None = None, prompt_len: int | None = None) -> dict[str, Any]:
+def apply_overrides(
+    prof: dict[str, Any],
+    *,
+    concurrency: list[int] | None = None,
+    output_len: int | None = None,
+    prompt_len: int | None = None,
+) -> dict[str, Any]:
     """A profile with `bench run` flags applied: --concurrency replaces the sweep (added when the
     profile has none), --output-len every output length, --prompt-len the prompt size."""
     prof = copy.deepcopy(prof)
@@ -296,15 +369,27 @@ def plan(profile: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         if k == "decode":
             out += [("decode", {"output_len": int(n)}) for n in w.get("output_lens", [1024])]
         elif k == "concurrency":
-            out += [("concurrency", {"conc": int(n), "output_len": int(w.get("output_len", 1024))})
-                    for n in w.get("concurrency", [8])]
+            out += [
+                ("concurrency", {"conc": int(n), "output_len": int(w.get("output_len", 1024))})
+                for n in w.get("concurrency", [8])
+            ]
         elif k == "long_context":
-            out += [("long_context", {"ctx_tokens": int(n), "output_len": int(w.get("output_len", 256))})
-                    for n in w.get("context_tokens", [25000])]
+            out += [
+                ("long_context", {"ctx_tokens": int(n), "output_len": int(w.get("output_len", 256))})
+                for n in w.get("context_tokens", [25000])
+            ]
         elif k == "agentic":
-            out.append(("agentic", {"turns": int(w.get("turns", 6)), "prefix_tokens": int(w.get("prefix_tokens", 3000)),
-                                    "turn_tokens": int(w.get("turn_tokens", 100)),
-                                    "output_len": int(w.get("output_len", 128))}))
+            out.append(
+                (
+                    "agentic",
+                    {
+                        "turns": int(w.get("turns", 6)),
+                        "prefix_tokens": int(w.get("prefix_tokens", 3000)),
+                        "turn_tokens": int(w.get("turn_tokens", 100)),
+                        "output_len": int(w.get("output_len", 128)),
+                    },
+                )
+            )
     return out
 
 
@@ -312,15 +397,39 @@ RUNNERS = {"decode": decode, "concurrency": concurrency, "long_context": long_co
 
 
 def key_of(tp: int, label: str, kind: str, kw: dict[str, Any]) -> str:
-    suffix = {"decode": lambda: f"out{kw['output_len']}", "concurrency": lambda: f"c{kw['conc']}",
-              "long_context": lambda: f"ctx{kw['ctx_tokens']}", "agentic": lambda: f"turns{kw['turns']}"}[kind]()
+    suffix = {
+        "decode": lambda: f"out{kw['output_len']}",
+        "concurrency": lambda: f"c{kw['conc']}",
+        "long_context": lambda: f"ctx{kw['ctx_tokens']}",
+        "agentic": lambda: f"turns{kw['turns']}",
+    }[kind]()
     return f"tp{tp}/{label}/{kind}/{suffix}"
 
 
-def not_run(tp: int, method: str, budget: int | None, label: str, kind: str, kw: dict[str, Any],
-            status: str, reason: str, reps: int) -> dict[str, Any]:
+def not_run(
+    tp: int,
+    method: str,
+    budget: int | None,
+    label: str,
+    kind: str,
+    kw: dict[str, Any],
+    status: str,
+    reason: str,
+    reps: int,
+) -> dict[str, Any]:
     """A measurement that could not run (server failed to start, died earlier)."""
     suffix = key_of(tp, label, kind, kw).split("/", 3)[3]
-    return measurement(tp=tp, label=label, method=method, budget=budget, workload=kind, key_suffix=suffix,
-                       output_len=kw.get("output_len"), concurrency=kw.get("conc", 1),
-                       context_tokens=kw.get("ctx_tokens"), status=status, reason=reason, repetitions=reps)
+    return measurement(
+        tp=tp,
+        label=label,
+        method=method,
+        budget=budget,
+        workload=kind,
+        key_suffix=suffix,
+        output_len=kw.get("output_len"),
+        concurrency=kw.get("conc", 1),
+        context_tokens=kw.get("ctx_tokens"),
+        status=status,
+        reason=reason,
+        repetitions=reps,
+    )

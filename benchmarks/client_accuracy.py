@@ -66,8 +66,22 @@ PRIO = 0  # nice value for simulator and client (--nice)
 
 def start(rate: float, tmp: Path, pin: bool) -> Server:
     port = free_port()
-    argv = [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--rate", str(rate), "--ttft", str(TTFT),
-            "--no-contention", "--startup-s", "0", "--max-model-len", "100000"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpubox.bench.simserver",
+        "--port",
+        str(port),
+        "--rate",
+        str(rate),
+        "--ttft",
+        str(TTFT),
+        "--no-contention",
+        "--startup-s",
+        "0",
+        "--max-model-len",
+        "100000",
+    ]
     s = Server(argv, {}, port=port, log_path=tmp / f"sim-{port}.log")
     s.start()
     if pin:  # the simulator on the last core, this client on the others: neither steals the other's
@@ -120,17 +134,33 @@ async def measure(url: str, conc: int, out: int, reps: int) -> dict:
                 tpot = (t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1)
                 # truth from outside the client: the server's first-token write minus its own receipt of
                 # the request (issue 19: truth that starts at the client's send hides the client's queue)
-                rows.append({"ttft": (s.ttft_s, t["t_first"] - t["t_recv"]), "tpot": (s.tpot_s, tpot),
-                             "tok_s": (s.tok_s, 1 / tpot), "stamp": s.started + s.ttft_s - t["t_first"],
-                             "late": t["t_first"] - s.started - TTFT})
-    res: dict = {"C": conc, "rate_per_stream": per_stream(conc), "requests": len(rows),
-                 "client_cpu_pct": round(statistics.median(cpu), 1), "clock": dict(Counter(clocks))}
+                rows.append(
+                    {
+                        "ttft": (s.ttft_s, t["t_first"] - t["t_recv"]),
+                        "tpot": (s.tpot_s, tpot),
+                        "tok_s": (s.tok_s, 1 / tpot),
+                        "stamp": s.started + s.ttft_s - t["t_first"],
+                        "late": t["t_first"] - s.started - TTFT,
+                    }
+                )
+    res: dict = {
+        "C": conc,
+        "rate_per_stream": per_stream(conc),
+        "requests": len(rows),
+        "client_cpu_pct": round(statistics.median(cpu), 1),
+        "clock": dict(Counter(clocks)),
+    }
     for k in ("ttft", "tpot", "tok_s"):
         cl = statistics.median(r[k][0] for r in rows)
         tr = statistics.median(r[k][1] for r in rows)
         errs = [rel(r[k][0], r[k][1]) for r in rows]
-        res[k] = {"truth": tr, "client": cl, "err_pct": statistics.median(errs), "p95_err_pct": p95(errs),
-                  "median_vs_median_err_pct": rel(cl, tr)}
+        res[k] = {
+            "truth": tr,
+            "client": cl,
+            "err_pct": statistics.median(errs),
+            "p95_err_pct": p95(errs),
+            "median_vs_median_err_pct": rel(cl, tr),
+        }
     res["stamp_delay_ms"] = statistics.median(r["stamp"] for r in rows) * 1000
     res["stamp_delay_p95_ms"] = p95([r["stamp"] for r in rows]) * 1000
     res["sim_late_ms"] = statistics.median(r["late"] for r in rows) * 1000
@@ -139,13 +169,21 @@ async def measure(url: str, conc: int, out: int, reps: int) -> dict:
 
 async def plain_httpx(url: str, conc: int, out: int) -> tuple[int, float]:
     """What someone would otherwise write: httpx, aiter_lines, json.loads per line. (tokens, s)."""
-    async with httpx.AsyncClient(base_url=url, timeout=30,
-                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)) as h:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=30, limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    ) as h:
         model = (await h.get("/v1/models")).json()["data"][0]["id"]
 
         async def one() -> int:
-            body = {"model": model, "prompt": "a b c d", "max_tokens": out, "stream": True, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}, "temperature": 0}
+            body = {
+                "model": model,
+                "prompt": "a b c d",
+                "max_tokens": out,
+                "stream": True,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+                "temperature": 0,
+            }
             n = 0
             async with h.stream("POST", "/v1/completions", json=body) as r:
                 async for line in r.aiter_lines():
@@ -170,11 +208,15 @@ def cpu_run(tmp: Path, pin: bool, conc: int = 8, out: int = 1500) -> dict:
         for name, fn in (("gpubox", None), ("plain httpx", plain_httpx), ("gpubox", None)):
             ru0 = resource.getrusage(resource.RUSAGE_SELF)
             if fn is None:
+
                 async def ours():
                     async with Client(s.url, timeout=30) as c:
                         await c.stream(Request(4, prompt="w"))
-                        smp, wall = await run_concurrent(c, [Request(out, prompt="a b") for _ in range(conc)], conc)
+                        smp, wall = await run_concurrent(
+                            c, [Request(out, prompt="a b") for _ in range(conc)], conc
+                        )
                         return sum(x.output_tokens or 0 for x in smp), wall
+
                 toks, wall = asyncio.run(ours())
             else:
                 toks, wall = asyncio.run(fn(s.url, conc, out))
@@ -209,7 +251,8 @@ def word_tokenizer(dest: Path) -> str:
         "t = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))\n"
         "t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()\n"
         "t.decoder = decoders.WordPiece(prefix='##')\n"
-        "PreTrainedTokenizerFast(tokenizer_object=t, unk_token='[UNK]', eos_token='[EOS]').save_pretrained(sys.argv[1])\n")
+        "PreTrainedTokenizerFast(tokenizer_object=t, unk_token='[UNK]', eos_token='[EOS]').save_pretrained(sys.argv[1])\n"
+    )
     return code
 
 
@@ -222,7 +265,9 @@ def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT, n
     if not py.exists():
         py = Path(sys.executable)
     tok = tmp / "wordtok"
-    r = subprocess.run([str(py), "-c", word_tokenizer(tok), str(tok)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(py), "-c", word_tokenizer(tok), str(tok)], capture_output=True, text=True, timeout=120
+    )
     if r.returncode != 0:
         return {"status": "could not build the word tokenizer", "tail": r.stderr.strip().splitlines()[-2:]}
     s = start(TOTAL_RATE / conc, tmp, pin)
@@ -230,17 +275,33 @@ def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT, n
         truth_url = s.url + "/sim/truth"
         outp = tmp / "guidellm.json"
         # GuideLLM >= 0.8 CLI (`guidellm run --backend kind=...`)
-        cmd = [exe, "run", "--backend", f"kind=openai_http,target={s.url}",
-               "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={n}",
-               "--data", f"kind=synthetic_text,prompt_tokens=16,output_tokens={out}",
-               "--tokenizer", f"kind=hf_auto,model={tok}", "--output", f"kind=json,path={outp}", "--disable-progress"]
+        cmd = [
+            exe,
+            "run",
+            "--backend",
+            f"kind=openai_http,target={s.url}",
+            "--profile",
+            f"kind=concurrent,streams={conc}",
+            "--constraint",
+            f"kind=max_requests,count={n}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens=16,output_tokens={out}",
+            "--tokenizer",
+            f"kind=hf_auto,model={tok}",
+            "--output",
+            f"kind=json,path={outp}",
+            "--disable-progress",
+        ]
         before = len(httpx.get(truth_url).json())
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
         except subprocess.TimeoutExpired:
             return {"status": "timed out after 300 s", "cmd": cmd}
         if r.returncode != 0 or not outp.exists():
-            return {"status": f"failed rc={r.returncode}", "tail": (r.stderr or r.stdout).strip().splitlines()[-3:]}
+            return {
+                "status": f"failed rc={r.returncode}",
+                "tail": (r.stderr or r.stdout).strip().splitlines()[-3:],
+            }
         g_truth = httpx.get(truth_url).json()[before:]
         m = json.loads(outp.read_text())["benchmarks"][0]["metrics"]
 
@@ -252,19 +313,36 @@ def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT, n
                 await c.stream(Request(8, prompt="warm up"))
                 smp, _ = await run_concurrent(c, [Request(out, prompt="a b c d") for _ in range(n)], conc)
                 return smp
+
         before = len(httpx.get(truth_url).json())
         smp = asyncio.run(ours())
         o_truth = httpx.get(truth_url).json()[before:]
 
         def truth(ts):
-            return {"server_ttft_ms": statistics.median(t["ttft_s"] for t in ts) * 1000,
-                    "tpot_ms": statistics.median((t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1) for t in ts) * 1000}
-        return {"status": "ok", "cmd": cmd,
-                "guidellm": {"ttft_ms": med("time_to_first_token_ms"), "itl_ms": med("inter_token_latency_ms"),
-                             "tpot_ms": med("time_per_output_token_ms"), "truth": truth(g_truth),
-                             "output_tok_s": _pick(m, "output_tokens_per_second", "successful", "mean")},
-                "gpubox": {"ttft_ms": statistics.median(x.ttft_s for x in smp) * 1000,
-                           "tpot_ms": statistics.median(x.tpot_s for x in smp) * 1000, "truth": truth(o_truth)}}
+            return {
+                "server_ttft_ms": statistics.median(t["ttft_s"] for t in ts) * 1000,
+                "tpot_ms": statistics.median(
+                    (t["t_last"] - t["t_first"]) / (t["output_tokens"] - 1) for t in ts
+                )
+                * 1000,
+            }
+
+        return {
+            "status": "ok",
+            "cmd": cmd,
+            "guidellm": {
+                "ttft_ms": med("time_to_first_token_ms"),
+                "itl_ms": med("inter_token_latency_ms"),
+                "tpot_ms": med("time_per_output_token_ms"),
+                "truth": truth(g_truth),
+                "output_tok_s": _pick(m, "output_tokens_per_second", "successful", "mean"),
+            },
+            "gpubox": {
+                "ttft_ms": statistics.median(x.ttft_s for x in smp) * 1000,
+                "tpot_ms": statistics.median(x.tpot_s for x in smp) * 1000,
+                "truth": truth(o_truth),
+            },
+        }
     finally:
         s.stop()
 
@@ -272,11 +350,17 @@ def guidellm_side_by_side(tmp: Path, pin: bool, conc: int = 8, out: int = OUT, n
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer concurrency levels")
-    ap.add_argument("--reps", type=int, default=3, help="rounds per concurrency level (medians over all requests)")
+    ap.add_argument(
+        "--reps", type=int, default=3, help="rounds per concurrency level (medians over all requests)"
+    )
     ap.add_argument("--pin", action="store_true", help="pin simulator and client to separate cores")
-    ap.add_argument("--nice", type=int, default=-10,
-                    help="nice value for simulator and client (default -10: on a shared machine they stand in "
-                         "for a server and a client with machines of their own; 0 to compare; needs root)")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="nice value for simulator and client (default -10: on a shared machine they stand in "
+        "for a server and a client with machines of their own; 0 to compare; needs root)",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args()
     global PRIO
@@ -287,18 +371,24 @@ def main() -> int:
             os.setpriority(os.PRIO_PROCESS, 0, a.nice)
             PRIO = a.nice
         except OSError:
-            print(f"note: cannot set nice {a.nice} (not root?); measuring at normal priority", file=sys.stderr)
+            print(
+                f"note: cannot set nice {a.nice} (not root?); measuring at normal priority", file=sys.stderr
+            )
     if pin:
         os.sched_setaffinity(0, set(cpus[:-1]))
     levels = [1, 8, 64] if a.quick else [1, 2, 4, 8, 16, 32, 64]
     tmp = Path(tempfile.mkdtemp(prefix="gpubox-acc-"))
     load0 = os.getloadavg()[0]
     say = (lambda *x, **k: None) if a.json else print
-    say(f"client accuracy vs the simulator's own write times: TTFT {TTFT * 1000:.0f} ms, {TOTAL_RATE:.0f} tok/s "
-        f"spread over C streams (at most 500 per stream), {OUT} output tokens, 1 token per chunk; {a.reps} rounds per level; pinned={pin}, nice={PRIO}, load avg {load0:.1f} "
-        f"on {os.cpu_count()} CPUs")
-    say(f"{'C':>3} | {'tok/s true':>10} {'client':>8} {'err%':>5} | {'TPOT true ms':>12} {'client':>8} {'err%':>5} | "
-        f"{'TTFT true ms':>12} {'client':>8} {'err%':>5} {'p95%':>5} | {'stamp ms':>8} {'sim late':>8} {'CPU%':>5}")
+    say(
+        f"client accuracy vs the simulator's own write times: TTFT {TTFT * 1000:.0f} ms, {TOTAL_RATE:.0f} tok/s "
+        f"spread over C streams (at most 500 per stream), {OUT} output tokens, 1 token per chunk; {a.reps} rounds per level; "
+        f"pinned={pin}, nice={PRIO}, load avg {load0:.1f} on {os.cpu_count()} CPUs"
+    )
+    say(
+        f"{'C':>3} | {'tok/s true':>10} {'client':>8} {'err%':>5} | {'TPOT true ms':>12} {'client':>8} {'err%':>5} | "
+        f"{'TTFT true ms':>12} {'client':>8} {'err%':>5} {'p95%':>5} | {'stamp ms':>8} {'sim late':>8} {'CPU%':>5}"
+    )
     levels_out = []
     for conc in levels:
         s = start(per_stream(conc), tmp, pin)
@@ -311,43 +401,75 @@ def main() -> int:
             say(f"{conc:>3} FAILED: {r['error']}")
             continue
         k, p, t = r["tok_s"], r["tpot"], r["ttft"]
-        say(f"{conc:>3} | {k['truth']:>10.2f} {k['client']:>8.2f} {k['err_pct']:>5.2f} | {p['truth'] * 1e3:>12.3f} "
+        say(
+            f"{conc:>3} | {k['truth']:>10.2f} {k['client']:>8.2f} {k['err_pct']:>5.2f} | {p['truth'] * 1e3:>12.3f} "
             f"{p['client'] * 1e3:>8.3f} {p['err_pct']:>5.2f} | {t['truth'] * 1e3:>12.2f} {t['client'] * 1e3:>8.2f} "
             f"{t['err_pct']:>5.2f} {t['p95_err_pct']:>5.2f} | {r['stamp_delay_ms']:>8.3f} {r['sim_late_ms']:>8.1f} "
-            f"{r['client_cpu_pct']:>5.1f}  clock {r['clock']}")
+            f"{r['client_cpu_pct']:>5.1f}  clock {r['clock']}"
+        )
     cpu = cpu_run(tmp, pin)
     ours, plain = cpu["gpubox"], cpu["plain httpx"]
-    say(f"client CPU streaming 8 x {TOTAL_RATE / 8:.0f} tok/s, 1 token/chunk: gpubox {ours['cpu_pct']:.1f}% of one core "
+    say(
+        f"client CPU streaming 8 x {TOTAL_RATE / 8:.0f} tok/s, 1 token/chunk: gpubox {ours['cpu_pct']:.1f}% of one core "
         f"at {ours['tok_s']:.0f} tok/s; plain httpx (aiter_lines + json per line) {plain['cpu_pct']:.1f}% at "
-        f"{plain['tok_s']:.0f} tok/s; ratio {plain['cpu_pct'] / max(ours['cpu_pct'], 0.1):.2f}x")
+        f"{plain['tok_s']:.0f} tok/s; ratio {plain['cpu_pct'] / max(ours['cpu_pct'], 0.1):.2f}x"
+    )
     gl = guidellm_side_by_side(tmp, pin)
     if gl["status"] == "ok":
         g, o = gl["guidellm"], gl["gpubox"]
-        say(f"side by side, one simulator, 8 streams x {TOTAL_RATE / 8:.0f} tok/s, 24 requests each "
-            f"(server-side TTFT excludes the send, so a client's TTFT is a little above it):")
-        say(f"  {'client':<10} {'TTFT ms':>8} {'srv TTFT':>8} | {'ITL/TPOT ms':>11} {'true TPOT':>9} {'err%':>5}")
+        say(
+            f"side by side, one simulator, 8 streams x {TOTAL_RATE / 8:.0f} tok/s, 24 requests each "
+            f"(server-side TTFT excludes the send, so a client's TTFT is a little above it):"
+        )
+        say(
+            f"  {'client':<10} {'TTFT ms':>8} {'srv TTFT':>8} | {'ITL/TPOT ms':>11} {'true TPOT':>9} {'err%':>5}"
+        )
         for name, x, itl in (("GuideLLM", g, g["itl_ms"]), ("gpubox", o, o["tpot_ms"])):
-            say(f"  {name:<10} {x['ttft_ms']:>8.2f} {x['truth']['server_ttft_ms']:>8.2f} | {itl:>11.3f} "
-                f"{x['truth']['tpot_ms']:>9.3f} {rel(itl, x['truth']['tpot_ms']):>5.2f}")
-        say(f"  GuideLLM output {g['output_tok_s']:.0f} tok/s; its 'TPOT' {g['tpot_ms']:.3f} ms is E2E / tokens "
-            f"(includes TTFT), so its ITL is the figure comparable with gpubox's TPOT")
+            say(
+                f"  {name:<10} {x['ttft_ms']:>8.2f} {x['truth']['server_ttft_ms']:>8.2f} | {itl:>11.3f} "
+                f"{x['truth']['tpot_ms']:>9.3f} {rel(itl, x['truth']['tpot_ms']):>5.2f}"
+            )
+        say(
+            f"  GuideLLM output {g['output_tok_s']:.0f} tok/s; its 'TPOT' {g['tpot_ms']:.3f} ms is E2E / tokens "
+            f"(includes TTFT), so its ITL is the figure comparable with gpubox's TPOT"
+        )
     else:
         say(f"GuideLLM: {gl['status']} {gl.get('tail', '')}")
     ok = [r for r in levels_out if "error" not in r]
     goals = {}
     for key, label in (("tok_s", "tok/s"), ("tpot", "TPOT"), ("ttft", "TTFT")):
         worst = max((r[key]["err_pct"] for r in ok), default=float("inf"))
-        goals[label] = {"worst_err_pct": round(worst, 2),
-                        "pass": len(ok) == len(levels_out) and worst <= GOAL_ERR}
+        goals[label] = {
+            "worst_err_pct": round(worst, 2),
+            "pass": len(ok) == len(levels_out) and worst <= GOAL_ERR,
+        }
     goals["client CPU"] = {"cpu_pct": ours["cpu_pct"], "pass": ours["cpu_pct"] < GOAL_CPU}
     for label, g in goals.items():
-        what = f"worst {g['worst_err_pct']:.2f}% (goal within {GOAL_ERR:.0f}%)" if "worst_err_pct" in g else \
-            f"{g['cpu_pct']:.1f}% of one core (goal under {GOAL_CPU:.0f}%)"
+        what = (
+            f"worst {g['worst_err_pct']:.2f}% (goal within {GOAL_ERR:.0f}%)"
+            if "worst_err_pct" in g
+            else f"{g['cpu_pct']:.1f}% of one core (goal under {GOAL_CPU:.0f}%)"
+        )
         say(f"{'PASS' if g['pass'] else 'FAIL'}  {label:<10} {what} at C={levels[0]}..{levels[-1]}")
-    say(f"load avg at start {load0:.1f}, at end {os.getloadavg()[0]:.1f} (other work on this machine adds noise)")
+    say(
+        f"load avg at start {load0:.1f}, at end {os.getloadavg()[0]:.1f} (other work on this machine adds noise)"
+    )
     if a.json:
-        print(json.dumps({"pinned": pin, "nice": PRIO, "levels": levels_out, "cpu": cpu, "guidellm": gl, "goals": goals,
-                          "load_avg": [load0, os.getloadavg()[0]]}, indent=1, default=str))
+        print(
+            json.dumps(
+                {
+                    "pinned": pin,
+                    "nice": PRIO,
+                    "levels": levels_out,
+                    "cpu": cpu,
+                    "guidellm": gl,
+                    "goals": goals,
+                    "load_avg": [load0, os.getloadavg()[0]],
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return 0 if all(g["pass"] for g in goals.values()) else 1
 
 

@@ -60,8 +60,16 @@ def main() -> None:
         by_hand = ["lspci", "-vvv", "-A", "linux-sysfs", "-O", f"sysfs.path={sysfs}", "-d", "10de:"]
         rows = []
         for label, argv, goal in (
-            ("gpubox recover --no-bench (local)", gpubox + ["-i", local_inv, "recover", "ct200", "--no-bench", "--json"], 2.0),
-            ("gpubox recover --no-bench (SSH)", gpubox + ["-i", str(ssh_inv), "recover", "ct200", "--no-bench", "--json"], 5.0),
+            (
+                "gpubox recover --no-bench (local)",
+                gpubox + ["-i", local_inv, "recover", "ct200", "--no-bench", "--json"],
+                2.0,
+            ),
+            (
+                "gpubox recover --no-bench (SSH)",
+                gpubox + ["-i", str(ssh_inv), "recover", "ct200", "--no-bench", "--json"],
+                5.0,
+            ),
             ("gpubox doctor (local)", gpubox + ["-i", local_inv, "doctor", "ct200", "--json"], None),
             ("python3 -c pass (interpreter start)", [sys.executable, "-c", "pass"], None),
             ("lspci -vvv of the GPUs (by hand)", by_hand, None),

@@ -57,20 +57,24 @@ def shard_sizes(total_gb: float) -> list[int]:
 
 def _shard(path: Path, nbytes: int, name: str, block: bytearray, counter: list) -> None:
     """One BF16 tensor of 1024 columns in the safetensors format (8-byte LE header length + JSON)."""
-    hdr = json.dumps({"__metadata__": {"format": "pt"},
-                      name: {"dtype": "BF16", "shape": [nbytes // 2048, 1024], "data_offsets": [0, nbytes]}})
+    hdr = json.dumps(
+        {
+            "__metadata__": {"format": "pt"},
+            name: {"dtype": "BF16", "shape": [nbytes // 2048, 1024], "data_offsets": [0, nbytes]},
+        }
+    )
     raw = hdr.encode() + b" " * (-len(hdr) % 8)
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
         left = nbytes
         while left:
-            counter[0] += 1                      # fresh bytes per block without urandom for every GB
+            counter[0] += 1  # fresh bytes per block without urandom for every GB
             block[:8] = counter[0].to_bytes(8, "little")
             n = min(left, len(block))
             f.write(memoryview(block)[:n])
             left -= n
         f.flush()
-        os.fsync(f.fileno())                     # clean pages: DONTNEED can evict them
+        os.fsync(f.fileno())  # clean pages: DONTNEED can evict them
 
 
 def generate(src: Path, total_gb: float) -> int:
@@ -82,12 +86,16 @@ def generate(src: Path, total_gb: float) -> int:
         rel, t = f"model-{i + 1:05d}-of-{n:05d}.safetensors", f"model.layers.{i}.weight"
         _shard(src / rel, size, t, block, counter)
         weight_map[t] = rel
-    docs = {"config.json": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-                            "torch_dtype": "bfloat16"},
-            "tokenizer.json": {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}},
-            "tokenizer_config.json": {"tokenizer_class": "Qwen2Tokenizer"},
-            "model.safetensors.index.json": {"metadata": {"total_size": sum(sizes)},
-                                             "weight_map": weight_map}}
+    docs = {
+        "config.json": {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "torch_dtype": "bfloat16",
+        },
+        "tokenizer.json": {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}},
+        "tokenizer_config.json": {"tokenizer_class": "Qwen2Tokenizer"},
+        "model.safetensors.index.json": {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map},
+    }
     for rel, doc in docs.items():
         (src / rel).write_text(json.dumps(doc) + "\n")
     os.sync()
@@ -101,11 +109,13 @@ def source_files(src: Path) -> list[Path]:
 # -- page cache: warm, cold, checked ----------------------------------------------------------
 def warm(src: Path) -> None:
     """Read every source file (a thread each: 16 GB would take seconds in one)."""
+
     def read(p: Path) -> None:
         buf = bytearray(8 << 20)
         with open(p, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
+
     ts = [threading.Thread(target=read, args=(p,)) for p in source_files(src)]
     for t in ts:
         t.start()
@@ -159,7 +169,7 @@ def direct_read(src: Path, parallel: bool) -> tuple[float, float] | None:
         except OSError as exc:
             failed.append(exc)
             return
-        buf = mmap.mmap(-1, DIRECT_BLOCK)        # page-aligned, as O_DIRECT requires
+        buf = mmap.mmap(-1, DIRECT_BLOCK)  # page-aligned, as O_DIRECT requires
         try:
             off = 0
             while True:
@@ -193,9 +203,21 @@ def fio_read(src: Path) -> float | None:
     if not fio:
         return None
     big = max(source_files(src), key=lambda p: p.stat().st_size)
-    r = subprocess.run([fio, "--name=seqread", f"--filename={big}", "--rw=read", "--bs=1M", "--direct=1",
-                        "--ioengine=psync", "--readonly", "--output-format=json"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            fio,
+            "--name=seqread",
+            f"--filename={big}",
+            "--rw=read",
+            "--bs=1M",
+            "--direct=1",
+            "--ioengine=psync",
+            "--readonly",
+            "--output-format=json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     try:
         return json.loads(r.stdout)["jobs"][0]["read"]["bw_bytes"] / GB
     except (ValueError, KeyError, IndexError):
@@ -210,9 +232,14 @@ def timed(argv: list[str], stdin: bytes | None = None, env: dict | None = None) 
     dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:3])} failed ({r.returncode}): {r.stderr.decode()[-300:]}")
-    return {"s": dt, "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-            "minflt": r1.ru_minflt - r0.ru_minflt, "vcsw": r1.ru_nvcsw - r0.ru_nvcsw,
-            "ivcsw": r1.ru_nivcsw - r0.ru_nivcsw, "out": r.stdout}
+    return {
+        "s": dt,
+        "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+        "minflt": r1.ru_minflt - r0.ru_minflt,
+        "vcsw": r1.ru_nvcsw - r0.ru_nvcsw,
+        "ivcsw": r1.ru_nivcsw - r0.ru_nivcsw,
+        "out": r.stdout,
+    }
 
 
 def tools(src: Path, before: str | None) -> dict:
@@ -230,12 +257,14 @@ def tools(src: Path, before: str | None) -> dict:
     if shutil.which("rsync"):
         out["rsync -a"] = lambda d: timed(["rsync", "-a", f"{src}/", f"{d}/"])
     out["gpubox crc32"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d)])
-    out["gpubox sha256"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d),
-                                            "--hash", "sha256"])
-    if os.environ.get("BENCH_BUF_KIB"):   # a slice-size variant of the same engine (provision/stage.py BUF)
+    out["gpubox sha256"] = lambda d: timed(
+        [sys.executable, str(ENGINE), str(src), str(d), "--hash", "sha256"]
+    )
+    if os.environ.get("BENCH_BUF_KIB"):  # a slice-size variant of the same engine (provision/stage.py BUF)
         kib = os.environ["BENCH_BUF_KIB"]
-        out[f"gpubox crc32 {kib}K slice"] = lambda d: timed([sys.executable, str(ENGINE), str(src), str(d)],
-                                                              env={**os.environ, "GPUBOX_STAGE_BUF_KIB": kib})
+        out[f"gpubox crc32 {kib}K slice"] = lambda d: timed(
+            [sys.executable, str(ENGINE), str(src), str(d)], env={**os.environ, "GPUBOX_STAGE_BUF_KIB": kib}
+        )
     if before:
         out["gpubox before (crc32)"] = lambda d: timed([sys.executable, before, str(src), str(d)])
     return out
@@ -250,7 +279,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=float, default=4.0, help="model size in GB (default 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
-    ap.add_argument("--workdir", default=None, help="disk directory for the source (default: a temp dir in /var/tmp)")
+    ap.add_argument(
+        "--workdir", default=None, help="disk directory for the source (default: a temp dir in /var/tmp)"
+    )
     ap.add_argument("--tmpfs", default="/dev/shm", help="tmpfs directory to stage into (default /dev/shm)")
     ap.add_argument("--no-cold", action="store_true", help="warm runs only")
     ap.add_argument("--before", help="an earlier provision/stage.py to time beside (warm; from git show)")
@@ -261,8 +292,10 @@ def main() -> int:
     t_start = time.perf_counter()
     need = args.size * GB * 1.15
     if shutil.disk_usage(args.tmpfs).free < need:
-        raise SystemExit(f"{args.tmpfs} has {shutil.disk_usage(args.tmpfs).free / GB:.1f} GB free, needs "
-                         f"{need / GB:.1f} GB: use --size smaller")
+        raise SystemExit(
+            f"{args.tmpfs} has {shutil.disk_usage(args.tmpfs).free / GB:.1f} GB free, needs "
+            f"{need / GB:.1f} GB: use --size smaller"
+        )
     work = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.workdir or "/var/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.tmpfs))
     src = work / "Model"
@@ -275,8 +308,9 @@ def main() -> int:
         log(f"generated {src}: {nfiles} files, {total / GB:.2f} GB in {time.perf_counter() - t0:.1f} s")
         tl = tools(src, args.before)
         warm_runs: dict[str, list[dict]] = {k: [] for k in tl}
-        cold_runs: dict[str, list[dict]] = {k: [] for k in tl if "before" not in k and "slice" not in k
-                                            and k != "rsync -a"}
+        cold_runs: dict[str, list[dict]] = {
+            k: [] for k in tl if "before" not in k and "slice" not in k and k != "rsync -a"
+        }
         device: dict[str, list[float]] = {"1 stream": [], "stream per file": []}
         cached: list[float] = []
         load0 = os.getloadavg()
@@ -286,14 +320,18 @@ def main() -> int:
                 log(f"budget of {args.budget:.0f} s spent: {rnd} round(s)")
                 break
             names = list(tl)
-            for name in names[rnd % len(names):] + names[:rnd % len(names)]:   # rotated: no tool always first
+            for name in (
+                names[rnd % len(names) :] + names[: rnd % len(names)]
+            ):  # rotated: no tool always first
                 run = tl[name]
                 dest = shm / "dest"
                 warm(src)
                 r = run(dest)
                 warm_runs[name].append(r)
-                log(f"round {rnd + 1} warm: {name:24} {r['s']:6.2f} s {total / r['s'] / GB:5.2f} GB/s "
-                    f"cpu {r['cpu']:6.2f} s")
+                log(
+                    f"round {rnd + 1} warm: {name:24} {r['s']:6.2f} s {total / r['s'] / GB:5.2f} GB/s "
+                    f"cpu {r['cpu']:6.2f} s"
+                )
                 shutil.rmtree(dest)
             if args.no_cold:
                 continue
@@ -302,21 +340,25 @@ def main() -> int:
                 d = direct_read(src, par)
                 if d is not None:
                     device[mode].append(total / d[0] / GB)
-                    log(f"round {rnd + 1} cold: O_DIRECT {mode:15} {d[0]:6.2f} s "
-                        f"{total / d[0] / GB:5.2f} GB/s")
+                    log(
+                        f"round {rnd + 1} cold: O_DIRECT {mode:15} {d[0]:6.2f} s "
+                        f"{total / d[0] / GB:5.2f} GB/s"
+                    )
             names = list(cold_runs)
-            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
                 dest = shm / "dest"
                 evict(src)
                 share = cached_share(src)
                 if share is not None:
                     cached.append(share)
                 r = tl[name](dest)
-                if name.startswith("gpubox"):     # how much of the source it read with O_DIRECT
+                if name.startswith("gpubox"):  # how much of the source it read with O_DIRECT
                     r["direct"] = json.loads(r["out"]).get("read_direct_bytes", 0) / total
                 cold_runs[name].append(r)
-                log(f"round {rnd + 1} cold: {name:24} {r['s']:6.2f} s {total / r['s'] / GB:5.2f} GB/s "
-                    f"cpu {r['cpu']:6.2f} s (cached before: {share if share is None else f'{share:.0%}'})")
+                log(
+                    f"round {rnd + 1} cold: {name:24} {r['s']:6.2f} s {total / r['s'] / GB:5.2f} GB/s "
+                    f"cpu {r['cpu']:6.2f} s (cached before: {share if share is None else f'{share:.0%}'})"
+                )
                 shutil.rmtree(dest)
         load1 = os.getloadavg()
         # a final staged copy: the no-op re-stage and --verify
@@ -341,20 +383,29 @@ def summarise(total, nfiles, warm_runs, cold_runs, device, cached, fio, load0, l
     gb = total / GB
 
     def rows(runs):
-        return {k: {"median_s": round(med(v, "s"), 3), "gb_s": round(gb / med(v, "s"), 3),
-                    "cpu_s": round(med(v, "cpu"), 3), "cpu_s_per_gb": round(med(v, "cpu") / gb, 3),
-                    "minflt": int(med(v, "minflt")), "vcsw": int(med(v, "vcsw")),
-                    "ivcsw": int(med(v, "ivcsw")),
-                    "runs_s": [round(r["s"], 3) for r in v],
-                    **({"read_direct_share": round(med(v, "direct"), 3)} if "direct" in v[0] else {})}
-                for k, v in runs.items() if v}
+        return {
+            k: {
+                "median_s": round(med(v, "s"), 3),
+                "gb_s": round(gb / med(v, "s"), 3),
+                "cpu_s": round(med(v, "cpu"), 3),
+                "cpu_s_per_gb": round(med(v, "cpu") / gb, 3),
+                "minflt": int(med(v, "minflt")),
+                "vcsw": int(med(v, "vcsw")),
+                "ivcsw": int(med(v, "ivcsw")),
+                "runs_s": [round(r["s"], 3) for r in v],
+                **({"read_direct_share": round(med(v, "direct"), 3)} if "direct" in v[0] else {}),
+            }
+            for k, v in runs.items()
+            if v
+        }
 
     w, c = rows(warm_runs), rows(cold_runs)
-    xa = next((k for k in w if k.startswith("xargs")), "cp -r")   # without xargs: against cp -r
+    xa = next((k for k in w if k.startswith("xargs")), "cp -r")  # without xargs: against cp -r
     dev = {k: round(statistics.median(v), 3) for k, v in device.items() if v}
     if fio:
         dev["fio 1 stream"] = round(fio, 3)
     dev_rate = max(dev.values()) if dev else None
+
     def wall(a, b, rows=w):
         return rows[a]["median_s"] / rows[b]["median_s"]
 
@@ -376,39 +427,58 @@ def summarise(total, nfiles, warm_runs, cold_runs, device, cached, fio, load0, l
         for k in dict.fromkeys(("gpubox crc32", "gpubox sha256", "cp -r", xa)):
             ratios[f"cold: {k} rate / device read rate (goal >= 0.9 for gpubox)"] = c[k]["gb_s"] / dev_rate
         ratios["cold: gpubox crc32 CPU/GB / cp -r's (goal <= 3)"] = cpu("gpubox crc32", "cp -r", c)
-    return {"bytes": total, "files": nfiles, "cpus": os.cpu_count(),
-            "rounds": len(next(iter(warm_runs.values()))),
-            "warm": w, "cold": c, "device_read_gb_s": dev, "device_rate_gb_s": dev_rate,
-            "cold_cached_share_before_runs": round(max(cached), 3) if cached else None,
-            "ratios": {k: round(v, 3) for k, v in ratios.items()},
-            "noop_restage_s": round(noop["s"], 3), "verify_s": round(ver["s"], 3),
-            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in load1]}
+    return {
+        "bytes": total,
+        "files": nfiles,
+        "cpus": os.cpu_count(),
+        "rounds": len(next(iter(warm_runs.values()))),
+        "warm": w,
+        "cold": c,
+        "device_read_gb_s": dev,
+        "device_rate_gb_s": dev_rate,
+        "cold_cached_share_before_runs": round(max(cached), 3) if cached else None,
+        "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "noop_restage_s": round(noop["s"], 3),
+        "verify_s": round(ver["s"], 3),
+        "load_before": [round(x, 2) for x in load0],
+        "load_after": [round(x, 2) for x in load1],
+    }
 
 
 def print_table(res: dict) -> None:
     gb = res["bytes"] / GB
-    print(f"\n{res['files']} files, {gb:.2f} GB, disk -> tmpfs, {res['rounds']} round(s), "
-          f"{res['cpus']} CPUs; "
-          f"load average {res['load_before'][0]:.2f} before, {res['load_after'][0]:.2f} after")
-    hdr = (f"{'cache':5} {'tool':24} {'median s':>9} {'GB/s':>6} {'CPU s':>7} {'CPU s/GB':>9} "
-           f"{'minflt':>8} {'vcsw':>7}")
+    print(
+        f"\n{res['files']} files, {gb:.2f} GB, disk -> tmpfs, {res['rounds']} round(s), "
+        f"{res['cpus']} CPUs; "
+        f"load average {res['load_before'][0]:.2f} before, {res['load_after'][0]:.2f} after"
+    )
+    hdr = (
+        f"{'cache':5} {'tool':24} {'median s':>9} {'GB/s':>6} {'CPU s':>7} {'CPU s/GB':>9} "
+        f"{'minflt':>8} {'vcsw':>7}"
+    )
     print(hdr)
     for cache in ("warm", "cold"):
         for k, r in res[cache].items():
-            print(f"{cache:5} {k:24} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} "
-                  f"{r['cpu_s_per_gb']:9.2f} "
-                  f"{r['minflt']:8d} {r['vcsw']:7d}"
-                  + (f"  read {r['read_direct_share']:.0%} with O_DIRECT" if "read_direct_share" in r else ""))
+            print(
+                f"{cache:5} {k:24} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} "
+                f"{r['cpu_s_per_gb']:9.2f} "
+                f"{r['minflt']:8d} {r['vcsw']:7d}"
+                + (f"  read {r['read_direct_share']:.0%} with O_DIRECT" if "read_direct_share" in r else "")
+            )
     if res["device_read_gb_s"]:
         dev = ", ".join(f"{k} {v:.2f}" for k, v in res["device_read_gb_s"].items())
         share = res["cold_cached_share_before_runs"]
-        print(f"source device, O_DIRECT sequential read GB/s: {dev} "
-              f"(rate used: {res['device_rate_gb_s']:.2f}); "
-              f"cold runs started with {'?' if share is None else f'{share:.0%}'} of probed pages cached")
+        print(
+            f"source device, O_DIRECT sequential read GB/s: {dev} "
+            f"(rate used: {res['device_rate_gb_s']:.2f}); "
+            f"cold runs started with {'?' if share is None else f'{share:.0%}'} of probed pages cached"
+        )
     for k, v in res["ratios"].items():
         print(f"{v:6.2f}  {k}")
-    print(f"no-op re-stage {res['noop_restage_s']:.2f} s; --verify re-hash {res['verify_s']:.2f} s "
-          f"({gb / res['verify_s']:.2f} GB/s)")
+    print(
+        f"no-op re-stage {res['noop_restage_s']:.2f} s; --verify re-hash {res['verify_s']:.2f} s "
+        f"({gb / res['verify_s']:.2f} GB/s)"
+    )
 
 
 if __name__ == "__main__":

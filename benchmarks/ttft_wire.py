@@ -88,8 +88,21 @@ class Tcpdump:
 
     def __enter__(self) -> "Tcpdump":
         # --immediate-mode: without it the last packets, still in a ring block, are lost at SIGINT
-        argv = ["tcpdump", "-i", "lo", "-n", "-s", "0", "-U", "--immediate-mode", "-B", "16384",
-                "-w", str(self.pcap), f"tcp port {self.port}"]
+        argv = [
+            "tcpdump",
+            "-i",
+            "lo",
+            "-n",
+            "-s",
+            "0",
+            "-U",
+            "--immediate-mode",
+            "-B",
+            "16384",
+            "-w",
+            str(self.pcap),
+            f"tcp port {self.port}",
+        ]
         self.p = subprocess.Popen(argv, stderr=subprocess.PIPE)
         line = self.p.stderr.readline()  # "listening on lo ..." once it captures
         if b"listening" not in line:
@@ -105,8 +118,12 @@ class Tcpdump:
         self.dropped = int(m.group(1)) if m else None
 
     def ttfts(self) -> list[float]:
-        txt = subprocess.run(["tcpdump", "-r", str(self.pcap), "-n", "-tt", "-A", "-s", "0"],
-                             capture_output=True, errors="replace", text=True).stdout
+        txt = subprocess.run(
+            ["tcpdump", "-r", str(self.pcap), "-n", "-tt", "-A", "-s", "0"],
+            capture_output=True,
+            errors="replace",
+            text=True,
+        ).stdout
         pkts, cur = [], None
         for line in txt.splitlines():
             m = HDR.match(line)
@@ -115,12 +132,13 @@ class Tcpdump:
                 pkts.append(cur)
             elif cur is not None:
                 cur[4].append(line)
-        self.requests = wire_requests([(t, sp, dp, "\n".join(body).encode() if n else b"")
-                                       for t, sp, dp, n, body in pkts], self.port)
+        self.requests = wire_requests(
+            [(t, sp, dp, "\n".join(body).encode() if n else b"") for t, sp, dp, n, body in pkts], self.port
+        )
         return [x for _, x, _ in self.requests]
 
 
-PACKET_CHILD = r'''
+PACKET_CHILD = r"""
 import socket, struct, sys, signal
 port, path = int(sys.argv[1]), sys.argv[2]
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
@@ -151,7 +169,7 @@ while not stop:
     pay = data[off:]
     out.write(struct.pack("!dHHI", sec + nsec * 1e-9, sp, dp, len(pay)) + pay)
 out.close()
-'''
+"""
 
 
 class PacketCapture(Tcpdump):
@@ -160,8 +178,11 @@ class PacketCapture(Tcpdump):
     """Where tcpdump is missing: an AF_PACKET socket on lo in a child process (kernel timestamps)."""
 
     def __enter__(self) -> "PacketCapture":
-        self.p = subprocess.Popen([sys.executable, "-c", PACKET_CHILD, str(self.port), str(self.pcap)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", PACKET_CHILD, str(self.port), str(self.pcap)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         if b"listening" not in self.p.stdout.readline():
             raise SystemExit(f"packet capture did not start: {self.p.stderr.read().decode().strip()[-300:]}")
         return self
@@ -171,7 +192,7 @@ class PacketCapture(Tcpdump):
         while i < len(raw):
             t, sp, dp, n = struct.unpack_from("!dHHI", raw, i)
             i += 16
-            pkts.append((t, sp, dp, raw[i:i + n]))
+            pkts.append((t, sp, dp, raw[i : i + n]))
             i += n
         self.requests = wire_requests(pkts, self.port)
         return [x for _, x, _ in self.requests]
@@ -182,8 +203,16 @@ def row(tool: str, own_ms: float | None, wire: list[float], cap=None, **extra) -
     if own_ms is None or not wire:
         return {"tool": tool, "status": extra.pop("status", None) or "no result", **extra}
     w = statistics.median(wire) * 1000
-    return {"tool": tool, "status": "ok", "requests": len(wire), "ttft_ms": own_ms, "wire_ms": w,
-            "err_pct": (own_ms - w) / w * 100, "wire_dropped": getattr(cap, "dropped", None), **extra}
+    return {
+        "tool": tool,
+        "status": "ok",
+        "requests": len(wire),
+        "ttft_ms": own_ms,
+        "wire_ms": w,
+        "err_pct": (own_ms - w) / w * 100,
+        "wire_dropped": getattr(cap, "dropped", None),
+        **extra,
+    }
 
 
 async def _gpubox(url: str, conc: int, n: int, out: int, cap):
@@ -192,7 +221,8 @@ async def _gpubox(url: str, conc: int, n: int, out: int, cap):
         await run_concurrent(c, [Request(8, prompt=prompt) for _ in range(conc)], conc)  # C open connections
         with cap:
             smp, _ = await run_concurrent(
-                c, [Request(out, prompt=prompt, extra={"user": f"ttft-{i}"}) for i in range(n)], conc)
+                c, [Request(out, prompt=prompt, extra={"user": f"ttft-{i}"}) for i in range(n)], conc
+            )
     return smp
 
 
@@ -211,12 +241,27 @@ def gpubox(tool: str, url: str, conc: int, n: int, out: int, cap) -> dict:
     # medians over the requests the capture saw (a capture that misses some would compare other sets)
     diffs = sorted((c - w) * 1000 for c, w in pairs)
     own = statistics.median(c for c, _ in pairs) * 1000 if pairs else None
-    per = {"p50": diffs[len(diffs) // 2], "p95": diffs[int(len(diffs) * .95)],
-           "max": diffs[-1], "min": diffs[0]} if diffs else None
-    return row(tool, own, [w for _, w in pairs], cap, sent=len(smp), per_request_ms=per,
-               send_wait_ms_p50=statistics.median(s.send_wait_s for s in smp) * 1000,
-               send_wait_ms_max=max(s.send_wait_s for s in smp) * 1000,
-               clock=dict(Counter(s.clock for s in smp)))
+    per = (
+        {
+            "p50": diffs[len(diffs) // 2],
+            "p95": diffs[int(len(diffs) * 0.95)],
+            "max": diffs[-1],
+            "min": diffs[0],
+        }
+        if diffs
+        else None
+    )
+    return row(
+        tool,
+        own,
+        [w for _, w in pairs],
+        cap,
+        sent=len(smp),
+        per_request_ms=per,
+        send_wait_ms_p50=statistics.median(s.send_wait_s for s in smp) * 1000,
+        send_wait_ms_max=max(s.send_wait_s for s in smp) * 1000,
+        clock=dict(Counter(s.clock for s in smp)),
+    )
 
 
 def _tail(r: subprocess.CompletedProcess) -> str:
@@ -226,11 +271,23 @@ def _tail(r: subprocess.CompletedProcess) -> str:
 
 def guidellm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: int, cap, tmp: Path) -> dict:
     outp = tmp / f"guidellm-{conc}-{time.monotonic_ns()}.json"
-    cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model={model}",
-           "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={n}",
-           "--data", f"kind=synthetic_text,prompt_tokens=16,output_tokens={out}",
-           "--tokenizer", f"kind=hf_auto,model={tok}",
-           "--output", f"kind=json,path={outp}", "--disable-progress"]
+    cmd = [
+        exe,
+        "run",
+        "--backend",
+        f"kind=openai_http,target={url},model={model}",
+        "--profile",
+        f"kind=concurrent,streams={conc}",
+        "--constraint",
+        f"kind=max_requests,count={n}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens=16,output_tokens={out}",
+        "--tokenizer",
+        f"kind=hf_auto,model={tok}",
+        "--output",
+        f"kind=json,path={outp}",
+        "--disable-progress",
+    ]
     with cap:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
     if r.returncode != 0 or not outp.exists():
@@ -242,11 +299,40 @@ def guidellm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: 
 
 def vllm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: int, cap, tmp: Path) -> dict:
     name = f"vllm-{conc}-{time.monotonic_ns()}.json"
-    cmd = [exe, "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-           "--model", model, "--tokenizer", str(tok), "--dataset-name", "random", "--random-input-len", "16",
-           "--random-output-len", str(out), "--num-prompts", str(n), "--max-concurrency", str(conc),
-           "--ignore-eos", "--ready-check-timeout-sec", "0",  # no initial test request: n requests in all
-           "--save-result", "--result-dir", str(tmp), "--result-filename", name, "--disable-tqdm"]
+    cmd = [
+        exe,
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        str(tok),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        str(out),
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(conc),
+        "--ignore-eos",
+        "--ready-check-timeout-sec",
+        "0",  # no initial test request: n requests in all
+        "--save-result",
+        "--result-dir",
+        str(tmp),
+        "--result-filename",
+        name,
+        "--disable-tqdm",
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with cap:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp, env=env)
@@ -258,9 +344,14 @@ def vllm(exe: str, tok: Path, url: str, model: str, conc: int, n: int, out: int,
 def word_tokenizer(pythons: list[str], dest: Path) -> Path | None:
     """One word = one token (the simulator's rule), saved as a Hugging Face tokenizer directory."""
     from client_accuracy import word_tokenizer as code
+
     for py in pythons:
-        if py and Path(py).exists() and subprocess.run([py, "-c", code(dest), str(dest)], capture_output=True,
-                                                       timeout=300).returncode == 0:
+        if (
+            py
+            and Path(py).exists()
+            and subprocess.run([py, "-c", code(dest), str(dest)], capture_output=True, timeout=300).returncode
+            == 0
+        ):
             return dest
     return None
 
@@ -268,12 +359,36 @@ def word_tokenizer(pythons: list[str], dest: Path) -> Path | None:
 def start_server(kind: str, conc: int, tmp: Path) -> Server:
     port = free_port()
     if kind == "sim":
-        argv = [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--rate",
-                str(min(2000.0 / conc, 500.0)), "--ttft", "0.05", "--no-contention", "--startup-s", "0"]
+        argv = [
+            sys.executable,
+            "-m",
+            "gpubox.bench.simserver",
+            "--port",
+            str(port),
+            "--rate",
+            str(min(2000.0 / conc, 500.0)),
+            "--ttft",
+            "0.05",
+            "--no-contention",
+            "--startup-s",
+            "0",
+        ]
     else:
         gl = os.environ.get("GUIDELLM") or shutil.which("guidellm")
-        argv = [gl, "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "mock",
-                "--ttft-ms", "50", "--itl-ms", "10"]
+        argv = [
+            gl,
+            "mock-server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            "mock",
+            "--ttft-ms",
+            "50",
+            "--itl-ms",
+            "10",
+        ]
     srv = Server(argv, {}, port=port, log_path=tmp / f"{kind}-{port}.log")
     srv.start()
     srv.wait_ready(60)
@@ -289,8 +404,9 @@ def main() -> int:
     ap.add_argument("--server", choices=("sim", "guidellm-mock"), default="sim")
     ap.add_argument("--url", default=None, help="measure this running server instead")
     ap.add_argument("--tools", default=",".join(TOOLS))
-    ap.add_argument("--capture", choices=("tcpdump", "packet"),
-                    default="tcpdump" if shutil.which("tcpdump") else "packet")
+    ap.add_argument(
+        "--capture", choices=("tcpdump", "packet"), default="tcpdump" if shutil.which("tcpdump") else "packet"
+    )
     ap.add_argument("--nice", type=int, default=0, help="nice value for this run and its children (root)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save", type=Path, default=None, help="also write the JSON document here")
@@ -326,9 +442,11 @@ def main() -> int:
                                 r = row(tool, None, [], status="not installed" if not exe else "no tokenizer")
                             else:
                                 import httpx
+
                                 model = model or httpx.get(url + "/v1/models").json()["data"][0]["id"]
-                                r = (guidellm if tool == "guidellm" else vllm)(exe, tok, url, model, conc, n,
-                                                                               a.out, cap, tmp)
+                                r = (guidellm if tool == "guidellm" else vllm)(
+                                    exe, tok, url, model, conc, n, a.out, cap, tmp
+                                )
                         r.update(C=conc, rep=rep)
                         rows.append(r)
                         if tool == "gpubox":
@@ -339,16 +457,27 @@ def main() -> int:
                     if srv:
                         srv.stop()
     load1 = os.getloadavg()[0]
-    doc = json.dumps({"server": a.url or a.server, "capture": a.capture, "out": a.out, "nice": a.nice,
-                      "cpus": len(os.sched_getaffinity(0)), "load_avg": [load0, load1], "rows": rows},
-                     indent=1)
+    doc = json.dumps(
+        {
+            "server": a.url or a.server,
+            "capture": a.capture,
+            "out": a.out,
+            "nice": a.nice,
+            "cpus": len(os.sched_getaffinity(0)),
+            "load_avg": [load0, load1],
+            "rows": rows,
+        },
+        indent=1,
+    )
     if a.save:
         a.save.write_text(doc)
     if a.json:
         print(doc)
     else:
-        print(f"load avg {load0:.1f} -> {load1:.1f}; capture {a.capture}; goal: gpubox TTFT median within "
-              f"{GOAL}% of the wire at every level: {'PASS' if ok else 'FAIL'}")
+        print(
+            f"load avg {load0:.1f} -> {load1:.1f}; capture {a.capture}; goal: gpubox TTFT median within "
+            f"{GOAL}% of the wire at every level: {'PASS' if ok else 'FAIL'}"
+        )
     return 0 if ok else 1
 
 
@@ -356,17 +485,23 @@ def _line(r: dict) -> str:
     head = f"C={r['C']:<3} rep {r['rep']} {r['tool']:<12}"
     if r["status"] != "ok":
         return f"{head} {r['status']}"
-    s = (f"{head} n={r['requests']}/{r['sent']:<3} TTFT {r['ttft_ms']:8.2f} ms  wire {r['wire_ms']:8.2f} ms  "
-         f"err {r['err_pct']:+6.2f}%")
+    s = (
+        f"{head} n={r['requests']}/{r['sent']:<3} TTFT {r['ttft_ms']:8.2f} ms  wire {r['wire_ms']:8.2f} ms  "
+        f"err {r['err_pct']:+6.2f}%"
+    )
     if r.get("wire_dropped"):
         s += f"  (capture dropped {r['wire_dropped']} packets)"
     if "send_wait_ms_p50" in r:
-        s += (f"  send wait p50/max {r['send_wait_ms_p50']:.2f}/{r['send_wait_ms_max']:.2f} ms"
-              f"  clock {r['clock']}")
+        s += (
+            f"  send wait p50/max {r['send_wait_ms_p50']:.2f}/{r['send_wait_ms_max']:.2f} ms"
+            f"  clock {r['clock']}"
+        )
         p = r.get("per_request_ms")
         if p:
-            s += (f"  per request (client - wire) p50 {p['p50']:+.3f} p95 {p['p95']:+.3f} "
-                  f"max {p['max']:+.3f} ms")
+            s += (
+                f"  per request (client - wire) p50 {p['p50']:+.3f} p95 {p['p95']:+.3f} "
+                f"max {p['max']:+.3f} ms"
+            )
     return s
 
 

@@ -30,10 +30,10 @@ class Area:
     """What one area registers. Positions order providers and groups across all areas."""
 
     name: str
-    providers: tuple[tuple[int, str], ...] = ()          # (pipeline position, module)
-    groups: tuple[tuple[int, str, tuple[str, ...]], ...] = ()   # (position, group, step names)
-    commands: dict[str, str] = field(default_factory=dict)     # CLI name -> "module:attr"
-    hooks: dict[str, str] = field(default_factory=dict)        # name -> "module" | "module:attr"
+    providers: tuple[tuple[int, str], ...] = ()  # (pipeline position, module)
+    groups: tuple[tuple[int, str, tuple[str, ...]], ...] = ()  # (position, group, step names)
+    commands: dict[str, str] = field(default_factory=dict)  # CLI name -> "module:attr"
+    hooks: dict[str, str] = field(default_factory=dict)  # name -> "module" | "module:attr"
 
 
 @lru_cache(maxsize=None)

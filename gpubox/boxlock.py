@@ -43,7 +43,7 @@ def box_lock(box: str, what: str | None = None):
     """Hold BOX's change lock for the duration of the block."""
     try:
         path = lock_path(box)
-    except OSError as exc:       # e.g. a file where the locks directory should be
+    except OSError as exc:  # e.g. a file where the locks directory should be
         raise os_error(exc) from None
     key = str(path)
     with _mutex:
@@ -73,9 +73,10 @@ def box_lock(box: str, what: str | None = None):
                 if time.monotonic() >= deadline:
                     f.seek(0)
                     holder = " ".join(f.read().split())[:200] or "another gpubox process"
-                    raise GpuboxError(f"{box} is being changed by {holder}",
-                                      f"wait for it to finish (or set {WAIT_ENV}=SECONDS to wait longer)"
-                                      ) from None
+                    raise GpuboxError(
+                        f"{box} is being changed by {holder}",
+                        f"wait for it to finish (or set {WAIT_ENV}=SECONDS to wait longer)",
+                    ) from None
                 time.sleep(0.1)
         what = what or " ".join(["gpubox", *sys.argv[1:]])[:120]
         f.seek(0)
@@ -102,6 +103,7 @@ def box_lock(box: str, what: str | None = None):
 def lock_for(ctx, mode: str):
     """The box lock when MODE changes the box, else a no-op context."""
     from contextlib import nullcontext
+
     box = getattr(getattr(ctx, "box", None), "name", None)
     if mode != "apply" or not box:
         return nullcontext()

@@ -49,6 +49,7 @@ class LazyGroup(click.Group):
         cmd = getattr(module, attr, None)
         if cmd is not None:
             from .completion import attach_box_completion
+
             attach_box_completion(cmd)
         return cmd
 
@@ -63,13 +64,20 @@ class State:
     def inventory(self):
         if self._inventory is None:
             from .inventory import Inventory
+
             self._inventory = Inventory(self.inventory_path)
         return self._inventory
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-i", "--inventory", "inventory", metavar="PATH", envvar="GPUBOX_INVENTORY",
-              help="Ansible YAML inventory file or directory (default: ./inventory or $GPUBOX_INVENTORY).")
+@click.option(
+    "-i",
+    "--inventory",
+    "inventory",
+    metavar="PATH",
+    envvar="GPUBOX_INVENTORY",
+    help="Ansible YAML inventory file or directory (default: ./inventory or $GPUBOX_INVENTORY).",
+)
 @click.option("-v", "--verbose", count=True, help="More detail; tracebacks on errors.")
 @click.version_option(__version__, prog_name="gpubox")
 @click.pass_context
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     except GpuboxError as exc:
         if verbose:
             import traceback
+
             traceback.print_exc()
         click.echo(f"gpubox: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -137,23 +146,33 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"gpubox: error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(2)
     except UnicodeDecodeError as exc:
-        click.echo(f"gpubox: error: input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
-                   f"{exc.start} (re-save it as UTF-8)", err=True)
+        click.echo(
+            f"gpubox: error: input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start} (re-save it as UTF-8)",
+            err=True,
+        )
         sys.exit(2)
-    except UnicodeEncodeError as exc:   # e.g. a non-UTF-8 file name (surrogate-escaped) printed
-        click.echo(f"gpubox: error: a name is not UTF-8 text ({exc.object[exc.start:exc.end]!a}); rename it "
-                   "(or set a UTF-8 locale)", err=True)
+    except UnicodeEncodeError as exc:  # e.g. a non-UTF-8 file name (surrogate-escaped) printed
+        click.echo(
+            f"gpubox: error: a name is not UTF-8 text ({exc.object[exc.start : exc.end]!a}); rename it "
+            "(or set a UTF-8 locale)",
+            err=True,
+        )
         sys.exit(2)
     except OSError as exc:
         from .errors import os_error
+
         click.echo(f"gpubox: error: {os_error(exc)}", err=True)
         sys.exit(2)
     except Exception as exc:  # a bug or an unforeseen state: still one line, and "could not run"
         if verbose:
             import traceback
+
             traceback.print_exc()
         msg = " ".join(f"{type(exc).__name__}: {exc}".split())
-        click.echo(f"gpubox: internal error: {msg} (re-run with -v for the traceback and report it)", err=True)
+        click.echo(
+            f"gpubox: internal error: {msg} (re-run with -v for the traceback and report it)", err=True
+        )
         sys.exit(2)
     sys.exit(rc if isinstance(rc, int) else 0)
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from .clihelp import json_option, state
 from .output import console, plain, print_json
-from rich.markup import escape
 
 
 @click.group()
@@ -25,12 +25,25 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     for name in inv.box_names():
         b = inv.box(name)
         conn = b.container.get("gpubox_connection") or b.container.get("ansible_connection") or "ssh"
-        rows.append({"box": name, "vmid": b.vmid, "proxmox_host": b.host.name,
-                     "connection": conn, "root": b.container.root, "host_root": b.host.root,
-                     "groups": b.container.groups})
+        rows.append(
+            {
+                "box": name,
+                "vmid": b.vmid,
+                "proxmox_host": b.host.name,
+                "connection": conn,
+                "root": b.container.root,
+                "host_root": b.host.root,
+                "groups": b.container.groups,
+            }
+        )
     if as_json:
-        print_json({"inventory": str(inv.path), "boxes": rows,
-                    "hosts": sorted(n for n in inv.hosts if n not in inv.box_names())})
+        print_json(
+            {
+                "inventory": str(inv.path),
+                "boxes": rows,
+                "hosts": sorted(n for n in inv.hosts if n not in inv.box_names()),
+            }
+        )
         return
     t = Table(title=escape(f"boxes in {inv.path}"))
     for c in ("box", "vmid", "proxmox host", "connection", "root"):
@@ -47,9 +60,16 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 def show(ctx: click.Context, box: str, as_json: bool) -> None:
     """Show every resolved variable of BOX and of its Proxmox host."""
     b = state(ctx).inventory.box(box)
-    doc = {"box": b.name, "vmid": b.vmid,
-           "container": {"name": b.container.name, "groups": b.container.groups, "vars": b.container.public_vars()},
-           "proxmox_host": {"name": b.host.name, "groups": b.host.groups, "vars": b.host.public_vars()}}
+    doc = {
+        "box": b.name,
+        "vmid": b.vmid,
+        "container": {
+            "name": b.container.name,
+            "groups": b.container.groups,
+            "vars": b.container.public_vars(),
+        },
+        "proxmox_host": {"name": b.host.name, "groups": b.host.groups, "vars": b.host.public_vars()},
+    }
     if as_json:
         print_json(doc)
         return
@@ -66,6 +86,7 @@ def show(ctx: click.Context, box: str, as_json: bool) -> None:
 
 def _short(v) -> str:
     import yaml
+
     if isinstance(v, (dict, list)):
         return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
     return str(v)

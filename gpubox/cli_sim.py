@@ -15,19 +15,24 @@ def sim() -> None:
 
 @sim.command("create")
 @click.argument("dest", type=click.Path(file_okay=False))
-@click.option("--fault", "faults", multiple=True, help="Fault to reproduce (repeat); 'seed' = the seed's reboot.")
+@click.option(
+    "--fault", "faults", multiple=True, help="Fault to reproduce (repeat); 'seed' = the seed's reboot."
+)
 @click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 16))
 @json_option
 def create(dest: str, faults: tuple[str, ...], gpus: int, as_json: bool) -> None:
     """Create a simulated Proxmox host + container in DEST and write its inventory."""
     from .simbox import build
+
     box = build(dest, faults, gpus=gpus)
     doc = {"dir": str(box.dest), "inventory": str(box.inventory_path), "faults": sorted(box.faults)}
     if as_json:
         print_json(doc)
     else:
-        click.echo(f"simulated box in {box.dest}\n  faults: {', '.join(doc['faults']) or 'none'}\n"
-                   f"  try: gpubox -i {box.inventory_path} doctor {box.box}")
+        click.echo(
+            f"simulated box in {box.dest}\n  faults: {', '.join(doc['faults']) or 'none'}\n"
+            f"  try: gpubox -i {box.inventory_path} doctor {box.box}"
+        )
 
 
 @sim.command("faults")
@@ -35,6 +40,7 @@ def create(dest: str, faults: tuple[str, ...], gpus: int, as_json: bool) -> None
 def faults_(as_json: bool) -> None:
     """List the fault switches."""
     from .simbox import all_faults
+
     f = all_faults()
     if as_json:
         print_json(f)

@@ -12,7 +12,9 @@ from .output import console, print_json, render_report
 from .steps import RunReport
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-dry_run_option = click.option("--dry-run", is_flag=True, help="Check and plan only: show the exact diff/commands, change nothing.")
+dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Check and plan only: show the exact diff/commands, change nothing."
+)
 
 
 def state(ctx: click.Context):
@@ -24,8 +26,13 @@ def box_context(ctx: click.Context, box_name: str, **options: Any) -> Context:
     inv = st.inventory
     box = inv.box(box_name)
     quiet = options.get("as_json", False)
-    return Context(box=box, inventory=inv, options=options, verbose=bool(st.verbose),
-                   console=None if quiet else console(stderr=True))
+    return Context(
+        box=box,
+        inventory=inv,
+        options=options,
+        verbose=bool(st.verbose),
+        console=None if quiet else console(stderr=True),
+    )
 
 
 def emit(report: RunReport, as_json: bool, *, title: str | None = None) -> None:

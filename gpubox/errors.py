@@ -44,8 +44,10 @@ class CommandError(GpuboxError):
 def not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> GpuboxError:
     """The one-line cause for bytes that are not UTF-8 text, with where they are."""
     line = data.count(b"\n", 0, exc.start) + 1
-    return GpuboxError(f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} "
-                       f"(line {line})", "re-save it as UTF-8 (iconv -t UTF-8), or fix the bytes")
+    return GpuboxError(
+        f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line})",
+        "re-save it as UTF-8 (iconv -t UTF-8), or fix the bytes",
+    )
 
 
 def read_text_file(path, *, what: str = "file") -> str:
@@ -78,6 +80,7 @@ _OS_FIX = {
 def os_error(exc: OSError) -> GpuboxError:
     """An OSError as the one-line cause and fix (errno name, strerror, the path)."""
     import errno as _errno
+
     name = _errno.errorcode.get(exc.errno or 0, "OSError")
     where = f" {exc.filename}" if exc.filename else ""
     if getattr(exc, "filename2", None):

@@ -2,7 +2,8 @@
 
 A fact class says where it is read ("host" = the Proxmox host, "container" = the LXC guest,
 "box" = both: `read` gets the context, for a fact whose sources span the two, e.g. the GPU
-topology from NVML in the container, else the host's sysfs, else the inventory), how (`read(host, *args)`: file reads or an argv through the transport, nothing else) and how the
+topology from NVML in the container, else the host's sysfs, else the inventory), how
+(`read(host, *args)`: file reads or an argv through the transport, nothing else) and how the
 raw answer becomes a value (`parse(raw, *args)`: pure, so tests feed it recorded text). The
 context caches each (fact, args) once per run; `Context.forget()` drops the cache after an apply
 so verify reads the host again.

@@ -51,14 +51,25 @@ class Host:
         return self.path("/sys/bus/pci")
 
     # -- commands --------------------------------------------------------------------------
-    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
-            env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False, check: bool = False, on_stderr=None) -> CmdResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        input: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+        check: bool = False,
+        on_stderr=None,
+    ) -> CmdResult:
         merged = dict(self.env)
         if env:
             merged.update(env)
         kw = {"on_stderr": on_stderr} if on_stderr is not None else {}  # live stderr lines (transport.base)
-        r = self.transport.run(argv, timeout=timeout, input=input, env=merged or None, cwd=cwd, become=become, **kw)
+        r = self.transport.run(
+            argv, timeout=timeout, input=input, env=merged or None, cwd=cwd, become=become, **kw
+        )
         r.host = self.name
         return r.check() if check else r
 
@@ -75,8 +86,9 @@ class Host:
             return default
         try:
             return data.decode()
-        except UnicodeDecodeError as exc:   # a one-line cause naming the file, never "internal error"
+        except UnicodeDecodeError as exc:  # a one-line cause naming the file, never "internal error"
             from .errors import not_utf8
+
             raise not_utf8(f"{self.name}:{path}", data, exc) from None
 
     def exists(self, path: str) -> bool:
@@ -94,8 +106,15 @@ class Host:
     def remove(self, path: str) -> None:
         self.transport.remove(self.path(path))
 
-    def write(self, path: str, data: bytes | str, *, mode: int | None = None, backup: bool = True,
-              tmp_name: str | None = None) -> str | None:
+    def write(
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        mode: int | None = None,
+        backup: bool = True,
+        tmp_name: str | None = None,
+    ) -> str | None:
         """Atomic write with a timestamped backup of the old content on the control node.
 
         Returns the backup's path (None when there was nothing to back up)."""
@@ -133,18 +152,26 @@ def transport_for(entry: HostEntry, *, via: "Host | None" = None, vmid: int | No
     """
     conn = str(entry.get("gpubox_connection") or entry.get("ansible_connection") or "ssh")
     if conn == "local":
-        return LocalTransport(entry.name, become=str(entry.get("ansible_become", "")).lower() in ("1", "true", "yes"))
+        return LocalTransport(
+            entry.name, become=str(entry.get("ansible_become", "")).lower() in ("1", "true", "yes")
+        )
     if conn in ("ssh", "paramiko", "ansible.builtin.ssh", "ansible.builtin.paramiko_ssh"):
         from .transport.ssh import SSHTransport
+
         return SSHTransport.from_vars(entry.name, entry.vars)
     if conn == "pct":
         from .transport.pct import PctTransport
+
         if via is None or vmid is None:
-            raise InventoryError(f"{entry.name}: gpubox_connection pct needs gpubox_vmid and gpubox_proxmox_host",
-                                 "set both, or use ssh")
+            raise InventoryError(
+                f"{entry.name}: gpubox_connection pct needs gpubox_vmid and gpubox_proxmox_host",
+                "set both, or use ssh",
+            )
         return PctTransport(entry.name, via.transport, vmid, host_env=via.env)
-    raise InventoryError(f"{entry.name}: unsupported connection {conn!r}",
-                         "use ansible_connection local or ssh, or gpubox_connection pct")
+    raise InventoryError(
+        f"{entry.name}: unsupported connection {conn!r}",
+        "use ansible_connection local or ssh, or gpubox_connection pct",
+    )
 
 
 def connect(entry: HostEntry, role: str = "host") -> Host:

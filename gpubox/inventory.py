@@ -25,14 +25,38 @@ INVENTORY_ENV = "GPUBOX_INVENTORY"
 CONTAINER_GROUP = "gpu_containers"
 HOST_GROUP = "proxmox_hosts"
 _ANSIBLE_MAGIC = {
-    "inventory_file", "inventory_dir", "inventory_hostname", "inventory_hostname_short",
-    "group_names", "groups", "playbook_dir", "omit", "ansible_playbook_python",
-    "ansible_config_file", "ansible_version", "ansible_check_mode", "ansible_diff_mode",
-    "ansible_forks", "ansible_inventory_sources", "ansible_run_tags", "ansible_skip_tags",
-    "ansible_verbosity", "hostvars", "environment", "role_names", "ansible_play_hosts",
-    "ansible_play_batch", "ansible_play_hosts_all", "ansible_dependent_role_names",
-    "ansible_play_role_names", "ansible_role_names", "ansible_facts", "play_hosts",
-    "ansible_collection_name", "ansible_search_path", "ansible_loop_var",
+    "inventory_file",
+    "inventory_dir",
+    "inventory_hostname",
+    "inventory_hostname_short",
+    "group_names",
+    "groups",
+    "playbook_dir",
+    "omit",
+    "ansible_playbook_python",
+    "ansible_config_file",
+    "ansible_version",
+    "ansible_check_mode",
+    "ansible_diff_mode",
+    "ansible_forks",
+    "ansible_inventory_sources",
+    "ansible_run_tags",
+    "ansible_skip_tags",
+    "ansible_verbosity",
+    "hostvars",
+    "environment",
+    "role_names",
+    "ansible_play_hosts",
+    "ansible_play_batch",
+    "ansible_play_hosts_all",
+    "ansible_dependent_role_names",
+    "ansible_play_role_names",
+    "ansible_role_names",
+    "ansible_facts",
+    "play_hosts",
+    "ansible_collection_name",
+    "ansible_search_path",
+    "ansible_loop_var",
 }
 
 
@@ -68,8 +92,7 @@ def _yaml_files(path: Path) -> list[Path]:
 
 def _precheck(path: Path) -> None:
     if not path.exists():
-        raise InventoryError(f"inventory {path} does not exist",
-                             f"pass -i PATH or set ${INVENTORY_ENV}")
+        raise InventoryError(f"inventory {path} does not exist", f"pass -i PATH or set ${INVENTORY_ENV}")
     for f in _yaml_files(path):
         text = _read_source(f)
         try:
@@ -79,16 +102,17 @@ def _precheck(path: Path) -> None:
             mark = getattr(exc, "problem_mark", None)
             where = f"{f}:{mark.line + 1}" if mark else str(f)
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise InventoryError(f"malformed YAML at {where}: {problem}",
-                                 "fix the file's syntax (yamllint shows the spot)") from None
+            raise InventoryError(
+                f"malformed YAML at {where}: {problem}", "fix the file's syntax (yamllint shows the spot)"
+            ) from None
         in_vars_dir = any(part in ("group_vars", "host_vars") for part in f.parts)
         if data is not None and not isinstance(data, dict):
             kind = "variables file" if in_vars_dir else "inventory"
             raise InventoryError(f"{f} is not a YAML mapping", f"a {kind} must be a mapping of names")
 
 
-MAX_BYTES = 4 << 20          # an inventory file larger than this is not an inventory
-MAX_NODES = 200_000          # YAML nodes after alias expansion (a real inventory has hundreds)
+MAX_BYTES = 4 << 20  # an inventory file larger than this is not an inventory
+MAX_NODES = 200_000  # YAML nodes after alias expansion (a real inventory has hundreds)
 
 
 def _read_source(f: Path) -> str:
@@ -96,14 +120,17 @@ def _read_source(f: Path) -> str:
         data = f.read_bytes()
     except OSError as exc:
         from .errors import os_error
+
         raise os_error(exc) from None
     if len(data) > MAX_BYTES:
-        raise InventoryError(f"{f} is {len(data)} bytes",
-                             f"an inventory file over {MAX_BYTES >> 20} MiB is refused")
+        raise InventoryError(
+            f"{f} is {len(data)} bytes", f"an inventory file over {MAX_BYTES >> 20} MiB is refused"
+        )
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
         from .errors import not_utf8
+
         raise not_utf8(f"inventory file {f}", data, exc) from None
 
 
@@ -128,8 +155,10 @@ def _bounded(f: Path, text: str) -> None:
         if key in memo:
             return memo[key]
         if key in active:
-            raise InventoryError(f"{f}: a YAML alias refers to itself (line {node.start_mark.line + 1})",
-                                 "remove the recursive anchor/alias")
+            raise InventoryError(
+                f"{f}: a YAML alias refers to itself (line {node.start_mark.line + 1})",
+                "remove the recursive anchor/alias",
+            )
         active.add(key)
         n = 1
         if isinstance(node, yaml.SequenceNode):
@@ -145,9 +174,11 @@ def _bounded(f: Path, text: str) -> None:
         active.discard(key)
         memo[key] = n
         if n > MAX_NODES:
-            raise InventoryError(f"{f}: YAML aliases expand to more than {MAX_NODES} values "
-                                 f"(near line {node.start_mark.line + 1}; an alias bomb?)",
-                                 "write the values out, or use fewer nested aliases")
+            raise InventoryError(
+                f"{f}: YAML aliases expand to more than {MAX_NODES} values "
+                f"(near line {node.start_mark.line + 1}; an alias bomb?)",
+                "write the values out, or use fewer nested aliases",
+            )
         return n
 
     try:
@@ -218,14 +249,19 @@ class Inventory:
         vault_file = os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE")
         if vault_file:
             from ansible.cli import CLI
-            loader.set_vault_secrets(CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[vault_file]))
+
+            loader.set_vault_secrets(
+                CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[vault_file])
+            )
         try:
             with _strict_ansible_parse() as failures:
                 try:
                     im = InventoryManager(loader=loader, sources=[str(self.path)])
                 except AnsibleError as exc:
-                    raise InventoryError(f"cannot read inventory {self.path}: {_parse_failure(failures, exc)}",
-                                         "check the file against Ansible's YAML inventory format") from None
+                    raise InventoryError(
+                        f"cannot read inventory {self.path}: {_parse_failure(failures, exc)}",
+                        "check the file against Ansible's YAML inventory format",
+                    ) from None
             vm = VariableManager(loader=loader, inventory=im)
             for h in im.get_hosts():
                 raw = vm.get_vars(host=h, include_hostvars=False)
@@ -240,8 +276,10 @@ class Inventory:
                 self._hosts[h.name] = HostEntry(h.name, resolved, groups)
         except AnsibleError as exc:
             msg = " ".join(str(exc).split())[:300]
-            raise InventoryError(f"cannot read inventory {self.path}: {msg}",
-                                 "check the file against Ansible's YAML inventory format") from None
+            raise InventoryError(
+                f"cannot read inventory {self.path}: {msg}",
+                "check the file against Ansible's YAML inventory format",
+            ) from None
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -261,22 +299,27 @@ class Inventory:
     def box(self, name: str) -> Box:
         if name not in self._hosts or "gpubox_vmid" not in self._hosts[name].vars:
             known = ", ".join(self.box_names()) or "none"
-            raise InventoryError(f"unknown box {name!r} in {self.path}",
-                                 f"known boxes: {known}")
+            raise InventoryError(f"unknown box {name!r} in {self.path}", f"known boxes: {known}")
         ct = self._hosts[name]
         try:
             int(ct.vars["gpubox_vmid"])
         except (TypeError, ValueError):
-            raise InventoryError(f"box {name}: gpubox_vmid {ct.vars['gpubox_vmid']!r} is not a number",
-                                 "set gpubox_vmid to the container's numeric id, e.g. 200") from None
+            raise InventoryError(
+                f"box {name}: gpubox_vmid {ct.vars['gpubox_vmid']!r} is not a number",
+                "set gpubox_vmid to the container's numeric id, e.g. 200",
+            ) from None
         hostname = ct.vars.get("gpubox_proxmox_host")
         if not hostname:
-            raise InventoryError(f"box {name} has no gpubox_proxmox_host",
-                                 "set gpubox_proxmox_host to the inventory name of its Proxmox host")
+            raise InventoryError(
+                f"box {name} has no gpubox_proxmox_host",
+                "set gpubox_proxmox_host to the inventory name of its Proxmox host",
+            )
         if hostname not in self._hosts:
             known = ", ".join(sorted(n for n in self._hosts if n not in self.box_names())) or "none"
-            raise InventoryError(f"box {name}: gpubox_proxmox_host {hostname!r} is not in the inventory",
-                                 f"add it, or name one of: {known}")
+            raise InventoryError(
+                f"box {name}: gpubox_proxmox_host {hostname!r} is not in the inventory",
+                f"add it, or name one of: {known}",
+            )
         return Box(container=ct, host=self._hosts[hostname])
 
 
@@ -290,8 +333,10 @@ def _template(templar, host: str, key: str, value: Any, error_cls) -> Any:
     except error_cls as exc:
         if key.startswith(("gpubox_", "ansible_")):
             msg = " ".join(str(exc).split("\n")[0].split())[:200]
-            raise InventoryError(f"{host}: variable {key} cannot be resolved: {msg}",
-                                 "define what it refers to in the inventory, or write the value directly") from None
+            raise InventoryError(
+                f"{host}: variable {key} cannot be resolved: {msg}",
+                "define what it refers to in the inventory, or write the value directly",
+            ) from None
         return value
 
 
@@ -344,8 +389,9 @@ def _parse_failure(seen: list[str], exc: Exception) -> str:
     text = re.sub(r"<<< caused by >>> ", "", text)
     text = text.split(" Origin: ")[0]
     # Ansible's tagged container types read as plain ones: "<class '..._AnsibleTaggedList'>" -> list
-    text = re.sub(r"\"?<class '(?:[\w.]*\.)?_?(?:AnsibleTagged)?(\w+)'>\"?",
-                  lambda m: m.group(1).lower(), text)
+    text = re.sub(
+        r"\"?<class '(?:[\w.]*\.)?_?(?:AnsibleTagged)?(\w+)'>\"?", lambda m: m.group(1).lower(), text
+    )
     return text[:300]
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .errors import InventoryError
 
-Rule = Callable[[Any], str | None]     # None when fine, else what is wrong (after "is ...")
+Rule = Callable[[Any], str | None]  # None when fine, else what is wrong (after "is ...")
 
 
 def _int_in(lo: int, hi: int) -> Rule:
@@ -24,6 +24,7 @@ def _int_in(lo: int, hi: int) -> Rule:
                 return f"not a whole number {lo}..{hi}"
             v = int(v)
         return None if lo <= v <= hi else f"outside {lo}..{hi}"
+
     return rule
 
 
@@ -103,12 +104,14 @@ def check_host(name: str, vars: dict[str, Any]) -> None:
             continue
         problem = rule(vars[key])
         if problem:
-            raise InventoryError(f"{name}: {key} = {_show(vars[key])} is {problem}",
-                                 f"fix {key} in the inventory")
+            raise InventoryError(
+                f"{name}: {key} = {_show(vars[key])} is {problem}", f"fix {key} in the inventory"
+            )
     if vars.get("gpubox_simulated") is True and str(vars.get("gpubox_root") or "/") == "/":
-        raise InventoryError(f"{name}: gpubox_simulated is true but gpubox_root is missing",
-                             "set gpubox_root to the simulated box's root; "
-                             "gpubox will not touch this machine's /")
+        raise InventoryError(
+            f"{name}: gpubox_simulated is true but gpubox_root is missing",
+            "set gpubox_root to the simulated box's root; gpubox will not touch this machine's /",
+        )
 
 
 def _show(v: Any) -> str:

@@ -31,8 +31,9 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def render_report(report: RunReport, con: Console | None = None, *, show_changes: bool = True,
-                  title: str | None = None) -> None:
+def render_report(
+    report: RunReport, con: Console | None = None, *, show_changes: bool = True, title: str | None = None
+) -> None:
     con = con or console()
     t = Table(title=escape(title or f"{report.box}: {report.mode}"), show_lines=False)
     t.add_column("step")
@@ -66,4 +67,5 @@ def render_report(report: RunReport, con: Console | None = None, *, show_changes
 
 def _q(a: str) -> str:
     import shlex
+
     return shlex.quote(a)

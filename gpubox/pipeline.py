@@ -53,9 +53,17 @@ def _title(step: Step) -> str:
 
 
 def _result_from(step: Step, ctx, f, status: str | None = None, **kw) -> StepResult:
-    return StepResult(name=step.name, title=_title(step), host=step.host_name(ctx),
-                      status=status or f.status, detail=f.detail, evidence=evidence_dict(f.evidence),
-                      cause=f.cause, repair=f.repair, **kw)
+    return StepResult(
+        name=step.name,
+        title=_title(step),
+        host=step.host_name(ctx),
+        status=status or f.status,
+        detail=f.detail,
+        evidence=evidence_dict(f.evidence),
+        cause=f.cause,
+        repair=f.repair,
+        **kw,
+    )
 
 
 def _commands(step: Step, ctx, plan) -> list[list[str]]:
@@ -63,7 +71,9 @@ def _commands(step: Step, ctx, plan) -> list[list[str]]:
 
 
 def _failure(step: Step, ctx, detail: str, repair: str | None = None) -> StepResult:
-    return StepResult(step.name, step.host_name(ctx), FAILED, detail=detail, title=_title(step), repair=repair)
+    return StepResult(
+        step.name, step.host_name(ctx), FAILED, detail=detail, title=_title(step), repair=repair
+    )
 
 
 def run_step(step: Step, ctx, mode: str) -> StepResult:
@@ -84,7 +94,9 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
                 step.apply(ctx, plan)
                 v = step.verify(ctx)
                 status = FIXED if v.status == OK else FAILED
-                res = _result_from(step, ctx, v, status=status, changed=True, diff=plan.diff, commands=commands)
+                res = _result_from(
+                    step, ctx, v, status=status, changed=True, diff=plan.diff, commands=commands
+                )
                 if status == FIXED:
                     res.detail = f"{f.detail} -> {plan.description or 'repaired'}; verified: {v.detail}"
                     res.cause = f.cause
@@ -96,30 +108,45 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
         raise
     except GpuboxError as exc:
         res = _failure(step, ctx, str(exc))
-    except OSError as exc:     # EROFS, EPERM (immutable), ENOSPC, ENOTDIR...: the cause, not "internal error"
+    except OSError as exc:  # EROFS, EPERM (immutable), ENOSPC, ENOTDIR...: the cause, not "internal error"
         err = os_error(exc)
         res = _failure(step, ctx, err.problem, err.fix)
     except UnicodeDecodeError as exc:
-        res = _failure(step, ctx, f"input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
-                       "fix or re-save the file as UTF-8")
+        res = _failure(
+            step,
+            ctx,
+            f"input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
+            "fix or re-save the file as UTF-8",
+        )
     except Exception as exc:  # a bug or an unexpected state: report it on the step, keep going
         if getattr(ctx, "verbose", False):
             traceback.print_exc()
-        res = _failure(step, ctx, f"internal error: {type(exc).__name__}: {exc}",
-                       "re-run with -v for the traceback and report it")
+        res = _failure(
+            step,
+            ctx,
+            f"internal error: {type(exc).__name__}: {exc}",
+            "re-run with -v for the traceback and report it",
+        )
     res.seconds = time.monotonic() - t0
     return res
 
 
 def blocked(step: Step, ctx, bad: list[str]) -> StepResult:
     """The record of a step skipped because steps it requires did not end ok or fixed."""
-    return StepResult(step.name, step.host_name(ctx), SKIPPED, title=_title(step),
-                      detail=f"blocked: {', '.join(bad)} did not end ok", evidence={"blocked_by": bad},
-                      repair=f"fix {', '.join(bad)} first, then re-run")
+    return StepResult(
+        step.name,
+        step.host_name(ctx),
+        SKIPPED,
+        title=_title(step),
+        detail=f"blocked: {', '.join(bad)} did not end ok",
+        evidence={"blocked_by": bad},
+        repair=f"fix {', '.join(bad)} first, then re-run",
+    )
 
 
-def run_steps(ctx, steps: Iterable[Step], mode: str = "check",
-              on_result: Callable[[StepResult], None] | None = None) -> RunReport:
+def run_steps(
+    ctx, steps: Iterable[Step], mode: str = "check", on_result: Callable[[StepResult], None] | None = None
+) -> RunReport:
     """A plain list of steps through the engine, in the order given (one step at a time)."""
     return run_pipeline(ctx, [Node(s) for s in steps], mode, on_result=on_result, parallel=False)
 
@@ -145,22 +172,28 @@ def _check_order(nodes: list[Node]) -> None:
             raise ValueError(f"pipeline order deadlocks at {stuck}")
 
 
-def run_pipeline(ctx, nodes: Iterable[Node], mode: str = "check", *,
-                 on_start: Callable[[Node], None] | None = None,
-                 on_result: Callable[[StepResult], None] | None = None,
-                 parallel: bool = True) -> RunReport:
+def run_pipeline(
+    ctx,
+    nodes: Iterable[Node],
+    mode: str = "check",
+    *,
+    on_start: Callable[[Node], None] | None = None,
+    on_result: Callable[[StepResult], None] | None = None,
+    parallel: bool = True,
+) -> RunReport:
     """Run nodes lane by lane; in apply mode a node whose requirement did not end ok/fixed is skipped."""
     if mode not in MODES:
         raise ValueError(mode)
     from .boxlock import lock_for
-    with lock_for(ctx, mode):       # every change to a box holds its one lock
+
+    with lock_for(ctx, mode):  # every change to a box holds its one lock
         return _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel)
 
 
 def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
     nodes = list(nodes)
     forget = getattr(ctx, "forget", None)
-    if forget is not None:      # facts are cached within one run, never across runs
+    if forget is not None:  # facts are cached within one run, never across runs
         forget()
     _check_order(nodes)
     names = {n.name for n in nodes}
@@ -171,9 +204,11 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
         for node in seq:
             reqs = [r for r in node.requires if r in names]
             with shared.cond:
-                if not wait:    # sequential: a requirement that has not run yet cannot block
+                if not wait:  # sequential: a requirement that has not run yet cannot block
                     reqs = [r for r in reqs if r in shared.results]
-                shared.cond.wait_for(lambda: shared.error is not None or all(r in shared.results for r in reqs))
+                shared.cond.wait_for(
+                    lambda reqs=reqs: shared.error is not None or all(r in shared.results for r in reqs)
+                )
                 if shared.error is not None:
                     return
                 bad = [r for r in reqs if shared.results[r].status not in (OK, FIXED)]
@@ -199,8 +234,10 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
     for n in nodes:
         lanes.setdefault(n.lane, []).append(n)
     if parallel and len(lanes) > 1:
-        threads = [threading.Thread(target=run_lane, args=(seq,), name=f"lane-{lane}", daemon=True)
-                   for lane, seq in lanes.items()]
+        threads = [
+            threading.Thread(target=run_lane, args=(seq,), name=f"lane-{lane}", daemon=True)
+            for lane, seq in lanes.items()
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -33,7 +33,7 @@ def parse(line: str) -> dict[str, Any] | None:
     if not line.startswith(PREFIX):
         return None
     try:
-        ev = json.loads(line[len(PREFIX):])
+        ev = json.loads(line[len(PREFIX) :])
     except ValueError:
         return None
     return ev if isinstance(ev, dict) else None
@@ -48,8 +48,12 @@ class Relay:
     """on_stderr callback: progress events to `progress` (start/advance/stop) or `step(desc, advance)`;
     other lines to `other`. Keeps when each event arrived (`times`), for the tests' gap checks."""
 
-    def __init__(self, progress=None, step: Callable[..., None] | None = None,
-                 other: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        progress=None,
+        step: Callable[..., None] | None = None,
+        other: Callable[[str], None] | None = None,
+    ):
         self.progress, self.step, self.other = progress, step, other
         self.times: list[float] = []
         self.events: list[dict[str, Any]] = []

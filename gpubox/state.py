@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MAX_NAME = 96        # well under NAME_MAX, leaving room for the suffixes we add (.lock, .<stamp>)
+MAX_NAME = 96  # well under NAME_MAX, leaving room for the suffixes we add (.lock, .<stamp>)
 
 
 def safe_name(name: str, *, limit: int = MAX_NAME) -> str:

@@ -38,8 +38,11 @@ def evidence_dict(evidence: Any) -> dict[str, Any]:
     """The JSON record of a finding's evidence: a dataclass's fields (those not OMIT), or the
     dict as it is."""
     if dataclasses.is_dataclass(evidence) and not isinstance(evidence, type):
-        return {f.name: _plain(getattr(evidence, f.name)) for f in dataclasses.fields(evidence)
-                if getattr(evidence, f.name) is not OMIT}
+        return {
+            f.name: _plain(getattr(evidence, f.name))
+            for f in dataclasses.fields(evidence)
+            if getattr(evidence, f.name) is not OMIT
+        }
     return dict(evidence or {})
 
 
@@ -59,7 +62,7 @@ class Finding:
 
     status: str  # ok | drift | failed
     detail: str
-    evidence: Any = field(default_factory=dict)   # a dataclass, or a dict for small steps
+    evidence: Any = field(default_factory=dict)  # a dataclass, or a dict for small steps
     cause: str | None = None
     repair: str | None = None
     plan: "Plan | None" = None
@@ -69,13 +72,22 @@ class Finding:
         return cls(OK, detail, _ev(evidence, kw))
 
     @classmethod
-    def drift(cls, detail: str, cause: str | None = None, repair: str | None = None, *,
-              plan: "Plan | None" = None, evidence: Any = None, **kw) -> "Finding":
+    def drift(
+        cls,
+        detail: str,
+        cause: str | None = None,
+        repair: str | None = None,
+        *,
+        plan: "Plan | None" = None,
+        evidence: Any = None,
+        **kw,
+    ) -> "Finding":
         return cls(DRIFT, detail, _ev(evidence, kw), cause, repair, plan)
 
     @classmethod
-    def failed(cls, detail: str, cause: str | None = None, repair: str | None = None, *,
-               evidence: Any = None, **kw) -> "Finding":
+    def failed(
+        cls, detail: str, cause: str | None = None, repair: str | None = None, *, evidence: Any = None, **kw
+    ) -> "Finding":
         return cls(FAILED, detail, _ev(evidence, kw), cause, repair)
 
 
@@ -88,6 +100,7 @@ def _ev(evidence: Any, kw: dict[str, Any]) -> Any:
 
 
 # --- plan actions: what apply runs, exactly -------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HostPath:
@@ -108,7 +121,7 @@ class Run:
     timeout: float = 60
     where: str | None = None
     after: Callable[[Any], None] | None = None
-    become: bool = False          # as root (sudo) where the transport's user is not root
+    become: bool = False  # as root (sudo) where the transport's user is not root
 
     def resolved(self, host) -> list[str]:
         return [a.prefix + host.path(a.path) if isinstance(a, HostPath) else str(a) for a in self.argv]
@@ -120,7 +133,7 @@ class Write:
 
     path: str
     text: str | bytes
-    old: str | None = ""          # what the diff is shown against ("" = empty, None = /dev/null)
+    old: str | None = ""  # what the diff is shown against ("" = empty, None = /dev/null)
     mode: int | None = 0o644
     where: str | None = None
 
@@ -219,6 +232,7 @@ class Step:
 
     def apply(self, ctx, plan: Plan) -> None:
         from .state import backup_path
+
         execute(plan, lambda where: self.host_for(ctx, where), lambda h, p: backup_path(h.name, p))
 
     def verify(self, ctx) -> Finding:
@@ -286,9 +300,13 @@ class RunReport:
         return 0 if self.ok else 1
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"box": self.box, "mode": self.mode, "ok": self.ok, "changed": self.changed,
-             "seconds": round(self.seconds, 4), "steps": [s.to_dict() for s in self.steps]}
+        d = {
+            "box": self.box,
+            "mode": self.mode,
+            "ok": self.ok,
+            "changed": self.changed,
+            "seconds": round(self.seconds, 4),
+            "steps": [s.to_dict() for s in self.steps],
+        }
         d.update(self.extra)
         return d
-
-

@@ -18,23 +18,37 @@ from gpubox.pipeline import run_steps
 
 from . import steps as hw_steps
 
-persist_option = click.option("--persist", is_flag=True, help="Also make it survive reboots (boot unit / sysctl.d).")
+persist_option = click.option(
+    "--persist", is_flag=True, help="Also make it survive reboots (boot unit / sysctl.d)."
+)
 
 
-def _run(ctx: click.Context, box: str, names: tuple[str, ...], *, as_json: bool, mode: str | None = None,
-         title: str, **options) -> None:
+def _run(
+    ctx: click.Context,
+    box: str,
+    names: tuple[str, ...],
+    *,
+    as_json: bool,
+    mode: str | None = None,
+    title: str,
+    **options,
+) -> None:
     if options.get("mrrs") is not None:
         from .pcie import parse_mrrs
-        parse_mrrs(options["mrrs"])          # bad input: exit 2 before touching anything
+
+        parse_mrrs(options["mrrs"])  # bad input: exit 2 before touching anything
     c = box_context(ctx, box, as_json=as_json, **options)
     if "pcie-mrrs" in names and options.get("mrrs") is None:
         from .pcie import parse_mrrs
-        parse_mrrs(c.box.var("gpubox_pcie_mrrs", 4096))     # a bad inventory value is bad input too
+
+        parse_mrrs(c.box.var("gpubox_pcie_mrrs", 4096))  # a bad inventory value is bad input too
     if options.get("include"):
         from .pcie import select_functions
-        select_functions(c.host, _split_include(options["include"]))   # --include BAD: exit 2, nothing run
+
+        select_functions(c.host, _split_include(options["include"]))  # --include BAD: exit 2, nothing run
     if "numa-balancing" in names:
         from .numa import desired
+
         desired(c)
     mode = mode or ("plan" if options.get("dry_run") else "apply")
     try:
@@ -62,16 +76,31 @@ def tune() -> None:
 @click.pass_context
 def tune_check(ctx, box, persist, as_json):
     """Check every tuning of BOX; change nothing. Exit 1 when something needs doing."""
-    _run(ctx, box, ("pcie-mrrs", "pcie-link", "numa-balancing", "nccl-env"), as_json=as_json, mode="check",
-         title=f"{box}: tune check", persist=persist)
+    _run(
+        ctx,
+        box,
+        ("pcie-mrrs", "pcie-link", "numa-balancing", "nccl-env"),
+        as_json=as_json,
+        mode="check",
+        title=f"{box}: tune check",
+        persist=persist,
+    )
 
 
 @tune.command("pcie")
 @click.argument("box")
-@click.option("--mrrs", metavar="BYTES", help="MaxReadReq target: 128..4096 (power of two) or code 0..5 "
-                                              "[default: gpubox_pcie_mrrs or 4096].")
-@click.option("--include", "include", multiple=True, metavar="WHAT",
-              help="Also tune 'audio' functions, 'bridge's, or a BDF (repeat). GPU functions only by default.")
+@click.option(
+    "--mrrs",
+    metavar="BYTES",
+    help="MaxReadReq target: 128..4096 (power of two) or code 0..5 [default: gpubox_pcie_mrrs or 4096].",
+)
+@click.option(
+    "--include",
+    "include",
+    multiple=True,
+    metavar="WHAT",
+    help="Also tune 'audio' functions, 'bridge's, or a BDF (repeat). GPU functions only by default.",
+)
 @dry_run_option
 @persist_option
 @json_option
@@ -79,8 +108,17 @@ def tune_check(ctx, box, persist, as_json):
 def tune_pcie(ctx, box, mrrs, include, dry_run, persist, as_json):
     """Set PCIe MaxReadReq on the GPU functions of BOX's host with a masked setpci write, read it
     back, and report link status. --dry-run shows each device's before/after and the exact argv."""
-    _run(ctx, box, ("pcie-mrrs", "pcie-link"), as_json=as_json, title=f"{box}: tune pcie",
-         mrrs=mrrs, include=include, dry_run=dry_run, persist=persist)
+    _run(
+        ctx,
+        box,
+        ("pcie-mrrs", "pcie-link"),
+        as_json=as_json,
+        title=f"{box}: tune pcie",
+        mrrs=mrrs,
+        include=include,
+        dry_run=dry_run,
+        persist=persist,
+    )
 
 
 @tune.command("numa")
@@ -91,7 +129,15 @@ def tune_pcie(ctx, box, mrrs, include, dry_run, persist, as_json):
 @click.pass_context
 def tune_numa(ctx, box, dry_run, persist, as_json):
     """Turn kernel.numa_balancing off on BOX's host (--persist: /etc/sysctl.d/90-gpubox-numa.conf)."""
-    _run(ctx, box, ("numa-balancing",), as_json=as_json, title=f"{box}: tune numa", dry_run=dry_run, persist=persist)
+    _run(
+        ctx,
+        box,
+        ("numa-balancing",),
+        as_json=as_json,
+        title=f"{box}: tune numa",
+        dry_run=dry_run,
+        persist=persist,
+    )
 
 
 @tune.command("nccl")
@@ -100,14 +146,26 @@ def tune_numa(ctx, box, dry_run, persist, as_json):
 @dry_run_option
 @json_option
 @click.pass_context
-@click.option("--measure", "measure_gate", is_flag=True,
-              help="Measure first (this machine's GPUs: A/B all-reduce with an A/A arm); "
-                   "install only if the profile is slower nowhere and faster somewhere.")
+@click.option(
+    "--measure",
+    "measure_gate",
+    is_flag=True,
+    help="Measure first (this machine's GPUs: A/B all-reduce with an A/A arm); "
+    "install only if the profile is slower nowhere and faster somewhere.",
+)
 def tune_nccl(ctx, box, profile, dry_run, as_json, measure_gate):
     """Write the NCCL profile where BOX's server reads it (EnvironmentFile + /etc/nccl.conf)."""
     gate = _measure_gate(ctx, box, profile, as_json) if measure_gate else None
-    _run(ctx, box, ("nccl-env",), as_json=as_json, title=f"{box}: tune nccl", profile=profile, dry_run=dry_run,
-         nccl_gate=gate)
+    _run(
+        ctx,
+        box,
+        ("nccl-env",),
+        as_json=as_json,
+        title=f"{box}: tune nccl",
+        profile=profile,
+        dry_run=dry_run,
+        nccl_gate=gate,
+    )
 
 
 def _measure_gate(ctx, box, profile, as_json) -> dict:
@@ -157,6 +215,7 @@ def _issue_lines(issues) -> list[str]:
 def nccl_profiles(as_json):
     """List the profiles (shipped, ~/.config/gpubox/nccl-profiles, $GPUBOX_NCCL_PROFILES)."""
     from .nccl import list_profiles
+
     profiles = list_profiles()
     if as_json:
         print_json({n: p.to_dict() for n, p in sorted(profiles.items())})
@@ -165,8 +224,12 @@ def nccl_profiles(as_json):
     for col in ("name", "variables", "warnings", "description"):
         t.add_column(col, overflow="fold")
     for n, p in sorted(profiles.items()):
-        t.add_row(n, escape(" ".join(f"{k}={v}" for k, v in p.env.items())),
-                  str(sum(i.level == "warning" for i in p.issues)), escape(p.description))
+        t.add_row(
+            n,
+            escape(" ".join(f"{k}={v}" for k, v in p.env.items())),
+            str(sum(i.level == "warning" for i in p.issues)),
+            escape(p.description),
+        )
     console().print(t)
 
 
@@ -176,6 +239,7 @@ def nccl_profiles(as_json):
 def nccl_show(name, as_json):
     """Show one profile with its validation warnings."""
     from .nccl import load_profile
+
     p = load_profile(name)
     if as_json:
         print_json(p.to_dict())
@@ -192,12 +256,20 @@ def nccl_show(name, as_json):
 
 @nccl.command("export")
 @click.option("--profile", "profile", default=None, help="Profile name or YAML file [default: pcie-2numa].")
-@click.option("--format", "fmt", type=click.Choice(["shell", "envfile", "docker", "ncclconf", "json"]),
-              default="shell", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to FILE (atomically) instead of stdout.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["shell", "envfile", "docker", "ncclconf", "json"]),
+    default="shell",
+    show_default=True,
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write to FILE (atomically) instead of stdout."
+)
 def nccl_export(profile, fmt, output):
     """Export a profile: shell `export K=V`, systemd EnvironmentFile, docker --env-file, nccl.conf, JSON."""
     from .nccl import load_profile, render
+
     p = load_profile(profile or "pcie-2numa")
     header = None if fmt == "json" else f"NCCL profile {p.name}, exported by gpubox ({fmt})"
     text = render(p.env, fmt, header=header)
@@ -215,36 +287,64 @@ def nccl_export(profile, fmt, output):
 @nccl.command("check")
 @click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--env", "use_env", is_flag=True, help="Check the NCCL_* variables of the current environment.")
-@click.option("--format", "fmt", type=click.Choice(["auto", "shell", "envfile", "docker", "ncclconf", "json"]),
-              default="auto", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "shell", "envfile", "docker", "ncclconf", "json"]),
+    default="auto",
+    show_default=True,
+)
 @json_option
 def nccl_check(file, use_env, fmt, as_json):
     """Validate an env file (any export format) or the environment: unknown names with a
     did-you-mean, bad values, debug-class and deprecated names. Exit 1 on errors."""
     from .nccl import detect_format, errors, parse, validate
+
     if bool(file) == bool(use_env):
         raise GpuboxError("give exactly one of FILE or --env", "e.g. gpubox nccl check /etc/gpubox/nccl.env")
     unsafe = []
     if use_env:
-        env, source, only_nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}, "environment", True
+        env, source, only_nccl = (
+            {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            "environment",
+            True,
+        )
     else:
         from gpubox.errors import read_text_file
+
         from .nccl import Issue, unsafe_lines
+
         text = read_text_file(file, what="NCCL env file")
         fmt = detect_format(text, file) if fmt == "auto" else fmt
         env, source, only_nccl = parse(text, fmt), f"{file} ({fmt})", fmt not in ("json",)
-        env = {k: v for k, v in env.items() if not only_nccl or k.strip().startswith("NCCL_") or k != k.strip()}
-        if fmt in ("shell", "envfile"):     # what `set -a; . FILE` would run or expand, not just assign
-            unsafe = [Issue("error", f"line {no}", f"{line.strip()[:80]!r}: a shell sourcing this file "
-                            "would not read a plain value (unquoted metacharacter); quote it as "
-                            "`gpubox nccl export` does")
-                      for no, line in unsafe_lines(text)]
+        env = {
+            k: v for k, v in env.items() if not only_nccl or k.strip().startswith("NCCL_") or k != k.strip()
+        }
+        if fmt in ("shell", "envfile"):  # what `set -a; . FILE` would run or expand, not just assign
+            unsafe = [
+                Issue(
+                    "error",
+                    f"line {no}",
+                    f"{line.strip()[:80]!r}: a shell sourcing this file "
+                    "would not read a plain value (unquoted metacharacter); quote it as "
+                    "`gpubox nccl export` does",
+                )
+                for no, line in unsafe_lines(text)
+            ]
     issues = unsafe + validate(env, only_nccl=only_nccl)
     bad = errors(issues)
     if as_json:
-        print_json({"source": source, "ok": not bad, "env": env,
-                    "issues": [{"level": i.level, "name": i.name, "message": i.message, "suggestion": i.suggestion}
-                               for i in issues]})
+        print_json(
+            {
+                "source": source,
+                "ok": not bad,
+                "env": env,
+                "issues": [
+                    {"level": i.level, "name": i.name, "message": i.message, "suggestion": i.suggestion}
+                    for i in issues
+                ],
+            }
+        )
     else:
         con = console()
         con.print(f"{escape(source)}: {len(env)} NCCL variable(s)")
@@ -258,10 +358,20 @@ def nccl_check(file, use_env, fmt, as_json):
 @click.command("gpus")
 @click.argument("box", required=False)
 @click.option("--local", is_flag=True, help="This machine's GPUs, through NVML here (no inventory needed).")
-@click.option("--input", "input_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Show a topology recorded earlier (nvml_probe.py or `gpubox gpus --json` output).")
-@click.option("--tp", "tps", multiple=True, type=int,
-              help="TP size(s) to place [default: gpubox_bench.tp or 1, 4, 8; with --local/--input 1, 2, 4, 8].")
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Show a topology recorded earlier (nvml_probe.py or `gpubox gpus --json` output).",
+)
+@click.option(
+    "--tp",
+    "tps",
+    multiple=True,
+    type=int,
+    help="TP size(s) to place [default: gpubox_bench.tp or 1, 4, 8; with --local/--input 1, 2, 4, 8].",
+)
 @json_option
 @click.pass_context
 def gpus(ctx, box, local, input_path, tps, as_json):
@@ -275,9 +385,12 @@ def gpus(ctx, box, local, input_path, tps, as_json):
     import socket
 
     from .topology import discover, discover_local, from_file, gpus_for_tp
+
     if sum(map(bool, (box, local, input_path))) != 1:
-        raise GpuboxError("give exactly one of BOX, --local or --input FILE",
-                          "e.g. gpubox gpus ct200, gpubox gpus --local, gpubox gpus --input topology.json")
+        raise GpuboxError(
+            "give exactly one of BOX, --local or --input FILE",
+            "e.g. gpubox gpus ct200, gpubox gpus --local, gpubox gpus --input topology.json",
+        )
     if box:
         c = box_context(ctx, box, as_json=as_json)
         try:
@@ -292,8 +405,10 @@ def gpus(ctx, box, local, input_path, tps, as_json):
         box = socket.gethostname() if local else Path(input_path).name
         tps = tps or (1, 2, 4, 8)
     choices = [gpus_for_tp(topo, n) for n in tps]
-    links = {"nvlink": sorted(k for k, p in topo.pairs.items() if (p.get("nvlinks") or 0) > 0),
-             "pcie": sorted(k for k, p in topo.pairs.items() if not (p.get("nvlinks") or 0))}
+    links = {
+        "nvlink": sorted(k for k, p in topo.pairs.items() if (p.get("nvlinks") or 0) > 0),
+        "pcie": sorted(k for k, p in topo.pairs.items() if not (p.get("nvlinks") or 0)),
+    }
     if as_json:
         print_json({"box": box, **topo.to_dict(), "links": links, "tp": [ch.to_dict() for ch in choices]})
         sys.exit(0 if topo.gpus else 1)
@@ -302,9 +417,14 @@ def gpus(ctx, box, local, input_path, tps, as_json):
     for col in ("gpu", "bus id", "name", "NUMA", "link", "memory"):
         t.add_column(col)
     for g in topo.gpus:
-        t.add_row(str(g.index), g.bus_id or "?", escape(g.name or "?"),
-                  "?" if g.numa_node is None else str(g.numa_node), g.link,
-                  f"{g.memory_mib} MiB" if g.memory_mib else "?")
+        t.add_row(
+            str(g.index),
+            g.bus_id or "?",
+            escape(g.name or "?"),
+            "?" if g.numa_node is None else str(g.numa_node),
+            g.link,
+            f"{g.memory_mib} MiB" if g.memory_mib else "?",
+        )
     con.print(t)
     if len(topo.gpus) > 1 and topo.pairs:
         m = Table(title="pairs (NV# = NVLinks; PIX/PXB/PHB/NODE/SYS as nvidia-smi topo -m)")
@@ -318,7 +438,11 @@ def gpus(ctx, box, local, input_path, tps, as_json):
                     row.append("X")
                     continue
                 rel = topo.relation(a.index, b.index)
-                row.append(rel.get("relation", "?") if rel.get("relation") != "PCIe" else (rel.get("level") or "PCIe"))
+                row.append(
+                    rel.get("relation", "?")
+                    if rel.get("relation") != "PCIe"
+                    else (rel.get("level") or "PCIe")
+                )
             m.add_row(f"GPU{a.index}", *row)
         con.print(m)
         con.print(f"pairs: {len(links['nvlink'])} NVLink, {len(links['pcie'])} PCIe only")

@@ -17,32 +17,63 @@ from gpubox.output import console, print_json
 
 def table_md(result: dict) -> str:
     """The ablation as a Markdown table (docs quote it as is)."""
-    lines = [f"Ablation of `{result['profile']}`: all-reduce busbw GB/s, mean ± 95% CI over "
-             f"{result['repeats']} repeats; change against NCCL's defaults (`none`).", "",
-             "| metric | arm | mean | ±CI | vs none | ±CI | verdict |", "|---|---|---:|---:|---:|---:|---|"]
-    f = lambda v, s="": "-" if v is None else f"{v:.2f}{s}"   # noqa: E731
+    lines = [
+        f"Ablation of `{result['profile']}`: all-reduce busbw GB/s, mean ± 95% CI over "
+        f"{result['repeats']} repeats; change against NCCL's defaults (`none`).",
+        "",
+        "| metric | arm | mean | ±CI | vs none | ±CI | verdict |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    f = lambda v, s="": "-" if v is None else f"{v:.2f}{s}"  # noqa: E731
     for r in result["rows"]:
-        lines.append(f"| {r['metric']} | {r['arm']} | {f(r['mean'])} | {f(r['ci95'])} | {f(r['delta_pct'], '%')} "
-                     f"| {f(r['delta_ci95_pct'], '%')} | {r['significant'] or ''} |")
+        lines.append(
+            f"| {r['metric']} | {r['arm']} | {f(r['mean'])} | {f(r['ci95'])} | {f(r['delta_pct'], '%')} "
+            f"| {f(r['delta_ci95_pct'], '%')} | {r['significant'] or ''} |"
+        )
     lines += ["", *(f"- {x}" for x in result.get("not_ablated", [])), f"- {result.get('host_settings')}"]
     return "\n".join(lines) + "\n"
 
 
 @click.command("ablate")
 @click.option("--local", is_flag=True, help="Ablate on this machine (the only mode that measures GPUs).")
-@click.option("--profile", "profile_name", default="pcie-2numa", show_default=True, help="Profile to take apart.")
-@click.option("--repeats", type=click.IntRange(2, 50), default=3, show_default=True,
-              help="Runs per arm (rotated order); 2 or more for a confidence interval.")
+@click.option(
+    "--profile", "profile_name", default="pcie-2numa", show_default=True, help="Profile to take apart."
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(2, 50),
+    default=3,
+    show_default=True,
+    help="Runs per arm (rotated order); 2 or more for a confidence interval.",
+)
 @click.option("--sizes", default="1M,256M", show_default=True, help="All-reduce sizes.")
-@click.option("--allreduce-sets", metavar="SETS", help="GPU sets, e.g. '0,1' [default: the gpus_for_tp sets].")
+@click.option(
+    "--allreduce-sets", metavar="SETS", help="GPU sets, e.g. '0,1' [default: the gpus_for_tp sets]."
+)
 @click.option("--no-leave-one-out", is_flag=True, help="Only '+VAR' arms, not 'all-VAR'.")
 @click.option("--full", is_flag=True, help="Full-size probe iterations (default: quick).")
 @click.option("--child-timeout", type=click.FloatRange(1, 3600), default=120.0, show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="ablation", show_default=True,
-              help="Directory for ablation.json, ablation.md and ablation.png.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="ablation",
+    show_default=True,
+    help="Directory for ablation.json, ablation.md and ablation.png.",
+)
 @json_option
-def tune_ablate(local, profile_name, repeats, sizes, allreduce_sets, no_leave_one_out, full, child_timeout,
-                out_dir, as_json):
+def tune_ablate(
+    local,
+    profile_name,
+    repeats,
+    sizes,
+    allreduce_sets,
+    no_leave_one_out,
+    full,
+    child_timeout,
+    out_dir,
+    as_json,
+):
     """Measure what each NCCL variable of PROFILE gives on its own (probe metrics).
 
     \b
@@ -58,7 +89,9 @@ def tune_ablate(local, profile_name, repeats, sizes, allreduce_sets, no_leave_on
     from .topology import discover_local
 
     if not local:
-        raise GpuboxError("tune ablate measures GPUs on this machine only", "run it with --local where the GPUs are")
+        raise GpuboxError(
+            "tune ablate measures GPUs on this machine only", "run it with --local where the GPUs are"
+        )
     try:
         size_list = probe_script.parse_bytes(sizes)
     except (ValueError, IndexError):
@@ -72,12 +105,23 @@ def tune_ablate(local, profile_name, repeats, sizes, allreduce_sets, no_leave_on
     else:
         sets = nccl_compare.tp_sets(discover_local())
     if not sets:
-        raise GpuboxError("no TP set of 2 or more GPUs on this machine: nothing to ablate",
-                          "run it on a machine with 2 or more GPUs")
+        raise GpuboxError(
+            "no TP set of 2 or more GPUs on this machine: nothing to ablate",
+            "run it on a machine with 2 or more GPUs",
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result = ablate.run(profile, sets, sizes=size_list, repeats=repeats, quick=not full, python=sys.executable,
-                        base_env=dict(os.environ), timeout=child_timeout, leave_one_out=not no_leave_one_out)
+    result = ablate.run(
+        profile,
+        sets,
+        sizes=size_list,
+        repeats=repeats,
+        quick=not full,
+        python=sys.executable,
+        base_env=dict(os.environ),
+        timeout=child_timeout,
+        leave_one_out=not no_leave_one_out,
+    )
     (out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "ablation.md").write_text(table_md(result))
     ablate.plot(result, str(out / "ablation.png"))
@@ -85,5 +129,7 @@ def tune_ablate(local, profile_name, repeats, sizes, allreduce_sets, no_leave_on
         print_json(result)
     else:
         ablate.render(result, console())
-        console().print(f"[dim]written: {out / 'ablation.json'}, {out / 'ablation.md'}, {out / 'ablation.png'}[/]")
+        console().print(
+            f"[dim]written: {out / 'ablation.json'}, {out / 'ablation.md'}, {out / 'ablation.png'}[/]"
+        )
     sys.exit(1 if result["errors"] else 0)

@@ -15,38 +15,81 @@ from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json, render_report
 
 from . import probe as probe_script
-from .probe_step import box_limits, run_remote, _int
+from .probe_step import _int, box_limits, run_remote
 from .probe_verdict import limits, parse, report
 
 
 @click.command("probe")
 @click.argument("box", required=False)
 @click.option("--local", is_flag=True, help="Probe this machine directly (no inventory needed).")
-@click.option("--input", "input_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Judge a probe JSON recorded earlier (hwtune/probe.py output) instead of probing.")
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Judge a probe JSON recorded earlier (hwtune/probe.py output) instead of probing.",
+)
 @click.option("--no-bandwidth", is_flag=True, help="NVML facts only; no torch copy probes.")
 @click.option("--quick", is_flag=True, help="Smaller buffers and fewer repetitions.")
 @click.option("--no-p2p", is_flag=True, help="Skip the GPU-pair copies.")
-@click.option("--p2p-pairs", metavar="PAIRS", help="GPU pairs to copy between, e.g. 0-1,0-4 [default: every ordered pair].")
-@click.option("--allreduce-sets", metavar="SETS",
-              help="GPU sets for the all-reduce, e.g. '0,1,2,3;4,5,6,7' [default: gpubox_probe.allreduce_sets, "
-                   "else the TP sets].")
-@click.option("--nccl-compare", "compare_profile", metavar="PROFILE",
-              help="With --local: all-reduce busbw over the gpus_for_tp sets, current environment vs + PROFILE, "
-                   "in separate child processes, side by side (NVLink multicast kept off in both).")
-@click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
-              help="With --nccl-compare: alternate the two arms this many times; medians are compared.")
+@click.option(
+    "--p2p-pairs",
+    metavar="PAIRS",
+    help="GPU pairs to copy between, e.g. 0-1,0-4 [default: every ordered pair].",
+)
+@click.option(
+    "--allreduce-sets",
+    metavar="SETS",
+    help="GPU sets for the all-reduce, e.g. '0,1,2,3;4,5,6,7' [default: gpubox_probe.allreduce_sets, "
+    "else the TP sets].",
+)
+@click.option(
+    "--nccl-compare",
+    "compare_profile",
+    metavar="PROFILE",
+    help="With --local: all-reduce busbw over the gpus_for_tp sets, current environment vs + PROFILE, "
+    "in separate child processes, side by side (NVLink multicast kept off in both).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1, 20),
+    default=1,
+    show_default=True,
+    help="With --nccl-compare: alternate the two arms this many times; medians are compared.",
+)
 @click.option("--sizes", metavar="SIZES", help="With --nccl-compare: all-reduce sizes [default: 1M,256M].")
-@click.option("--aa/--no-aa", default=True, show_default=True,
-              help="With --nccl-compare: also run the baseline twice (A/A) for the gate's noise floor.")
-@click.option("--child-timeout", type=click.FloatRange(1, 3600), default=300.0, show_default=True,
-              help="With --nccl-compare: seconds one child (one arm of one round) may run.")
+@click.option(
+    "--aa/--no-aa",
+    default=True,
+    show_default=True,
+    help="With --nccl-compare: also run the baseline twice (A/A) for the gate's noise floor.",
+)
+@click.option(
+    "--child-timeout",
+    type=click.FloatRange(1, 3600),
+    default=300.0,
+    show_default=True,
+    help="With --nccl-compare: seconds one child (one arm of one round) may run.",
+)
 @json_option
 @click.pass_context
-def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | None, no_bandwidth: bool,
-          quick: bool, no_p2p: bool, p2p_pairs: str | None, allreduce_sets: str | None,
-          compare_profile: str | None, rounds: int, sizes: str | None, aa: bool, child_timeout: float,
-          as_json: bool) -> None:
+def probe(
+    ctx: click.Context,
+    box: str | None,
+    local: bool,
+    input_path: str | None,
+    no_bandwidth: bool,
+    quick: bool,
+    no_p2p: bool,
+    p2p_pairs: str | None,
+    allreduce_sets: str | None,
+    compare_profile: str | None,
+    rounds: int,
+    sizes: str | None,
+    aa: bool,
+    child_timeout: float,
+    as_json: bool,
+) -> None:
     """Probe the GPUs of BOX's container (or this machine with --local).
 
     \b
@@ -64,16 +107,28 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
       gpubox probe --input nccl_compare.json                      # the gate on a recorded comparison
     """
     if local and input_path:
-        raise GpuboxError("--local and --input exclude each other", "probe now (--local) or judge a file (--input)")
+        raise GpuboxError(
+            "--local and --input exclude each other", "probe now (--local) or judge a file (--input)"
+        )
     if not (box or local or input_path):
         raise GpuboxError("nothing to probe", "give a BOX, --local, or --input FILE")
     sets_arg, pairs_arg = _parse_sets(allreduce_sets), _parse_pairs(p2p_pairs)
     if compare_profile or sizes:
         if not local or not compare_profile:
-            raise GpuboxError("--nccl-compare (and --sizes) run on this machine only",
-                              "use: gpubox probe --local --nccl-compare PROFILE")
-        _compare(compare_profile, sets_arg, rounds=rounds, quick=quick, sizes=sizes, as_json=as_json,
-                 timeout=child_timeout, aa=aa)
+            raise GpuboxError(
+                "--nccl-compare (and --sizes) run on this machine only",
+                "use: gpubox probe --local --nccl-compare PROFILE",
+            )
+        _compare(
+            compare_profile,
+            sets_arg,
+            rounds=rounds,
+            quick=quick,
+            sizes=sizes,
+            as_json=as_json,
+            timeout=child_timeout,
+            aa=aa,
+        )
         return
     flags = dict(quick=quick, bandwidth=not no_bandwidth, p2p=not no_p2p)
     expect = None
@@ -89,19 +144,28 @@ def probe(ctx: click.Context, box: str | None, local: bool, input_path: str | No
         try:
             text = Path(input_path).read_text()
         except OSError as exc:
-            raise GpuboxError(f"cannot read {input_path}: {exc.strerror}", "give the path of a probe JSON file") from None
+            raise GpuboxError(
+                f"cannot read {input_path}: {exc.strerror}", "give the path of a probe JSON file"
+            ) from None
         if _is_compare(text):
             _gate_file(text, input_path, as_json)
             return
         doc = parse(text, source=input_path)
     else:
-        spin = None if as_json else console(stderr=True).status(f"probing {name}: NVML, PCIe link, copy bandwidth …")
+        spin = (
+            None
+            if as_json
+            else console(stderr=True).status(f"probing {name}: NVML, PCIe link, copy bandwidth …")
+        )
         if spin:
             spin.start()
         try:
             if local:
-                doc = probe_script.collect(allreduce_sets=sets_arg if sets_arg is not None else lim["allreduce_sets"],
-                                           p2p_pairs=pairs_arg, **flags)
+                doc = probe_script.collect(
+                    allreduce_sets=sets_arg if sets_arg is not None else lim["allreduce_sets"],
+                    p2p_pairs=pairs_arg,
+                    **flags,
+                )
             else:
                 if sets_arg is not None:
                     lim["allreduce_sets"] = sets_arg
@@ -140,9 +204,15 @@ def _gpu_table(con, rows) -> None:
         return f"{txt} ({100 * v / ref:.0f}%)" if ref else txt
 
     for r in rows:
-        t.add_row(str(r["gpu"]), str(r["name"]), str(r["bus_id"]), r["link"],
-                  pct(r.get("h2d_gbps"), r.get("link_gbps")), pct(r.get("d2h_gbps"), r.get("link_gbps")),
-                  pct(r.get("d2d_gbps"), r.get("mem_spec_gbps"), 1000.0))
+        t.add_row(
+            str(r["gpu"]),
+            str(r["name"]),
+            str(r["bus_id"]),
+            r["link"],
+            pct(r.get("h2d_gbps"), r.get("link_gbps")),
+            pct(r.get("d2h_gbps"), r.get("link_gbps")),
+            pct(r.get("d2d_gbps"), r.get("mem_spec_gbps"), 1000.0),
+        )
     con.print(t)
 
 
@@ -154,7 +224,9 @@ def _parse_sets(text: str | None):
     except ValueError:
         sets = None
     if sets is None or any(not s or min(s) < 0 for s in sets):
-        raise GpuboxError(f"--allreduce-sets {text!r} is not a list of GPU index sets", "e.g. '0,1,2,3;4,5,6,7'")
+        raise GpuboxError(
+            f"--allreduce-sets {text!r} is not a list of GPU index sets", "e.g. '0,1,2,3;4,5,6,7'"
+        )
     return sets
 
 
@@ -197,16 +269,27 @@ def render_gate(gate: dict, con) -> None:
     from rich.markup import escape
 
     color = {"install": "green", "refuse": "red", "no-gain": "yellow"}[gate["verdict"]]
-    con.print(f"[bold {color}]A/B gate: {escape(gate['profile'] or '?')}: {gate['verdict']}[/]"
-              + ("" if gate["aa_measured"] else " [dim](no A/A arm: noise floor is the minimum only)[/]"))
+    con.print(
+        f"[bold {color}]A/B gate: {escape(gate['profile'] or '?')}: {gate['verdict']}[/]"
+        + ("" if gate["aa_measured"] else " [dim](no A/A arm: noise floor is the minimum only)[/]")
+    )
     for r in gate["rows"]:
         con.print(f"  {r['verdict']:10} {escape(r['detail'])}")
     for why in gate["reasons"]:
         con.print(f"  [{color}]{escape(why)}[/]")
 
 
-def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: str | None, as_json: bool,
-             timeout: float = 300.0, aa: bool = True) -> None:
+def _compare(
+    profile_name: str,
+    sets_arg,
+    *,
+    rounds: int,
+    quick: bool,
+    sizes: str | None,
+    as_json: bool,
+    timeout: float = 300.0,
+    aa: bool = True,
+) -> None:
     """`--local --nccl-compare PROFILE`: see hwtune/nccl_compare.py."""
     from . import nccl_compare, nccl_gate
     from .links import classify_topology
@@ -222,21 +305,33 @@ def _compare(profile_name: str, sets_arg, *, rounds: int, quick: bool, sizes: st
     profile = load_profile(profile_name)
     topo = discover_local()
     if sets_arg is not None:
-        sets = [{"tp": len(s), "gpus": s, "crosses_numa": None, "reason": "given with --allreduce-sets"}
-                for s in sets_arg if len(s) > 1]
+        sets = [
+            {"tp": len(s), "gpus": s, "crosses_numa": None, "reason": "given with --allreduce-sets"}
+            for s in sets_arg
+            if len(s) > 1
+        ]
         topo_note = "sets given with --allreduce-sets"
     else:
         sets = nccl_compare.tp_sets(topo)
-        nodes = ", ".join(f"{'?' if k is None else k}: {','.join(map(str, v))}" for k, v in topo.nodes().items())
-        topo_note = (f"topology ({topo.source}): {len(topo.gpus)} GPU(s), NUMA nodes {nodes or '-'}; "
-                     + "; ".join(topo.notes))
+        nodes = ", ".join(
+            f"{'?' if k is None else k}: {','.join(map(str, v))}" for k, v in topo.nodes().items()
+        )
+        topo_note = (
+            f"topology ({topo.source}): {len(topo.gpus)} GPU(s), NUMA nodes {nodes or '-'}; "
+            + "; ".join(topo.notes)
+        )
     con = None if as_json else console(stderr=True)
-    spin = con.status(f"all-reduce: current environment vs + {profile.name} ({rounds} round(s)) …") if con else None
+    spin = (
+        con.status(f"all-reduce: current environment vs + {profile.name} ({rounds} round(s)) …")
+        if con
+        else None
+    )
     if spin:
         spin.start()
     try:
-        result = nccl_compare.run(profile, sets, sizes=size_list, rounds=rounds, quick=quick, timeout=timeout,
-                                  aa=aa)
+        result = nccl_compare.run(
+            profile, sets, sizes=size_list, rounds=rounds, quick=quick, timeout=timeout, aa=aa
+        )
     finally:
         if spin:
             spin.stop()
@@ -257,8 +352,11 @@ def _p2p_table(con, doc) -> None:
     """GPU-pair copy bandwidth as a matrix (rows: source, columns: destination)."""
     from rich.table import Table
 
-    probes = [p for p in ((doc.get("bandwidth") or {}).get("probes") or [])
-              if p.get("name") == "p2p" and p.get("src") != p.get("dst")]
+    probes = [
+        p
+        for p in ((doc.get("bandwidth") or {}).get("probes") or [])
+        if p.get("name") == "p2p" and p.get("src") != p.get("dst")
+    ]
     if not probes:
         return
     idx = sorted({p["src"] for p in probes} | {p["dst"] for p in probes})

@@ -29,21 +29,25 @@ PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 class Path:
     a: int
     b: int
-    kind: str                       # nvlink | nvswitch | pcie | unknown
-    gbps: float | None              # what the path should carry per direction
-    label: str                      # "NVLink 18 x 26.6 GB/s = 478 GB/s"
+    kind: str  # nvlink | nvswitch | pcie | unknown
+    gbps: float | None  # what the path should carry per direction
+    label: str  # "NVLink 18 x 26.6 GB/s = 478 GB/s"
     links: int = 0
     link_gbps: float | None = None
-    numa: str = "unknown"           # same | cross | unknown
+    numa: str = "unknown"  # same | cross | unknown
     problems: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("a", "b", "kind", "gbps", "label", "links", "link_gbps", "numa",
-                                              "problems")}
+        return {
+            k: getattr(self, k)
+            for k in ("a", "b", "kind", "gbps", "label", "links", "link_gbps", "numa", "problems")
+        }
 
 
 def _gpus(doc: dict) -> list[dict]:
-    return [g for g in ((doc.get("nvml") or {}).get("gpus") or []) if isinstance(g, dict) and not g.get("error")]
+    return [
+        g for g in ((doc.get("nvml") or {}).get("gpus") or []) if isinstance(g, dict) and not g.get("error")
+    ]
 
 
 def pcie_gbps(g: dict) -> float | None:
@@ -90,12 +94,20 @@ def _link_problems(g: dict) -> list[str]:
     out = []
     down = [r["link"] for r in links if not r.get("active")]
     if down:
-        out.append(f"gpu{g.get('index')}: {len(down)} of {len(links)} NVLinks down (links {','.join(map(str, down))})")
+        out.append(
+            f"gpu{g.get('index')}: {len(down)} of {len(links)} NVLinks down (links {','.join(map(str, down))})"
+        )
     speeds = [r.get("speed_mbps") for r in links if r.get("active") and r.get("speed_mbps")]
     if speeds and min(speeds) < max(speeds):
-        slow = [r["link"] for r in links if r.get("active") and r.get("speed_mbps") and r["speed_mbps"] < max(speeds)]
-        out.append(f"gpu{g.get('index')}: links {','.join(map(str, slow))} at {min(speeds) / 1000:.1f} GB/s, "
-                   f"siblings {max(speeds) / 1000:.1f} GB/s")
+        slow = [
+            r["link"]
+            for r in links
+            if r.get("active") and r.get("speed_mbps") and r["speed_mbps"] < max(speeds)
+        ]
+        out.append(
+            f"gpu{g.get('index')}: links {','.join(map(str, slow))} at {min(speeds) / 1000:.1f} GB/s, "
+            f"siblings {max(speeds) / 1000:.1f} GB/s"
+        )
     return out
 
 
@@ -115,19 +127,40 @@ def pair_path(doc: dict, a: int, b: int) -> Path:
     rate = link_gbps(ga.get("nvlink") or {}) or link_gbps(gb.get("nvlink") or {})
     problems = [x for g in (ga, gb) for x in _link_problems(g)]
     if n and rate:
-        return Path(a, b, "nvlink", round(n * rate, 1), f"NVLink {n} x {rate:.1f} GB/s = {n * rate:.0f} GB/s",
-                    n, rate, numa, problems)
+        return Path(
+            a,
+            b,
+            "nvlink",
+            round(n * rate, 1),
+            f"NVLink {n} x {rate:.1f} GB/s = {n * rate:.0f} GB/s",
+            n,
+            rate,
+            numa,
+            problems,
+        )
     if switch_a and switch_b and rate:
         k = min((ga.get("nvlink") or {}).get("active") or 0, (gb.get("nvlink") or {}).get("active") or 0)
-        return Path(a, b, "nvswitch", round(k * rate, 1), f"NVSwitch {k} x {rate:.1f} GB/s = {k * rate:.0f} GB/s",
-                    k, rate, numa, problems)
+        return Path(
+            a,
+            b,
+            "nvswitch",
+            round(k * rate, 1),
+            f"NVSwitch {k} x {rate:.1f} GB/s = {k * rate:.0f} GB/s",
+            k,
+            rate,
+            numa,
+            problems,
+        )
     ra, rb = pcie_gbps(ga), pcie_gbps(gb)
     ref = min(r for r in (ra, rb) if r) if (ra or rb) else None
     label = f"PCIe {ref} GB/s (slower link)" if ref else "unknown PCIe link"
     if numa == "cross":
         label += f", across NUMA nodes {na}/{nb} (CPU interconnect)"
-    if (ga.get("nvlink") or {}).get("links") and (gb.get("nvlink") or {}).get("links") and (down or
-                                                                                         _down_links(ga)):
+    if (
+        (ga.get("nvlink") or {}).get("links")
+        and (gb.get("nvlink") or {}).get("links")
+        and (down or _down_links(ga))
+    ):
         problems.append("NVLink present but no active link between the pair: traffic falls back to PCIe")
     return Path(a, b, "pcie", ref, label, 0, None, numa, problems)
 
@@ -136,7 +169,7 @@ def all_paths(doc: dict) -> list[Path]:
     """Every unordered GPU pair, with sibling comparison: an NVLink pair with fewer links or a lower
     per-link rate than the best pair of the same kind is flagged."""
     idx = sorted(g.get("index") for g in _gpus(doc))
-    paths = [pair_path(doc, a, b) for i, a in enumerate(idx) for b in idx[i + 1:]]
+    paths = [pair_path(doc, a, b) for i, a in enumerate(idx) for b in idx[i + 1 :]]
     nv = [p for p in paths if p.kind in ("nvlink", "nvswitch")]
     if nv:
         best_links = max(p.links for p in nv)
@@ -150,8 +183,11 @@ def all_paths(doc: dict) -> list[Path]:
         for p in paths:
             if p.kind == "pcie" and not any("NVLink" in x for x in p.problems):
                 gi = {g.get("index"): g for g in _gpus(doc)}
-                if (gi[p.a].get("nvlink") or {}).get("links") and (gi[p.b].get("nvlink") or {}).get("links") and \
-                        any({q.a, q.b} & {p.a, p.b} for q in nv):
+                if (
+                    (gi[p.a].get("nvlink") or {}).get("links")
+                    and (gi[p.b].get("nvlink") or {}).get("links")
+                    and any({q.a, q.b} & {p.a, p.b} for q in nv)
+                ):
                     p.problems.append("no active NVLink between the pair while its siblings have NVLink")
     return paths
 

@@ -38,11 +38,11 @@ from gpubox.facts import Fact
 HERE = Path(__file__).resolve().parent
 PROFILE_DIR = HERE / "profiles"
 USER_PROFILE_DIR = Path("~/.config/gpubox/nccl-profiles").expanduser()
-PROFILES_ENV = "GPUBOX_NCCL_PROFILES"       # extra profile directories, ':'-separated
+PROFILES_ENV = "GPUBOX_NCCL_PROFILES"  # extra profile directories, ':'-separated
 FORMATS = ("shell", "envfile", "docker", "ncclconf", "json")
 ALGOS = ["Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"]
 PROTOS = ["LL", "LL128", "Simple"]
-FUNCS = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"]    # src/init.cc ncclFuncStr
+FUNCS = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"]  # src/init.cc ncclFuncStr
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The one quoting rule (shell and envfile): a value is written bare only when it consists of these
 # characters, none of which bash or systemd give a meaning (no | & ; < > ( ) $ ` \\ " ' space * ? [ ~ # !).
@@ -67,13 +67,15 @@ def known_names() -> list[str]:
 
 @dataclass
 class Issue:
-    level: str              # error | warning
+    level: str  # error | warning
     name: str
     message: str
     suggestion: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.message}" + (f" (did you mean {self.suggestion}?)" if self.suggestion else "")
+        return f"{self.name}: {self.message}" + (
+            f" (did you mean {self.suggestion}?)" if self.suggestion else ""
+        )
 
 
 def did_you_mean(word: str, choices: list[str], cutoff: float = 0.7) -> str | None:
@@ -109,17 +111,31 @@ def _token_list(name: str, value: str, choices: list[str], what: str) -> list[Is
         if ":" in seg:
             func, body = seg.split(":", 1)
             if func.strip().lower() not in [f.lower() for f in FUNCS]:
-                issues.append(Issue("error", name, f"unknown collective {func.strip()!r} in {value!r}",
-                                    did_you_mean(func.strip(), FUNCS)))
+                issues.append(
+                    Issue(
+                        "error",
+                        name,
+                        f"unknown collective {func.strip()!r} in {value!r}",
+                        did_you_mean(func.strip(), FUNCS),
+                    )
+                )
         body = body.strip().removeprefix("^")
         for tok in body.split(","):
             t = tok.strip()
             if t.lower() == "collnet" and what == "algorithm":
-                issues.append(Issue("warning", name, "'Collnet' was accepted only by NCCL 2.5-2.13", "CollnetDirect"))
+                issues.append(
+                    Issue("warning", name, "'Collnet' was accepted only by NCCL 2.5-2.13", "CollnetDirect")
+                )
                 continue
             if t.lower() not in [c.lower() for c in choices]:
-                issues.append(Issue("error", name, f"unknown {what} {t!r} in {value!r}; NCCL fails at init on it",
-                                    did_you_mean(t, choices, 0.5)))
+                issues.append(
+                    Issue(
+                        "error",
+                        name,
+                        f"unknown {what} {t!r} in {value!r}; NCCL fails at init on it",
+                        did_you_mean(t, choices, 0.5),
+                    )
+                )
     return issues
 
 
@@ -127,7 +143,11 @@ def check_value(name: str, value: str, spec: dict) -> list[Issue]:
     """Problems with one value against its documented type."""
     t, v = spec["type"], str(value)
     if t == "bool":
-        return [] if v.strip() in ("0", "1") else [Issue("error", name, f"{v!r} is not 0 or 1 (NCCL parses an integer)")]
+        return (
+            []
+            if v.strip() in ("0", "1")
+            else [Issue("error", name, f"{v!r} is not 0 or 1 (NCCL parses an integer)")]
+        )
     if t == "int":
         n = _int(v.strip())
         if n is None:
@@ -141,7 +161,15 @@ def check_value(name: str, value: str, spec: dict) -> list[Issue]:
     if t == "enum":
         choices = spec["choices"]
         ok = v in choices or (spec.get("case_insensitive") and v.upper() in [c.upper() for c in choices])
-        return [] if ok else [Issue("error", name, f"{v!r} is not one of {', '.join(choices)}", did_you_mean(v, choices, 0.5))]
+        return (
+            []
+            if ok
+            else [
+                Issue(
+                    "error", name, f"{v!r} is not one of {', '.join(choices)}", did_you_mean(v, choices, 0.5)
+                )
+            ]
+        )
     if t == "list":
         if not v and spec.get("empty_ok"):
             return []
@@ -149,18 +177,31 @@ def check_value(name: str, value: str, spec: dict) -> list[Issue]:
         for tok in v.removeprefix("^").split(","):
             tok = tok.strip().removeprefix("^")
             if tok.upper() not in spec["choices"]:
-                out.append(Issue("error", name, f"unknown entry {tok!r}", did_you_mean(tok, spec["choices"], 0.5)))
+                out.append(
+                    Issue("error", name, f"unknown entry {tok!r}", did_you_mean(tok, spec["choices"], 0.5))
+                )
         return out
     if t == "path_level":
         if v.strip().upper() in spec["choices"]:
             return []
         n = _int(v.strip())
         if n is not None and n >= 0:
-            return [Issue("warning", name, f"legacy integer level {n}: the docs discourage it, use "
-                                           f"{'/'.join(spec['choices'])}")]
+            return [
+                Issue(
+                    "warning",
+                    name,
+                    f"legacy integer level {n}: the docs discourage it, use {'/'.join(spec['choices'])}",
+                )
+            ]
         # FACTS: a bad NCCL_P2P_LEVEL string is silently treated as unset.
-        return [Issue("error", name, f"{v!r} is not one of {', '.join(spec['choices'])}; NCCL would silently "
-                                     "ignore it", did_you_mean(v, spec["choices"], 0.5))]
+        return [
+            Issue(
+                "error",
+                name,
+                f"{v!r} is not one of {', '.join(spec['choices'])}; NCCL would silently ignore it",
+                did_you_mean(v, spec["choices"], 0.5),
+            )
+        ]
     if t == "algo":
         return _token_list(name, v, ALGOS, "algorithm")
     if t == "proto":
@@ -169,8 +210,15 @@ def check_value(name: str, value: str, spec: dict) -> list[Issue]:
         if v.strip() in ("0", "1", "2"):
             return []
         bad = [p for p in v.split("|") if p.strip().upper() not in ("DEFAULT", "EFFICIENCY", "ZERO")]
-        return [Issue("error", name, f"unknown policy {p.strip()!r}", did_you_mean(p.strip(), ["DEFAULT", "EFFICIENCY", "ZERO"], 0.5))
-                for p in bad]
+        return [
+            Issue(
+                "error",
+                name,
+                f"unknown policy {p.strip()!r}",
+                did_you_mean(p.strip(), ["DEFAULT", "EFFICIENCY", "ZERO"], 0.5),
+            )
+            for p in bad
+        ]
     if t == "netdevs_policy":
         ok = v.upper() in ("AUTO", "ALL") or re.fullmatch(r"(?i)MAX:[1-9]\d*", v)
         return [] if ok else [Issue("error", name, f"{v!r} is not AUTO, ALL or MAX:N")]
@@ -189,8 +237,15 @@ def validate(env: Mapping[str, Any], *, only_nccl: bool = False) -> list[Issue]:
         name = str(raw)
         value = "" if value is None else str(value)
         if name != name.strip() or not NAME_RE.match(name.strip()):
-            issues.append(Issue("error", name, "is not a valid variable name (spaces around '='? NCCL's conf "
-                                               "reader and docker take the line literally)", name.strip() or None))
+            issues.append(
+                Issue(
+                    "error",
+                    name,
+                    "is not a valid variable name (spaces around '='? NCCL's conf "
+                    "reader and docker take the line literally)",
+                    name.strip() or None,
+                )
+            )
             continue
         if not name.startswith("NCCL_"):
             if not only_nccl:
@@ -202,27 +257,49 @@ def validate(env: Mapping[str, Any], *, only_nccl: bool = False) -> list[Issue]:
         spec_name = name
         if name in aliases:
             target = aliases[name]
-            issues.append(Issue("warning", name, f"old alias of {target} (ignored when {target} is set); "
-                                                 f"write {docs[target].get('deprecated', {}).get('use', target)}"))
+            issues.append(
+                Issue(
+                    "warning",
+                    name,
+                    f"old alias of {target} (ignored when {target} is set); "
+                    f"write {docs[target].get('deprecated', {}).get('use', target)}",
+                )
+            )
             spec_name = target
         elif name in undoc:
-            issues.append(Issue("warning", name, "is read by NCCL's source but not documented in env.rst: "
-                                                 "it may change or vanish between releases"))
+            issues.append(
+                Issue(
+                    "warning",
+                    name,
+                    "is read by NCCL's source but not documented in env.rst: "
+                    "it may change or vanish between releases",
+                )
+            )
             continue
         elif name not in docs:
-            issues.append(Issue("error", name, "is not an NCCL variable; NCCL ignores it silently",
-                                suggest_name(name)))
+            issues.append(
+                Issue("error", name, "is not an NCCL variable; NCCL ignores it silently", suggest_name(name))
+            )
             continue
         spec = docs[spec_name]
         issues.extend(check_value(name, value, spec))
         dep = spec.get("deprecated")
         if dep:
             use = dep.get("use")
-            issues.append(Issue("warning", name, f"deprecated since NCCL {dep['since']}"
-                                + (f"; use {use}" if use else "")))
+            issues.append(
+                Issue(
+                    "warning", name, f"deprecated since NCCL {dep['since']}" + (f"; use {use}" if use else "")
+                )
+            )
         if spec["class"] == "debug":
-            issues.append(Issue("warning", name, "is a debugging knob (env.rst 'Debugging'): keep it only where "
-                                                 "a measurement on this box justifies it"))
+            issues.append(
+                Issue(
+                    "warning",
+                    name,
+                    "is a debugging knob (env.rst 'Debugging'): keep it only where "
+                    "a measurement on this box justifies it",
+                )
+            )
     return issues
 
 
@@ -239,7 +316,7 @@ class Profile:
     path: str
     notes: str = ""
     issues: list[Issue] = field(default_factory=list)
-    topologies: list[str] = field(default_factory=list)     # hwtune.links classes it is for (issue 18)
+    topologies: list[str] = field(default_factory=list)  # hwtune.links classes it is for (issue 18)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -256,19 +333,28 @@ def _load_profile_file(path: Path) -> Profile:
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise GpuboxError(f"profile {path} is not valid YAML: {str(exc).splitlines()[0]}", "fix its syntax") from None
+        raise GpuboxError(
+            f"profile {path} is not valid YAML: {str(exc).splitlines()[0]}", "fix its syntax"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("env", {}), dict):
-        raise GpuboxError(f"profile {path} must be a mapping with an `env:` mapping", "see hwtune/profiles/*.yaml")
+        raise GpuboxError(
+            f"profile {path} must be a mapping with an `env:` mapping", "see hwtune/profiles/*.yaml"
+        )
     env = {str(k): _scalar(v) for k, v in (doc.get("env") or {}).items()}
-    p = Profile(str(doc.get("name") or path.stem), str(doc.get("description", "")).strip(), env, str(path),
-                str(doc.get("notes", "")).strip())
+    p = Profile(
+        str(doc.get("name") or path.stem),
+        str(doc.get("description", "")).strip(),
+        env,
+        str(path),
+        str(doc.get("notes", "")).strip(),
+    )
     p.issues = validate(env)
     p.topologies = [str(t) for t in (doc.get("topologies") or [])]
     return p
 
 
 def _scalar(v) -> str:
-    if isinstance(v, bool):     # YAML `yes`/`true`: NCCL wants 0/1
+    if isinstance(v, bool):  # YAML `yes`/`true`: NCCL wants 0/1
         return "1" if v else "0"
     return str(v)
 
@@ -289,18 +375,24 @@ def load_profile(name_or_path: str, *, strict: bool = True) -> Profile:
     path = Path(name_or_path).expanduser()
     if name_or_path.endswith((".yml", ".yaml")) or path.is_file():
         if not path.is_file():
-            raise GpuboxError(f"profile file {path} does not exist", "give an existing YAML file or a profile name")
+            raise GpuboxError(
+                f"profile file {path} does not exist", "give an existing YAML file or a profile name"
+            )
         p = _load_profile_file(path)
     else:
         profiles = list_profiles()
         if name_or_path not in profiles:
             hint = did_you_mean(name_or_path, list(profiles), 0.5)
-            raise GpuboxError(f"unknown NCCL profile {name_or_path!r}" + (f" (did you mean {hint}?)" if hint else ""),
-                              f"known: {', '.join(sorted(profiles))}; `gpubox nccl profiles` lists them")
+            raise GpuboxError(
+                f"unknown NCCL profile {name_or_path!r}" + (f" (did you mean {hint}?)" if hint else ""),
+                f"known: {', '.join(sorted(profiles))}; `gpubox nccl profiles` lists them",
+            )
         p = profiles[name_or_path]
     if strict and errors(p.issues):
-        raise GpuboxError(f"profile {p.name} ({p.path}) is invalid: " + "; ".join(map(str, errors(p.issues))),
-                          "fix the profile's env entries")
+        raise GpuboxError(
+            f"profile {p.name} ({p.path}) is invalid: " + "; ".join(map(str, errors(p.issues))),
+            "fix the profile's env entries",
+        )
     return p
 
 
@@ -326,11 +418,14 @@ def refuse_unexportable(k: str, v: str, fmt: str) -> None:
     if not NAME_RE.match(k):
         raise GpuboxError(f"cannot export {k!r}: not a variable name", "fix the profile")
     if CONTROL.search(v):
-        raise GpuboxError(f"cannot export {k}: value contains a control character (newline, NUL, ESC...)",
-                          "fix the profile")
+        raise GpuboxError(
+            f"cannot export {k}: value contains a control character (newline, NUL, ESC...)", "fix the profile"
+        )
     if fmt in ("docker", "ncclconf") and v != v.strip():
-        raise GpuboxError(f"cannot export {k} as {fmt}: leading/trailing whitespace would be kept literally",
-                          "trim the value")
+        raise GpuboxError(
+            f"cannot export {k} as {fmt}: leading/trailing whitespace would be kept literally",
+            "trim the value",
+        )
 
 
 def render(env: Mapping[str, str], fmt: str, *, header: str | None = None) -> str:
@@ -347,7 +442,7 @@ def render(env: Mapping[str, str], fmt: str, *, header: str | None = None) -> st
             lines.append(f"export {k}={quote(v)}")
         elif fmt == "envfile":
             lines.append(f"{k}={quote(v)}")
-        else:   # docker, ncclconf: literal
+        else:  # docker, ncclconf: literal
             lines.append(f"{k}={v}")
     return "\n".join(lines) + "\n"
 
@@ -369,8 +464,11 @@ def unsafe_lines(text: str) -> list[tuple[int, str]]:
             bad.append((no, line))
             continue
         v = m.group(2)
-        if SAFE_VALUE.fullmatch(v) or re.fullmatch(r"'[^']*'", v) \
-                or (len(v) >= 2 and v[0] == v[-1] == '"' and _DQ_BODY.fullmatch(v[1:-1])):
+        if (
+            SAFE_VALUE.fullmatch(v)
+            or re.fullmatch(r"'[^']*'", v)
+            or (len(v) >= 2 and v[0] == v[-1] == '"' and _DQ_BODY.fullmatch(v[1:-1]))
+        ):
             continue
         bad.append((no, line))
     return bad
@@ -435,7 +533,7 @@ def parse_envfile(text: str) -> dict[str, str]:
             end = text.find("'", i + 1)
             if end < 0:
                 raise GpuboxError(f"EnvironmentFile: unterminated ' for {key}", "close the quote")
-            val.append(text[i + 1:end])
+            val.append(text[i + 1 : end])
             i = end + 1
         elif i < n and text[i] == '"':
             i += 1
@@ -451,7 +549,7 @@ def parse_envfile(text: str) -> dict[str, str]:
                 val.append(text[i])
                 i += 1
             if i >= n:
-                raise GpuboxError(f"EnvironmentFile: unterminated \" for {key}", "close the quote")
+                raise GpuboxError(f'EnvironmentFile: unterminated " for {key}', "close the quote")
             i += 1
         else:
             while i < n and text[i] != "\n":
@@ -463,7 +561,7 @@ def parse_envfile(text: str) -> dict[str, str]:
                 val.append(text[i])
                 i += 1
             val = ["".join(val).rstrip(" \t\r")]
-        while i < n and text[i] != "\n":       # rest of a quoted line
+        while i < n and text[i] != "\n":  # rest of a quoted line
             i += 1
         if NAME_RE.match(key):
             out[key] = "".join(val)
@@ -497,13 +595,17 @@ def parse(text: str, fmt: str) -> dict[str, str]:
         if not isinstance(doc, dict):
             raise GpuboxError("JSON: expected an object of NAME: value", "fix the file")
         return {str(k): _scalar(v) for k, v in doc.items()}
-    return {"shell": parse_shell, "envfile": parse_envfile, "docker": parse_docker,
-            "ncclconf": parse_ncclconf}[fmt](text)
+    return {
+        "shell": parse_shell,
+        "envfile": parse_envfile,
+        "docker": parse_docker,
+        "ncclconf": parse_ncclconf,
+    }[fmt](text)
 
 
 # -- the box's files and facts ------------------------------------------------------------------
-ENV_FILE = "/etc/gpubox/nccl.env"     # EnvironmentFile= of the server's unit (and `source`-able)
-CONF_FILE = "/etc/nccl.conf"          # NCCL's own system-wide file, for processes started otherwise
+ENV_FILE = "/etc/gpubox/nccl.env"  # EnvironmentFile= of the server's unit (and `source`-able)
+CONF_FILE = "/etc/nccl.conf"  # NCCL's own system-wide file, for processes started otherwise
 
 
 def box_files(ctx) -> dict[str, str]:
@@ -515,8 +617,10 @@ OWNED_MARK = "Managed by gpubox: NCCL profile"
 
 
 def file_header(p: Profile, path: str) -> str:
-    return (f"{OWNED_MARK} {p.name} ({'EnvironmentFile' if path != CONF_FILE else 'nccl.conf'}).\n"
-            "Edits are replaced by `gpubox tune nccl`; change the profile instead.")
+    return (
+        f"{OWNED_MARK} {p.name} ({'EnvironmentFile' if path != CONF_FILE else 'nccl.conf'}).\n"
+        "Edits are replaced by `gpubox tune nccl`; change the profile instead."
+    )
 
 
 def owned_by(profile_name: str, text: str | None) -> bool:
@@ -551,6 +655,7 @@ class NvmlTopologyClass(Fact):
         if simulated:
             return None
         from .topology import probe_nvml
+
         try:
             return probe_nvml(host)
         except GpuboxError:
@@ -562,6 +667,7 @@ class NvmlTopologyClass(Fact):
             return None
         from .links import classify_topology
         from .topology import from_nvml_doc
+
         return str(classify_topology(from_nvml_doc(raw)))
 
 

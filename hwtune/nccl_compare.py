@@ -49,7 +49,7 @@ def profile_conflicts(env: Mapping[str, str]) -> list[str]:
     for seg in algo.split(";"):
         body = seg.split(":", 1)[-1].strip()
         if body.startswith("^"):
-            continue                      # an exclusion list: '^NVLS' keeps NVLS out, fine
+            continue  # an exclusion list: '^NVLS' keeps NVLS out, fine
         toks = [t.strip().lower() for t in body.split(",")]
         if any(t in NVLS_ALGOS for t in toks):
             out.append(f"NCCL_ALGO={algo} (asks for NVLink multicast algorithms)")
@@ -57,7 +57,9 @@ def profile_conflicts(env: Mapping[str, str]) -> list[str]:
     return out
 
 
-def child_env(base: Mapping[str, str], profile_env: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+def child_env(
+    base: Mapping[str, str], profile_env: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
     """(environment for one child, names whose value the safety forced). The profile is applied
     over `base`, then the safety values over both: whatever the inputs, the result has them."""
     env = dict(base)
@@ -81,9 +83,16 @@ def tp_sets(topo, sizes=(2, 4, 8)) -> list[dict[str, Any]]:
 
 
 def probe_argv(python: str, sets: list[list[int]], sizes: list[int], quick: bool) -> list[str]:
-    argv = [python, str(PROBE), "--no-copies", "--no-p2p",
-            "--allreduce-sets", ";".join(",".join(map(str, s)) for s in sets),
-            "--allreduce-bytes", ",".join(map(str, sizes))]
+    argv = [
+        python,
+        str(PROBE),
+        "--no-copies",
+        "--no-p2p",
+        "--allreduce-sets",
+        ";".join(",".join(map(str, s)) for s in sets),
+        "--allreduce-bytes",
+        ",".join(map(str, sizes)),
+    ]
     return argv + (["--quick"] if quick else [])
 
 
@@ -115,7 +124,11 @@ def verify_child_env(doc: Mapping[str, Any]) -> list[str]:
 
 def _allreduces(doc: Mapping[str, Any]) -> dict[tuple[tuple[int, ...], int], dict]:
     probes = ((doc.get("bandwidth") or {}).get("probes")) or []
-    return {(tuple(p.get("gpus") or ()), int(p.get("bytes") or 0)): p for p in probes if p.get("name") == "allreduce"}
+    return {
+        (tuple(p.get("gpus") or ()), int(p.get("bytes") or 0)): p
+        for p in probes
+        if p.get("name") == "allreduce"
+    }
 
 
 def compare_rows(sets: list[dict], sizes: list[int], arms: dict[str, list[dict]]) -> list[dict[str, Any]]:
@@ -134,7 +147,12 @@ def compare_rows(sets: list[dict], sizes: list[int], arms: dict[str, list[dict]]
                     elif p:
                         why = why or p.get("reason") or p.get("status")
                     else:
-                        why = why or d.get("error") or ((d.get("bandwidth") or {}).get("reason")) or "not measured"
+                        why = (
+                            why
+                            or d.get("error")
+                            or ((d.get("bandwidth") or {}).get("reason"))
+                            or "not measured"
+                        )
                 row[arm] = round(statistics.median(vals), 2) if vals else None
                 row[f"{arm}_runs"] = vals
                 if not vals:
@@ -145,17 +163,29 @@ def compare_rows(sets: list[dict], sizes: list[int], arms: dict[str, list[dict]]
     return rows
 
 
-def run(profile, sets: list[dict], *, sizes: list[int] | None = None, rounds: int = 1, quick: bool = False,
-        python: str = sys.executable, base_env: Mapping[str, str] | None = None, timeout: float = 300.0,
-        allow_conflicts: bool = False, aa: bool = False) -> dict[str, Any]:
+def run(
+    profile,
+    sets: list[dict],
+    *,
+    sizes: list[int] | None = None,
+    rounds: int = 1,
+    quick: bool = False,
+    python: str = sys.executable,
+    base_env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+    allow_conflicts: bool = False,
+    aa: bool = False,
+) -> dict[str, Any]:
     """Measure both arms (and an A/A arm with `aa`) and compare. `profile` is an hwtune.nccl.Profile."""
     sizes = list(sizes or DEFAULT_SIZES)
     if rounds < 1:
         raise GpuboxError(f"rounds = {rounds} is not a positive number", "use 1 or more")
     conflicts = profile_conflicts(profile.env)
     if conflicts and not allow_conflicts:
-        raise GpuboxError(f"profile {profile.name} would turn NVLink multicast back on: {'; '.join(conflicts)}",
-                          "remove those entries from the profile: the comparison keeps NVLS off in every process")
+        raise GpuboxError(
+            f"profile {profile.name} would turn NVLink multicast back on: {'; '.join(conflicts)}",
+            "remove those entries from the profile: the comparison keeps NVLS off in every process",
+        )
     base = dict(os.environ if base_env is None else base_env)
     notes = [f"safety kept in every child: {' '.join(f'{k}={v}' for k, v in SAFETY_ENV.items())}"]
     if conflicts:
@@ -165,28 +195,43 @@ def run(profile, sets: list[dict], *, sizes: list[int] | None = None, rounds: in
         notes.append("the current environment already has every profile value: both arms are the same")
     envs = {"baseline": child_env(base), "profile": child_env(base, profile.env)}
     if aa:
-        envs["baseline_aa"] = child_env(base)    # A/A: same environment again, the noise floor
+        envs["baseline_aa"] = child_env(base)  # A/A: same environment again, the noise floor
     t0 = time.monotonic()
     if not sets:
         notes.append("no TP set of 2 or more GPUs fits on this machine: nothing to compare")
         arms: dict[str, list[dict]] = {a: [] for a in envs}
     else:
-        arms = run_arms({a: e[0] for a, e in envs.items()}, probe_argv(python, [s["gpus"] for s in sets], sizes, quick),
-                        rounds, timeout)
+        arms = run_arms(
+            {a: e[0] for a, e in envs.items()},
+            probe_argv(python, [s["gpus"] for s in sets], sizes, quick),
+            rounds,
+            timeout,
+        )
     rows = compare_rows(sets, sizes, arms)
     first = next((d for docs in arms.values() for d in docs if "error" not in d), {})
-    return {"schema": SCHEMA, "profile": profile.name, "profile_env": dict(profile.env),
-            "safety_env": dict(SAFETY_ENV), "sets": sets, "sizes": sizes, "rounds": rounds,
-            "quick": quick, "rows": rows, "notes": notes,
-            "forced": {arm: e[1] for arm, e in envs.items()},
-            "child_env": {arm: [d.get("env") for d in docs] for arm, docs in arms.items()},
-            "errors": [f"{arm}: {d['error']}" for arm, docs in arms.items() for d in docs if "error" in d],
-            "torch": first.get("torch"), "gpu_bus_ids": (first.get("bandwidth") or {}).get("gpu_bus_ids"),
-            "seconds": round(time.monotonic() - t0, 2)}
+    return {
+        "schema": SCHEMA,
+        "profile": profile.name,
+        "profile_env": dict(profile.env),
+        "safety_env": dict(SAFETY_ENV),
+        "sets": sets,
+        "sizes": sizes,
+        "rounds": rounds,
+        "quick": quick,
+        "rows": rows,
+        "notes": notes,
+        "forced": {arm: e[1] for arm, e in envs.items()},
+        "child_env": {arm: [d.get("env") for d in docs] for arm, docs in arms.items()},
+        "errors": [f"{arm}: {d['error']}" for arm, docs in arms.items() for d in docs if "error" in d],
+        "torch": first.get("torch"),
+        "gpu_bus_ids": (first.get("bandwidth") or {}).get("gpu_bus_ids"),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
 
 
-def run_arms(envs: dict[str, dict[str, str]], argv: list[str], rounds: int, timeout: float,
-             child=None) -> dict[str, list[dict]]:
+def run_arms(
+    envs: dict[str, dict[str, str]], argv: list[str], rounds: int, timeout: float, child=None
+) -> dict[str, list[dict]]:
     """Each arm once per round, in an order rotated every round (A B C, B C A, ...) so no arm always
     runs first or right after the same neighbour. Every child's own record of its environment is
     checked for the NVLink-multicast safety; one without it is an error, not a figure."""
@@ -212,7 +257,9 @@ def exit_code(result: Mapping[str, Any]) -> int:
     rows = result.get("rows") or []
     if result.get("errors"):
         return 1
-    return 0 if rows and all(r.get("baseline") is not None and r.get("profile") is not None for r in rows) else 1
+    return (
+        0 if rows and all(r.get("baseline") is not None and r.get("profile") is not None for r in rows) else 1
+    )
 
 
 def human_size(n: int) -> str:
@@ -229,21 +276,30 @@ def render(result: Mapping[str, Any], con) -> None:
 
     t = Table(title=f"NCCL all-reduce busbw: current environment vs + profile {escape(result['profile'])}")
     aa = any(r.get("baseline_aa") is not None for r in result["rows"])
-    for col in ("TP", "GPUs", "size", "baseline GB/s", "profile GB/s", "profile / baseline") + (("A/A GB/s",) if aa else ()):
+    for col in ("TP", "GPUs", "size", "baseline GB/s", "profile GB/s", "profile / baseline") + (
+        ("A/A GB/s",) if aa else ()
+    ):
         t.add_column(col, justify="right" if "GB/s" in col or "/" in col else "left")
     for r in result["rows"]:
         ratio = r.get("ratio")
         style = "" if ratio is None else ("green" if ratio >= 1.02 else "red" if ratio <= 0.98 else "")
         shown = "-" if ratio is None else f"[{style}]{ratio:.3f}[/]" if style else f"{ratio:.3f}"
-        t.add_row(str(r["tp"]), ",".join(map(str, r["gpus"])), human_size(r["bytes"]),
-                  "-" if r.get("baseline") is None else f"{r['baseline']:.2f}",
-                  "-" if r.get("profile") is None else f"{r['profile']:.2f}", shown,
-                  *((("-" if r.get("baseline_aa") is None else f"{r['baseline_aa']:.2f}"),) if aa else ()))
+        t.add_row(
+            str(r["tp"]),
+            ",".join(map(str, r["gpus"])),
+            human_size(r["bytes"]),
+            "-" if r.get("baseline") is None else f"{r['baseline']:.2f}",
+            "-" if r.get("profile") is None else f"{r['profile']:.2f}",
+            shown,
+            *((("-" if r.get("baseline_aa") is None else f"{r['baseline_aa']:.2f}"),) if aa else ()),
+        )
     con.print(t)
     for r in result["rows"]:
         for arm in ("baseline", "profile"):
             if r.get(f"{arm}_reason"):
-                con.print(f"[yellow]TP{r['tp']} {human_size(r['bytes'])} {arm}: {escape(str(r[f'{arm}_reason']))}[/]")
+                con.print(
+                    f"[yellow]TP{r['tp']} {human_size(r['bytes'])} {arm}: {escape(str(r[f'{arm}_reason']))}[/]"
+                )
                 break
     for e in result.get("errors") or []:
         con.print(f"[red]{escape(e)}[/]")

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from gpubox.errors import GpuboxError
 
-MIN_NOISE = 0.02        # 2%: below this, run-to-run jitter of NCCL busbw on an idle box (A/A runs)
+MIN_NOISE = 0.02  # 2%: below this, run-to-run jitter of NCCL busbw on an idle box (A/A runs)
 PASS, REFUSE, NO_GAIN = "install", "refuse", "no-gain"
 
 
@@ -36,23 +36,37 @@ def row_noise(row: Mapping[str, Any], min_noise: float = MIN_NOISE) -> tuple[flo
     runs = [v for v in (row.get("baseline_runs") or []) + (row.get("baseline_aa_runs") or []) if v]
     if len(runs) >= 2:
         mid = sorted(runs)[len(runs) // 2]
-        parts.append(((max(runs) - min(runs)) / mid / 2, f"baseline rounds {min(runs):.1f}..{max(runs):.1f} GB/s"))
+        parts.append(
+            ((max(runs) - min(runs)) / mid / 2, f"baseline rounds {min(runs):.1f}..{max(runs):.1f} GB/s")
+        )
     return max(parts, key=lambda p: p[0])
 
 
 def judge_row(row: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any]:
     noise, src = row_noise(row, min_noise)
     b, p = row.get("baseline"), row.get("profile")
-    where = f"TP{row.get('tp')} [{','.join(map(str, row.get('gpus') or []))}] {_size(int(row.get('bytes') or 0))}"
-    out = {"tp": row.get("tp"), "gpus": row.get("gpus"), "bytes": row.get("bytes"), "baseline": b, "profile": p,
-           "baseline_aa": row.get("baseline_aa"), "noise": round(noise, 4), "noise_from": src}
+    where = (
+        f"TP{row.get('tp')} [{','.join(map(str, row.get('gpus') or []))}] {_size(int(row.get('bytes') or 0))}"
+    )
+    out = {
+        "tp": row.get("tp"),
+        "gpus": row.get("gpus"),
+        "bytes": row.get("bytes"),
+        "baseline": b,
+        "profile": p,
+        "baseline_aa": row.get("baseline_aa"),
+        "noise": round(noise, 4),
+        "noise_from": src,
+    }
     if not b or p is None:
         why = row.get("profile_reason") or row.get("baseline_reason") or "not measured"
         return {**out, "verdict": "unmeasured", "ratio": None, "detail": f"{where}: not measured ({why})"}
     ratio = p / b
     verdict = "slower" if ratio < 1 - noise else "faster" if ratio > 1 + noise else "same"
-    detail = (f"{where}: {b:.1f} -> {p:.1f} GB/s (x{ratio:.2f}), noise +/-{noise:.1%} ({src}): "
-              + {"slower": "slower beyond noise", "faster": "faster beyond noise", "same": "within noise"}[verdict])
+    detail = (
+        f"{where}: {b:.1f} -> {p:.1f} GB/s (x{ratio:.2f}), noise +/-{noise:.1%} ({src}): "
+        + {"slower": "slower beyond noise", "faster": "faster beyond noise", "same": "within noise"}[verdict]
+    )
     return {**out, "verdict": verdict, "ratio": round(ratio, 3), "detail": detail}
 
 
@@ -66,7 +80,10 @@ def fits(profile_topologies: list[str] | None, box_class: str | None) -> bool | 
 def judge(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any]:
     """The gate's verdict on a comparison document."""
     if not isinstance(doc, Mapping) or doc.get("schema") != "gpubox.nccl-compare/1" or "rows" not in doc:
-        raise GpuboxError("not a gpubox.nccl-compare/1 document", "give the JSON of `gpubox probe --local --nccl-compare P --json`")
+        raise GpuboxError(
+            "not a gpubox.nccl-compare/1 document",
+            "give the JSON of `gpubox probe --local --nccl-compare P --json`",
+        )
     rows = [judge_row(r, min_noise) for r in doc.get("rows") or []]
     slower = [r for r in rows if r["verdict"] == "slower"]
     faster = [r for r in rows if r["verdict"] == "faster"]
@@ -74,8 +91,10 @@ def judge(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any
     fit = fits(doc.get("profile_topologies"), doc.get("topology_class"))
     reasons = []
     if fit is False:
-        reasons.append(f"profile {doc.get('profile')} is for {', '.join(doc.get('profile_topologies') or [])}; "
-                       f"this box is {doc.get('topology_class')}")
+        reasons.append(
+            f"profile {doc.get('profile')} is for {', '.join(doc.get('profile_topologies') or [])}; "
+            f"this box is {doc.get('topology_class')}"
+        )
     if slower:
         reasons.append("slower beyond noise at " + "; ".join(r["detail"] for r in slower))
     if not rows or unmeasured:
@@ -84,12 +103,23 @@ def judge(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any
         verdict = REFUSE
     elif faster:
         verdict = PASS
-        reasons.append("faster beyond noise at " + "; ".join(r["detail"] for r in faster) + "; slower nowhere")
+        reasons.append(
+            "faster beyond noise at " + "; ".join(r["detail"] for r in faster) + "; slower nowhere"
+        )
     else:
         verdict = NO_GAIN
         reasons.append("within noise at every size: NCCL's own tuning stays (no variables)")
     aa = any(r.get("baseline_aa") is not None for r in rows)
-    return {"schema": "gpubox.nccl-gate/1", "profile": doc.get("profile"), "verdict": verdict,
-            "install": verdict == PASS, "fits_topology": fit, "topology_class": doc.get("topology_class"),
-            "aa_measured": aa, "min_noise": min_noise, "rows": rows, "reasons": reasons,
-            "summary": f"{doc.get('profile')}: {verdict} - " + " | ".join(reasons)}
+    return {
+        "schema": "gpubox.nccl-gate/1",
+        "profile": doc.get("profile"),
+        "verdict": verdict,
+        "install": verdict == PASS,
+        "fits_topology": fit,
+        "topology_class": doc.get("topology_class"),
+        "aa_measured": aa,
+        "min_noise": min_noise,
+        "rows": rows,
+        "reasons": reasons,
+        "summary": f"{doc.get('profile')}: {verdict} - " + " | ".join(reasons),
+    }

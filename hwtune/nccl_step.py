@@ -17,24 +17,39 @@ from typing import Any
 from gpubox.errors import GpuboxError
 from gpubox.steps import OMIT, Finding, Plan, Remove, Step, Write
 
-from .nccl import (CONF_FILE, ENV_FILE, ContainerFile, NvmlTopologyClass, Profile, box_files, errors,
-                   file_header, list_profiles, load_profile, owned_by, parse, pick_from, render, validate)
+from .nccl import (
+    CONF_FILE,
+    ENV_FILE,
+    ContainerFile,
+    NvmlTopologyClass,
+    Profile,
+    box_files,
+    errors,
+    file_header,
+    list_profiles,
+    load_profile,
+    owned_by,
+    parse,
+    pick_from,
+    render,
+    validate,
+)
 
 
 @dataclass
 class NcclOptions:
-    profile: Profile | None = None      # the profile named (validated); None when unset or auto
-    auto: bool = False                  # gpubox_nccl_profile: auto
-    profiles: list[Profile] = field(default_factory=list)     # auto: every known profile
+    profile: Profile | None = None  # the profile named (validated); None when unset or auto
+    auto: bool = False  # gpubox_nccl_profile: auto
+    profiles: list[Profile] = field(default_factory=list)  # auto: every known profile
     files: dict[str, str] = field(default_factory=lambda: {ENV_FILE: "envfile", CONF_FILE: "ncclconf"})
-    gate: dict | None = None            # `tune nccl --measure`: the A/B gate's verdict
+    gate: dict | None = None  # `tune nccl --measure`: the A/B gate's verdict
     box: str = "BOX"
 
 
 @dataclass
 class NcclFacts:
-    topology: str | None = None         # read only where the decision depends on it
-    files: dict[str, str | None] = field(default_factory=dict)     # path -> text, None = missing
+    topology: str | None = None  # read only where the decision depends on it
+    files: dict[str, str | None] = field(default_factory=dict)  # path -> text, None = missing
 
 
 @dataclass
@@ -60,8 +75,9 @@ def needs_topology(opts: NcclOptions) -> bool:
     """auto picks by topology; a profile written for some classes (not `any`) is checked against
     it unless the gate refused it already."""
     p = opts.profile
-    return opts.auto or (p is not None and not gate_refuses(opts.gate) and bool(p.topologies)
-                         and "any" not in p.topologies)
+    return opts.auto or (
+        p is not None and not gate_refuses(opts.gate) and bool(p.topologies) and "any" not in p.topologies
+    )
 
 
 def topology_class(ctx) -> str:
@@ -73,6 +89,7 @@ def topology_class(ctx) -> str:
     if not cls:
         from .links import classify_topology
         from .topology import from_inventory
+
         cls = classify_topology(from_inventory(ctx.box))
     return str(cls)
 
@@ -84,18 +101,19 @@ def misfit(prof: Profile, gate: dict | None, topology: str | None) -> Finding | 
             f"profile {prof.name} refused by the A/B gate: " + " | ".join(gate["reasons"]),
             cause="the profile is slower than NCCL's own tuning on this box, or gains nothing",
             repair="keep NCCL's defaults (unset gpubox_nccl_profile) or measure another profile",
-            evidence=NcclEvidence(refused=True, gate=gate))
+            evidence=NcclEvidence(refused=True, gate=gate),
+        )
     if not prof.topologies or "any" in prof.topologies:
         return None
     if topology in ("unknown", "single-gpu") or topology in prof.topologies:
-        return None     # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
-    return Finding.failed(f"profile {prof.name} is for {', '.join(prof.topologies)}; "
-                          f"this box is {topology}: not installed",
-                          cause="NCCL protocol/algorithm choices tuned for one topology can be slower "
-                                "on another",
-                          repair="use nccl-defaults or a profile for this topology; measure with "
-                                 "`gpubox probe --local --nccl-compare PROFILE`",
-                          evidence=NcclEvidence(refused=True, topology=topology))
+        return None  # one GPU runs no collective: NCCL variables are inert there, nothing to refuse
+    return Finding.failed(
+        f"profile {prof.name} is for {', '.join(prof.topologies)}; this box is {topology}: not installed",
+        cause="NCCL protocol/algorithm choices tuned for one topology can be slower on another",
+        repair="use nccl-defaults or a profile for this topology; measure with "
+        "`gpubox probe --local --nccl-compare PROFILE`",
+        evidence=NcclEvidence(refused=True, topology=topology),
+    )
 
 
 def file_problems(text: str, fmt: str, want: dict[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -105,8 +123,9 @@ def file_problems(text: str, fmt: str, want: dict[str, str]) -> tuple[dict[str, 
     names = {i.name for i in bad}
     diffs = [str(i) for i in bad]
     diffs += [f"{k} missing" for k in want if k not in have and k not in names]
-    diffs += [f"{k}={have[k]} (want {want[k]})" for k in want
-              if k in have and have[k] != want[k] and k not in names]
+    diffs += [
+        f"{k}={have[k]} (want {want[k]})" for k in want if k in have and have[k] != want[k] and k not in names
+    ]
     diffs += [f"{k} not in profile" for k in have if k not in want and k not in names]
     return have, diffs
 
@@ -120,9 +139,14 @@ class NcclEnvStep(Step):
     def options(self, ctx) -> NcclOptions:
         name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")
         auto = str(name) == "auto"
-        return NcclOptions(profile=load_profile(str(name)) if name and not auto else None, auto=auto,
-                           profiles=list(list_profiles().values()) if auto else [], files=box_files(ctx),
-                           gate=ctx.opt("nccl_gate"), box=ctx.box.name)
+        return NcclOptions(
+            profile=load_profile(str(name)) if name and not auto else None,
+            auto=auto,
+            profiles=list(list_profiles().values()) if auto else [],
+            files=box_files(ctx),
+            gate=ctx.opt("nccl_gate"),
+            box=ctx.box.name,
+        )
 
     def gather(self, ctx) -> NcclFacts:
         opts = self.options(ctx)
@@ -135,10 +159,13 @@ class NcclEnvStep(Step):
         prof = chosen(opts, facts.topology)
         if prof is None:
             if opts.auto:
-                return Finding.ok(f"auto: no profile for this topology ({facts.topology}): NCCL's own tuning",
-                                  evidence=NcclEvidence())
-            return Finding.ok("gpubox_nccl_profile not set: NCCL runs on its defaults",
-                              evidence=NcclEvidence())
+                return Finding.ok(
+                    f"auto: no profile for this topology ({facts.topology}): NCCL's own tuning",
+                    evidence=NcclEvidence(),
+                )
+            return Finding.ok(
+                "gpubox_nccl_profile not set: NCCL runs on its defaults", evidence=NcclEvidence()
+            )
         refused = misfit(prof, opts.gate, facts.topology)
         if refused:
             owned = {p: t for p, t in facts.files.items() if owned_by(prof.name, t)}
@@ -146,11 +173,16 @@ class NcclEnvStep(Step):
                 return refused
             # refused, yet installed by an earlier run: take gpubox's own files out (backed up)
             refused.evidence.remove = owned
-            return Finding.drift(f"{refused.detail}; gpubox's files of it are installed: {', '.join(owned)}",
-                                 cause=refused.cause, repair=f"gpubox tune nccl {opts.box} (removes them)",
-                                 evidence=refused.evidence,
-                                 plan=Plan(f"remove {', '.join(owned)} (the refused profile's files)",
-                                           actions=[Remove(p, old=t) for p, t in owned.items()]))
+            return Finding.drift(
+                f"{refused.detail}; gpubox's files of it are installed: {', '.join(owned)}",
+                cause=refused.cause,
+                repair=f"gpubox tune nccl {opts.box} (removes them)",
+                evidence=refused.evidence,
+                plan=Plan(
+                    f"remove {', '.join(owned)} (the refused profile's files)",
+                    actions=[Remove(p, old=t) for p, t in owned.items()],
+                ),
+            )
         want = prof.env
         problems, ev = [], NcclEvidence(prof.name, want, {})
         for path, fmt in opts.files.items():
@@ -166,12 +198,15 @@ class NcclEnvStep(Step):
             return Finding.ok(f"profile {prof.name} in place ({', '.join(opts.files)})", evidence=ev)
         try:
             plan = _write_plan(prof, opts.files, facts.files)
-        except GpuboxError as exc:      # a value no file format can carry: nothing can be written
+        except GpuboxError as exc:  # a value no file format can carry: nothing can be written
             return Finding.failed(str(exc), evidence=NcclEvidence())
-        return Finding.drift("; ".join(problems),
-                             cause="NCCL ignores unknown names silently and fails at init on bad "
-                                   "ALGO/PROTO tokens",
-                             repair=f"gpubox tune nccl {opts.box}", plan=plan, evidence=ev)
+        return Finding.drift(
+            "; ".join(problems),
+            cause="NCCL ignores unknown names silently and fails at init on bad ALGO/PROTO tokens",
+            repair=f"gpubox tune nccl {opts.box}",
+            plan=plan,
+            evidence=ev,
+        )
 
 
 def _write_plan(prof: Profile, files: dict[str, str], have: dict[str, str | None]) -> Plan:

@@ -19,7 +19,13 @@ from gpubox.facts import Fact
 
 KNOB = "/proc/sys/kernel/numa_balancing"
 CONF = "/etc/sysctl.d/90-gpubox-numa.conf"
-SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
+SYSCTL_DIRS = (
+    "/etc/sysctl.d",
+    "/run/sysctl.d",
+    "/usr/local/lib/sysctl.d",
+    "/usr/lib/sysctl.d",
+    "/lib/sysctl.d",
+)
 SYSCTL_CONF = "/etc/sysctl.conf"
 MEANING = {0: "off", 1: "on", 2: "memory tiering"}
 _LINE = re.compile(r"\s*-?kernel[./]numa_balancing\s*=\s*(\S+)")
@@ -32,11 +38,14 @@ def desired(ctx) -> int:
     except (TypeError, ValueError):
         n = -1
     if n not in MEANING:
-        raise GpuboxError(f"gpubox_numa_balancing = {v!r} is not 0, 1 or 2", "set it to 0 (off) in the inventory")
+        raise GpuboxError(
+            f"gpubox_numa_balancing = {v!r} is not 0, 1 or 2", "set it to 0 (off) in the inventory"
+        )
     return n
 
 
 # --- facts ------------------------------------------------------------------------------------
+
 
 class LiveValue(Fact):
     """The live kernel.numa_balancing; None when the kernel has no NUMA balancing."""
@@ -110,5 +119,7 @@ def boot_setting(host) -> tuple[int | None, str | None]:
 
 
 def conf_text(value: int) -> str:
-    return ("# Managed by gpubox (hwtune numa): automatic NUMA page migration off for GPU serving.\n"
-            f"kernel.numa_balancing = {value}\n")
+    return (
+        "# Managed by gpubox (hwtune numa): automatic NUMA page migration off for GPU serving.\n"
+        f"kernel.numa_balancing = {value}\n"
+    )

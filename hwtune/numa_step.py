@@ -17,7 +17,7 @@ from .numa import CONF, KNOB, MEANING, FileText, LiveValue, SysctlFiles, boot_va
 @dataclass
 class Facts:
     live: int | None
-    sysctl_files: list[tuple[str, str]] | None = None     # read only with persist
+    sysctl_files: list[tuple[str, str]] | None = None  # read only with persist
     own_conf: str | None = None
 
 
@@ -53,8 +53,10 @@ class NumaBalancingStep(Step):
     def decide(self, facts: Facts, opts: Options) -> Finding:
         live, want = facts.live, opts.want
         if live is None:
-            return Finding.ok("kernel has no NUMA balancing (no CONFIG_NUMA_BALANCING): nothing to do",
-                              evidence=Evidence(None))
+            return Finding.ok(
+                "kernel has no NUMA balancing (no CONFIG_NUMA_BALANCING): nothing to do",
+                evidence=Evidence(None),
+            )
         problems, ev = [], Evidence(live, want)
         actions: list[Any] = []
         if live != want:
@@ -68,16 +70,25 @@ class NumaBalancingStep(Step):
             if boot != want or not mine:
                 where = f" from {src}" if src else ""
                 later = " (a later sysctl file overrides it: fix that file)" if mine else ""
-                problems.append(f"at boot: {boot if boot is not None else 'kernel default'}{where}, "
-                                f"want {want} from {CONF}{later}")
+                problems.append(
+                    f"at boot: {boot if boot is not None else 'kernel default'}{where}, "
+                    f"want {want} from {CONF}{later}"
+                )
             if not mine:
                 actions.append(Write(CONF, conf, old=facts.own_conf or ""))
         if not problems:
-            return Finding.ok(f"kernel.numa_balancing = {live} ({MEANING[live]})"
-                              + (f"; persisted in {CONF}" if opts.persist else ""), evidence=ev)
+            return Finding.ok(
+                f"kernel.numa_balancing = {live} ({MEANING[live]})"
+                + (f"; persisted in {CONF}" if opts.persist else ""),
+                evidence=ev,
+            )
         desc = [f"write {want} to {KNOB}"] if live != want else []
         if any(isinstance(a, Write) for a in actions):
             desc.append(f"persist in {CONF}")
-        return Finding.drift("; ".join(problems), cause="default after reboot" if live != want else None,
-                             repair=f"gpubox tune numa {opts.box}" + (" --persist" if opts.persist else ""),
-                             plan=Plan(" and ".join(desc), actions=actions), evidence=ev)
+        return Finding.drift(
+            "; ".join(problems),
+            cause="default after reboot" if live != want else None,
+            repair=f"gpubox tune numa {opts.box}" + (" --persist" if opts.persist else ""),
+            plan=Plan(" and ".join(desc), actions=actions),
+            evidence=ev,
+        )

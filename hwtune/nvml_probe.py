@@ -46,6 +46,7 @@ def _numa_from_affinity(nvml, h, sysroot="/sys/devices/system/node"):
     topo -m "NUMA Affinity"); None when they span nodes or nothing is known. numa_node is -1 in
     VMs (FACTS), and nvmlDeviceGetNumaNodeId answers NotSupported there (seen on an H200 VM)."""
     import os
+
     try:
         words = nvml.nvmlDeviceGetCpuAffinity(h, 16)
         cpus = {w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1}
@@ -71,7 +72,9 @@ def _nvlink_p2p(nvml, a, b) -> bool:
     if fn is None:
         return False
     try:
-        return fn(a, b, getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", 2)) == getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+        return fn(a, b, getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", 2)) == getattr(
+            nvml, "NVML_P2P_STATUS_OK", 0
+        )
     except Exception:
         return False
 
@@ -88,7 +91,7 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             handles.append(h)
             pci = nvml.nvmlDeviceGetPciInfo(h)
-            bus = norm_bus_id(getattr(pci, "busId", None) or getattr(pci, "busIdLegacy"))
+            bus = norm_bus_id(getattr(pci, "busId", None) or pci.busIdLegacy)
             mem = _try(errors, f"gpu{i} memory", nvml.nvmlDeviceGetMemoryInfo, h)
             numa = None
             if hasattr(nvml, "nvmlDeviceGetNumaNodeId"):
@@ -98,16 +101,25 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
             if (numa is None or numa < 0) and read_numa is _read_numa_sysfs:
                 numa = _numa_from_affinity(nvml, h)
             if numa is not None and numa < 0:
-                numa = None      # -1: no NUMA information (FACTS), not node 0
-            gpus.append({
-                "index": i, "name": _s(nvml.nvmlDeviceGetName(h)), "uuid": _s(_try(errors, f"gpu{i} uuid", nvml.nvmlDeviceGetUUID, h) or ""),
-                "bus_id": bus, "numa_node": numa,
-                "link_gen": _try(errors, f"gpu{i} link gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
-                "link_width": _try(errors, f"gpu{i} link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
-                "max_link_gen": _try(errors, f"gpu{i} max link gen", nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                "max_link_width": _try(errors, f"gpu{i} max link width", nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-                "memory_mib": int(mem.total) // (1 << 20) if mem is not None else None,
-            })
+                numa = None  # -1: no NUMA information (FACTS), not node 0
+            gpus.append(
+                {
+                    "index": i,
+                    "name": _s(nvml.nvmlDeviceGetName(h)),
+                    "uuid": _s(_try(errors, f"gpu{i} uuid", nvml.nvmlDeviceGetUUID, h) or ""),
+                    "bus_id": bus,
+                    "numa_node": numa,
+                    "link_gen": _try(errors, f"gpu{i} link gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                    "link_width": _try(errors, f"gpu{i} link width", nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                    "max_link_gen": _try(
+                        errors, f"gpu{i} max link gen", nvml.nvmlDeviceGetMaxPcieLinkGeneration, h
+                    ),
+                    "max_link_width": _try(
+                        errors, f"gpu{i} max link width", nvml.nvmlDeviceGetMaxPcieLinkWidth, h
+                    ),
+                    "memory_mib": int(mem.total) // (1 << 20) if mem is not None else None,
+                }
+            )
         # NVLink: count active links whose remote end is another GPU of this box. Links whose
         # remote end is not one of our GPUs go to an NVSwitch (HGX boards): counted per GPU, and a
         # pair is NVLink-connected through the switches when NVML says P2P over NVLink works.
@@ -122,24 +134,38 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
                         continue
                     remote = norm_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
                 except Exception:
-                    break       # no NVLink on this GPU (NotSupported) or past its last link
+                    break  # no NVLink on this GPU (NotSupported) or past its last link
                 j = by_bus.get(remote)
                 if j is None:
                     switch_links[i] = switch_links.get(i, 0) + 1
-                elif j > i:      # count each link once, from its lower-index end
+                elif j > i:  # count each link once, from its lower-index end
                     nvlinks[(i, j)] = nvlinks.get((i, j), 0) + 1
         pairs = {}
         for i in range(count):
             for j in range(i + 1, count):
-                lvl = _try(errors, f"topology {i}-{j}", nvml.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
+                lvl = _try(
+                    errors,
+                    f"topology {i}-{j}",
+                    nvml.nvmlDeviceGetTopologyCommonAncestor,
+                    handles[i],
+                    handles[j],
+                )
                 n = nvlinks.get((i, j), 0)
                 pair = {}
-                if not n and switch_links.get(i) and switch_links.get(j) and _nvlink_p2p(nvml, handles[i], handles[j]):
+                if (
+                    not n
+                    and switch_links.get(i)
+                    and switch_links.get(j)
+                    and _nvlink_p2p(nvml, handles[i], handles[j])
+                ):
                     n = min(switch_links[i], switch_links[j])
                     pair["via"] = "NVSwitch"
-                pairs[f"{i}-{j}"] = {"relation": f"NV{n}" if n else "PCIe",
-                                     "level": LEVELS.get(int(lvl), str(lvl)) if lvl is not None else None,
-                                     "nvlinks": n, **pair}
+                pairs[f"{i}-{j}"] = {
+                    "relation": f"NV{n}" if n else "PCIe",
+                    "level": LEVELS.get(int(lvl), str(lvl)) if lvl is not None else None,
+                    "nvlinks": n,
+                    **pair,
+                }
         return {"source": "nvml", "driver": driver, "gpus": gpus, "pairs": pairs, "errors": errors}
     finally:
         try:

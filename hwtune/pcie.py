@@ -23,7 +23,7 @@ from gpubox.facts import Fact
 from gpubox.steps import HostPath
 
 NVIDIA_VENDOR = "0x10de"
-GPU_CLASSES = ("0300", "0302")          # VGA controller, 3D controller
+GPU_CLASSES = ("0300", "0302")  # VGA controller, 3D controller
 AUDIO_CLASS = "0403"
 BRIDGE_CLASS = "0604"
 MRRS_MASK = 0x7000
@@ -51,8 +51,9 @@ def parse_mrrs(value) -> int:
         return n
     if n is not None and 128 <= n <= 4096 and n & (n - 1) == 0:
         return (n // 128).bit_length() - 1
-    raise GpuboxError(f"invalid MaxReadReq {text!r}",
-                      "use bytes 128, 256, 512, 1024, 2048 or 4096, or the code 0..5")
+    raise GpuboxError(
+        f"invalid MaxReadReq {text!r}", "use bytes 128, 256, 512, 1024, 2048 or 4096, or the code 0..5"
+    )
 
 
 def mrrs_bytes(code: int) -> int:
@@ -61,10 +62,16 @@ def mrrs_bytes(code: int) -> int:
 
 def decode_devctl(word: int) -> dict:
     """The fields of DevCtl that matter here (pci_regs.h PCI_EXP_DEVCTL_*)."""
-    return {"word": f"0x{word:04x}", "mps": 128 << ((word & MPS_MASK) >> 5),
-            "mrrs": 128 << ((word & MRRS_MASK) >> 12) if (word & MRRS_MASK) >> 12 <= 5 else None,
-            "mrrs_code": (word & MRRS_MASK) >> 12, "relaxed_ordering": bool(word & 0x10),
-            "no_snoop": bool(word & 0x800), "ext_tag": bool(word & 0x100), "flr_bit": bool(word & FLR_BIT)}
+    return {
+        "word": f"0x{word:04x}",
+        "mps": 128 << ((word & MPS_MASK) >> 5),
+        "mrrs": 128 << ((word & MRRS_MASK) >> 12) if (word & MRRS_MASK) >> 12 <= 5 else None,
+        "mrrs_code": (word & MRRS_MASK) >> 12,
+        "relaxed_ordering": bool(word & 0x10),
+        "no_snoop": bool(word & 0x800),
+        "ext_tag": bool(word & 0x100),
+        "flr_bit": bool(word & FLR_BIT),
+    }
 
 
 # -- PCI functions in sysfs --------------------------------------------------------------------
@@ -73,7 +80,7 @@ class PciFunction:
     bdf: str
     vendor: str
     device: str
-    klass: str          # 6 hex digits, e.g. 030200
+    klass: str  # 6 hex digits, e.g. 030200
     numa_node: int | None = None
 
     @property
@@ -99,10 +106,14 @@ class PciFunctions(Fact):
         try:
             names = sorted(host.listdir(DEVICES))
         except FileNotFoundError:
-            raise GpuboxError(f"{host.name}: {host.path(DEVICES)} does not exist",
-                              "is this a Linux host with sysfs (or is gpubox_root wrong)?") from None
-        return [(bdf, *(_read_attr(host, bdf, a) for a in ("vendor", "device", "class", "numa_node")))
-                for bdf in names]
+            raise GpuboxError(
+                f"{host.name}: {host.path(DEVICES)} does not exist",
+                "is this a Linux host with sysfs (or is gpubox_root wrong)?",
+            ) from None
+        return [
+            (bdf, *(_read_attr(host, bdf, a) for a in ("vendor", "device", "class", "numa_node")))
+            for bdf in names
+        ]
 
     @staticmethod
     def parse(raw) -> list[PciFunction]:
@@ -115,9 +126,13 @@ def function_from_attrs(bdf: str, vendor: str, device: str, klass: str, numa: st
         node = int(numa.strip())
     except ValueError:
         node = None
-    return PciFunction(bdf, vendor.strip().lower(), device.strip().lower(),
-                       klass.strip().lower().removeprefix("0x").rjust(6, "0"),
-                       node if node is not None and node >= 0 else None)
+    return PciFunction(
+        bdf,
+        vendor.strip().lower(),
+        device.strip().lower(),
+        klass.strip().lower().removeprefix("0x").rjust(6, "0"),
+        node if node is not None and node >= 0 else None,
+    )
 
 
 def list_functions(host) -> list[PciFunction]:
@@ -125,8 +140,9 @@ def list_functions(host) -> list[PciFunction]:
     return PciFunctions.parse(PciFunctions.read(host))
 
 
-def pick_functions(funcs: list[PciFunction], include: tuple[str, ...] | list[str] = (),
-                   host_name: str = "-") -> list[PciFunction]:
+def pick_functions(
+    funcs: list[PciFunction], include: tuple[str, ...] | list[str] = (), host_name: str = "-"
+) -> list[PciFunction]:
     """NVIDIA GPU functions (class 0300/0302), plus what `include` asks for: "audio", "bridge",
     or explicit BDFs. Never the audio function or bridges by default."""
     inc = {i.strip().lower() for i in include if i and i.strip()}
@@ -134,14 +150,20 @@ def pick_functions(funcs: list[PciFunction], include: tuple[str, ...] | list[str
     picked = []
     for f in funcs:
         nvidia = f.vendor == NVIDIA_VENDOR
-        if (nvidia and f.kind == "gpu") or (nvidia and f.kind == "audio" and "audio" in inc) \
-                or (f.kind == "bridge" and "bridge" in inc) or f.bdf in inc:
+        if (
+            (nvidia and f.kind == "gpu")
+            or (nvidia and f.kind == "audio" and "audio" in inc)
+            or (f.kind == "bridge" and "bridge" in inc)
+            or f.bdf in inc
+        ):
             picked.append(f)
     for name in inc - {"audio", "bridge"}:
         bdf = name if name.count(":") == 2 else f"0000:{name}"
         if bdf not in by_bdf:
-            raise GpuboxError(f"--include {name}: no PCI function {bdf} on {host_name}",
-                              "give a BDF from `lspci -D`, or 'audio' / 'bridge'")
+            raise GpuboxError(
+                f"--include {name}: no PCI function {bdf} on {host_name}",
+                "give a BDF from `lspci -D`, or 'audio' / 'bridge'",
+            )
         if by_bdf[bdf] not in picked:
             picked.append(by_bdf[bdf])
     return sorted(picked, key=lambda f: f.bdf)
@@ -169,8 +191,10 @@ class Unreadable(GpuboxError):
     """Config space that does not read back sanely: never written to."""
 
 
-UNREADABLE_FIX = ("the device may have fallen off the bus: check dmesg/lspci -vvv, reseat or reboot; "
-                  "gpubox writes nothing to it")
+UNREADABLE_FIX = (
+    "the device may have fallen off the bus: check dmesg/lspci -vvv, reseat or reboot; "
+    "gpubox writes nothing to it"
+)
 
 
 class ConfigHeader(Fact):
@@ -219,8 +243,9 @@ class PcieRegs(Fact):
 
     @staticmethod
     def read(host, bdf: str) -> SetpciAnswer:
-        r = host.run([*setpci_base(host), "-s", bdf, "CAP_EXP+8.w", "CAP_EXP+0c.l", "CAP_EXP+12.w"],
-                     timeout=30)
+        r = host.run(
+            [*setpci_base(host), "-s", bdf, "CAP_EXP+8.w", "CAP_EXP+0c.l", "CAP_EXP+12.w"], timeout=30
+        )
         return SetpciAnswer(host.name, r.rc, r.stdout, r.stderr)
 
     @staticmethod
@@ -233,13 +258,16 @@ def parse_regs(r: SetpciAnswer, bdf: str) -> dict[str, int]:
     GpuboxError when setpci itself cannot run."""
     if r.rc != 0:
         if "not found" in r.stderr and "0010" in r.stderr:
-            raise NoPcieCap(f"{bdf} has no PCI Express capability",
-                            "it cannot take a MaxReadReq setting and is left alone; "
-                            "check the device or its passthrough")
+            raise NoPcieCap(
+                f"{bdf} has no PCI Express capability",
+                "it cannot take a MaxReadReq setting and is left alone; check the device or its passthrough",
+            )
         if r.rc == 127:
             raise GpuboxError(f"setpci is not installed on {r.host}", "install pciutils")
-        raise GpuboxError(f"setpci could not read {bdf} on {r.host}: {(r.stderr or r.stdout).strip()}",
-                          "run as root; check the BDF with lspci -D")
+        raise GpuboxError(
+            f"setpci could not read {bdf} on {r.host}: {(r.stderr or r.stdout).strip()}",
+            "run as root; check the BDF with lspci -D",
+        )
     try:
         vals = [int(x, 16) for x in r.stdout.split()]
     except ValueError:
@@ -336,9 +364,15 @@ class DeviceState:
 def link_info(lnkcap: int, lnksta: int) -> dict:
     cap_s, cap_w = lnkcap & 0xF, (lnkcap >> 4) & 0x3F
     sta_s, sta_w = lnksta & 0xF, (lnksta >> 4) & 0x3F
-    return {"cap_gen": cap_s, "cap_width": cap_w, "gen": sta_s, "width": sta_w,
-            "cap": f"Gen{cap_s} x{cap_w}", "now": f"Gen{sta_s} x{sta_w}",
-            "degraded": sta_s < cap_s or sta_w < cap_w}
+    return {
+        "cap_gen": cap_s,
+        "cap_width": cap_w,
+        "gen": sta_s,
+        "width": sta_w,
+        "cap": f"Gen{cap_s} x{cap_w}",
+        "now": f"Gen{sta_s} x{sta_w}",
+        "degraded": sta_s < cap_s or sta_w < cap_w,
+    }
 
 
 def _word(v: int | str | None) -> int | None:
@@ -365,8 +399,9 @@ class DeviceRegs:
 
     def state(self) -> DeviceState:
         link = link_info(self.lnkcap, self.lnksta) if self.devctl is not None else {}
-        return DeviceState(self.bdf, self.kind, self.numa_node, self.devctl, self.error, link,
-                           self.unreadable)
+        return DeviceState(
+            self.bdf, self.kind, self.numa_node, self.devctl, self.error, link, self.unreadable
+        )
 
 
 def device_regs(fact: Callable[..., Any], f: PciFunction) -> DeviceRegs:
@@ -387,6 +422,7 @@ def device_regs(fact: Callable[..., Any], f: PciFunction) -> DeviceRegs:
 def read_states(host, include=()) -> list[DeviceState]:
     def direct(fact, *args):
         return fact.parse(fact.read(host, *args), *args)
+
     return [device_regs(direct, f).state() for f in select_functions(host, include)]
 
 
@@ -407,21 +443,28 @@ def check_write(bdf: str, before: int, code: int, host) -> None:
     after = read_regs(host, bdf)["devctl"]
     moved = before ^ after
     if moved & ~MRRS_MASK or (after & MRRS_MASK) >> 12 != code:
-        raise GpuboxError(f"{bdf}: DevCtl 0x{before:04x} -> 0x{after:04x}: bits outside 14:12 "
-                          "changed or MaxReadReq did not take", "stop and inspect the device with lspci -vvv")
+        raise GpuboxError(
+            f"{bdf}: DevCtl 0x{before:04x} -> 0x{after:04x}: bits outside 14:12 "
+            "changed or MaxReadReq did not take",
+            "stop and inspect the device with lspci -vvv",
+        )
 
 
 def unit_text(bdfs: list[str], code: int) -> str:
     """Boot-time re-apply: values are lost at reboot (FACTS). Runs after udev has settled the PCI
     devices and before Proxmox starts guests, so the container never sees the default."""
-    lines = ["# Managed by gpubox (hwtune pcie): re-applies PCIe MaxReadReq at boot.",
-             "[Unit]",
-             f"Description=gpubox: PCIe MaxReadReq {mrrs_bytes(code)} on NVIDIA GPU functions",
-             "After=systemd-udev-settle.service",
-             "Wants=systemd-udev-settle.service",
-             "Before=pve-guests.service",
-             "", "[Service]", "Type=oneshot", "RemainAfterExit=yes"]
-    lines += [f"ExecStart=/usr/bin/setpci -s {b} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}"
-              for b in bdfs]
+    lines = [
+        "# Managed by gpubox (hwtune pcie): re-applies PCIe MaxReadReq at boot.",
+        "[Unit]",
+        f"Description=gpubox: PCIe MaxReadReq {mrrs_bytes(code)} on NVIDIA GPU functions",
+        "After=systemd-udev-settle.service",
+        "Wants=systemd-udev-settle.service",
+        "Before=pve-guests.service",
+        "",
+        "[Service]",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+    ]
+    lines += [f"ExecStart=/usr/bin/setpci -s {b} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}" for b in bdfs]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)

@@ -15,9 +15,26 @@ from typing import Any
 
 from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 
-from .pcie import (LOCKDOWN, MRRS_MASK, UNIT, UNIT_PATH, UNREADABLE_FIX, DeviceRegs, Lockdown, PciFunctions,
-                   UnitEnabled, UnitFile, check_write, decode_devctl, device_regs, masked_write, mrrs_bytes,
-                   parse_mrrs, pick_functions, unit_text)
+from .pcie import (
+    LOCKDOWN,
+    MRRS_MASK,
+    UNIT,
+    UNIT_PATH,
+    UNREADABLE_FIX,
+    DeviceRegs,
+    Lockdown,
+    PciFunctions,
+    UnitEnabled,
+    UnitFile,
+    check_write,
+    decode_devctl,
+    device_regs,
+    masked_write,
+    mrrs_bytes,
+    parse_mrrs,
+    pick_functions,
+    unit_text,
+)
 
 
 def _target(ctx) -> int:
@@ -42,14 +59,14 @@ def gather_devices(ctx) -> list[DeviceRegs]:
 @dataclass
 class MrrsFacts:
     devices: list[DeviceRegs] = field(default_factory=list)
-    lockdown: str | None = None         # kernel lockdown mode, None when off
-    unit: str | None = None             # with persist: the boot unit's text ("" = missing)
-    unit_enabled: str | None = None     # with persist and a unit file: `systemctl is-enabled`
+    lockdown: str | None = None  # kernel lockdown mode, None when off
+    unit: str | None = None  # with persist: the boot unit's text ("" = missing)
+    unit_enabled: str | None = None  # with persist and a unit file: `systemctl is-enabled`
 
 
 @dataclass
 class MrrsOptions:
-    code: int = 5                       # MaxReadReq code (128 << code bytes)
+    code: int = 5  # MaxReadReq code (128 << code bytes)
     persist: bool = False
     box: str = "BOX"
 
@@ -90,20 +107,26 @@ class PcieMrrsStep(Step):
         devices = [s.to_dict() for s in states]
         if not states:
             return Finding.ok("no NVIDIA GPU functions found in sysfs", evidence=MrrsEvidence(target=want))
+
         def ev(**kw) -> MrrsEvidence:
             return MrrsEvidence(target=want, devices=devices, **kw)
 
         refused = [s for s in states if s.error]
         broken = [s for s in states if s.unreadable]
-        if broken:      # refuse every write on this host: a bus problem is not ours to tune around
-            return Finding.failed("; ".join(s.error for s in broken),
-                                  cause="config space does not read back sanely", repair=UNREADABLE_FIX,
-                                  evidence=ev())
+        if broken:  # refuse every write on this host: a bus problem is not ours to tune around
+            return Finding.failed(
+                "; ".join(s.error for s in broken),
+                cause="config space does not read back sanely",
+                repair=UNREADABLE_FIX,
+                evidence=ev(),
+            )
         todo = [s for s in states if s.devctl is not None and (s.devctl & MRRS_MASK) >> 12 != code]
         problems = []
         if todo:
-            problems.append(", ".join(f"{s.bdf} MaxReadReq {decode_devctl(s.devctl)['mrrs']}" for s in todo)
-                            + f" (want {want})")
+            problems.append(
+                ", ".join(f"{s.bdf} MaxReadReq {decode_devctl(s.devctl)['mrrs']}" for s in todo)
+                + f" (want {want})"
+            )
         unit_problem, unit = None, None
         if opts.persist:
             unit = unit_text([s.bdf for s in states if s.devctl is not None], code)
@@ -117,21 +140,29 @@ class PcieMrrsStep(Step):
                     f"{'; '.join(problems)}; kernel lockdown ({mode}) refuses PCI config writes",
                     cause=f"{LOCKDOWN} says [{mode}]: userspace config-space writes are blocked",
                     repair="boot without lockdown (disable Secure Boot lockdown / lockdown= on the "
-                           "kernel command line), then re-run", evidence=ev(lockdown=mode))
+                    "kernel command line), then re-run",
+                    evidence=ev(lockdown=mode),
+                )
             repair = f"gpubox tune pcie {opts.box}" + (" --persist" if unit_problem else "")
-            return Finding.drift("; ".join(problems), cause="firmware default after reboot" if todo else None,
-                                 repair=repair,
-                                 plan=_plan(todo, code, unit if unit_problem else None, facts.unit or ""),
-                                 evidence=ev(refused=[s.bdf for s in refused]))
+            return Finding.drift(
+                "; ".join(problems),
+                cause="firmware default after reboot" if todo else None,
+                repair=repair,
+                plan=_plan(todo, code, unit if unit_problem else None, facts.unit or ""),
+                evidence=ev(refused=[s.bdf for s in refused]),
+            )
         if refused:
-            return Finding.failed("; ".join(s.error for s in refused),
-                                  cause="a GPU-class function without a PCI Express capability",
-                                  repair="check the device (passthrough quirk, wrong driver); "
-                                         "it is left alone",
-                                  evidence=ev())
+            return Finding.failed(
+                "; ".join(s.error for s in refused),
+                cause="a GPU-class function without a PCI Express capability",
+                repair="check the device (passthrough quirk, wrong driver); it is left alone",
+                evidence=ev(),
+            )
         ok = [s for s in states if s.devctl is not None]
-        return Finding.ok(f"{len(ok)} function(s) at MaxReadReq {want}"
-                          + (" (boot unit enabled)" if opts.persist else ""), evidence=ev())
+        return Finding.ok(
+            f"{len(ok)} function(s) at MaxReadReq {want}" + (" (boot unit enabled)" if opts.persist else ""),
+            evidence=ev(),
+        )
 
 
 def _unit_problem(facts: MrrsFacts, want: str) -> str | None:
@@ -149,16 +180,21 @@ def _plan(todo, code: int, unit: str | None, old_unit: str) -> Plan:
     for s in todo:
         before = s.devctl
         after = (before & ~MRRS_MASK) | (code << 12)
-        actions.append(Run(masked_write(s.bdf, code), timeout=30,
-                           after=partial(check_write, s.bdf, before, code)))
-        texts.append(f"{s.bdf}: DevCtl 0x{before:04x} -> 0x{after:04x} "
-                     f"(MaxReadReq {decode_devctl(before)['mrrs']} -> {mrrs_bytes(code)}, "
-                     f"MaxPayload {decode_devctl(before)['mps']} unchanged)")
+        actions.append(
+            Run(masked_write(s.bdf, code), timeout=30, after=partial(check_write, s.bdf, before, code))
+        )
+        texts.append(
+            f"{s.bdf}: DevCtl 0x{before:04x} -> 0x{after:04x} "
+            f"(MaxReadReq {decode_devctl(before)['mrrs']} -> {mrrs_bytes(code)}, "
+            f"MaxPayload {decode_devctl(before)['mps']} unchanged)"
+        )
     desc = "; ".join(texts)
     if unit is not None:
-        actions += [Write(UNIT_PATH, unit, old=old_unit, mode=0o644),
-                    Run(["systemctl", "daemon-reload"], timeout=60),
-                    Run(["systemctl", "enable", UNIT], timeout=60)]
+        actions += [
+            Write(UNIT_PATH, unit, old=old_unit, mode=0o644),
+            Run(["systemctl", "daemon-reload"], timeout=60),
+            Run(["systemctl", "enable", UNIT], timeout=60),
+        ]
         desc = (desc + "; " if desc else "") + f"install and enable {UNIT}"
     return Plan(desc, actions=actions)
 
@@ -175,7 +211,7 @@ class LinkOptions:
 
 @dataclass
 class LinkEvidence:
-    slow: Any = OMIT        # ok: functions below max speed now (normal at idle)
+    slow: Any = OMIT  # ok: functions below max speed now (normal at idle)
     links: dict = field(default_factory=dict)
 
 
@@ -202,13 +238,16 @@ class PcieLinkStep(Step):
                 "; ".join(f"{s.bdf} trained at {s.link['now']}, capable of {s.link['cap']}" for s in narrow),
                 cause="link trained below its width (riser/slot/cable, bifurcation setting)",
                 repair="reseat or move the GPU, check BIOS slot width/bifurcation, then reboot; not tunable",
-                evidence=LinkEvidence(links=links))
+                evidence=LinkEvidence(links=links),
+            )
         detail = f"{len(states)} link(s) at full width"
-        if states and len({s.link['now'] for s in states}) == 1:
+        if states and len({s.link["now"] for s in states}) == 1:
             detail += f" ({states[0].link['now']})"
         if slow:
             # GPUs drop link speed at idle to save power; only width is conclusive without load.
-            detail += ("; below max speed now: "
-                       + ", ".join(f"{s.bdf} {s.link['now']} (max {s.link['cap']})" for s in slow)
-                       + " -- normal at idle, re-check under load")
+            detail += (
+                "; below max speed now: "
+                + ", ".join(f"{s.bdf} {s.link['now']} (max {s.link['cap']})" for s in slow)
+                + " -- normal at idle, re-check under load"
+            )
         return Finding.ok(detail, evidence=LinkEvidence([s.bdf for s in slow], links))

@@ -46,10 +46,28 @@ CLOCK_REASONS = {
 # Sizes and repetitions: big enough that one timed trial runs well past launch overhead and the
 # data is many times the L2 (60 MB on H100/H200), small enough that a probe takes seconds.
 SIZES = {
-    "full": {"h2d_mib": 256, "h2d_iters": 20, "d2d_mib": 2048, "d2d_iters": 20, "p2p_mib": 256,
-             "p2p_iters": 10, "ar_mib": 256, "ar_iters": 10, "trials": 5},
-    "quick": {"h2d_mib": 64, "h2d_iters": 10, "d2d_mib": 512, "d2d_iters": 10, "p2p_mib": 64,
-              "p2p_iters": 5, "ar_mib": 64, "ar_iters": 5, "trials": 3},
+    "full": {
+        "h2d_mib": 256,
+        "h2d_iters": 20,
+        "d2d_mib": 2048,
+        "d2d_iters": 20,
+        "p2p_mib": 256,
+        "p2p_iters": 10,
+        "ar_mib": 256,
+        "ar_iters": 10,
+        "trials": 5,
+    },
+    "quick": {
+        "h2d_mib": 64,
+        "h2d_iters": 10,
+        "d2d_mib": 512,
+        "d2d_iters": 10,
+        "p2p_mib": 64,
+        "p2p_iters": 5,
+        "ar_mib": 64,
+        "ar_iters": 5,
+        "trials": 3,
+    },
 }
 
 
@@ -99,8 +117,10 @@ def _reasons(mask):
 
 
 def _clock_reasons(nv, h, f: _Fields):
-    fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    fn = (
+        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     return _reasons(f.get("clock_event_reasons", fn, h))
 
 
@@ -128,7 +148,9 @@ def gpu_facts(nv, h, index: int) -> dict:
     g["pcie"] = {
         "gen_current": f.get("pcie_gen_current", nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
         "gen_max": f.get("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-        "gen_gpu_max": f.get("pcie_gen_gpu_max", getattr(nv, "nvmlDeviceGetGpuMaxPcieLinkGeneration", None), h),
+        "gen_gpu_max": f.get(
+            "pcie_gen_gpu_max", getattr(nv, "nvmlDeviceGetGpuMaxPcieLinkGeneration", None), h
+        ),
         "width_current": f.get("pcie_width_current", nv.nvmlDeviceGetCurrPcieLinkWidth, h),
         "width_max": f.get("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth, h),
         "replay_counter": f.get("pcie_replay_counter", nv.nvmlDeviceGetPcieReplayCounter, h),
@@ -136,26 +158,63 @@ def gpu_facts(nv, h, index: int) -> dict:
     ecc = f.get("ecc_mode", nv.nvmlDeviceGetEccMode, h)
     g["ecc"] = {
         "enabled": None if ecc is None else bool(ecc[0]),
-        "volatile_uncorrected": f.get("ecc_volatile_uncorrected", nv.nvmlDeviceGetTotalEccErrors, h,
-                                      nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
-        "aggregate_uncorrected": f.get("ecc_aggregate_uncorrected", nv.nvmlDeviceGetTotalEccErrors, h,
-                                       nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC),
-        "volatile_corrected": f.get("ecc_volatile_corrected", nv.nvmlDeviceGetTotalEccErrors, h,
-                                    nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC),
+        "volatile_uncorrected": f.get(
+            "ecc_volatile_uncorrected",
+            nv.nvmlDeviceGetTotalEccErrors,
+            h,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_VOLATILE_ECC,
+        ),
+        "aggregate_uncorrected": f.get(
+            "ecc_aggregate_uncorrected",
+            nv.nvmlDeviceGetTotalEccErrors,
+            h,
+            nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nv.NVML_AGGREGATE_ECC,
+        ),
+        "volatile_corrected": f.get(
+            "ecc_volatile_corrected",
+            nv.nvmlDeviceGetTotalEccErrors,
+            h,
+            nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            nv.NVML_VOLATILE_ECC,
+        ),
     }
     # Page retirement (pre-Ampere) and row remapping (A100 and later): "pending" means a reset is
     # needed to take the bad memory out of use; a remap "failure" means the GPU ran out of spare rows.
-    sbe = f.get("retired_pages_sbe", nv.nvmlDeviceGetRetiredPages, h,
-                nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
-    dbe = f.get("retired_pages_dbe", nv.nvmlDeviceGetRetiredPages, h,
-                nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+    sbe = f.get(
+        "retired_pages_sbe",
+        nv.nvmlDeviceGetRetiredPages,
+        h,
+        nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+    )
+    dbe = f.get(
+        "retired_pages_dbe",
+        nv.nvmlDeviceGetRetiredPages,
+        h,
+        nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+    )
     pend = f.get("retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
-    g["retired_pages"] = None if sbe is None and dbe is None and pend is None else {
-        "sbe": None if sbe is None else len(sbe), "dbe": None if dbe is None else len(dbe),
-        "pending": None if pend is None else bool(pend)}
+    g["retired_pages"] = (
+        None
+        if sbe is None and dbe is None and pend is None
+        else {
+            "sbe": None if sbe is None else len(sbe),
+            "dbe": None if dbe is None else len(dbe),
+            "pending": None if pend is None else bool(pend),
+        }
+    )
     rr = f.get("remapped_rows", nv.nvmlDeviceGetRemappedRows, h)
-    g["remapped_rows"] = None if rr is None else {
-        "correctable": int(rr[0]), "uncorrectable": int(rr[1]), "pending": bool(rr[2]), "failure": bool(rr[3])}
+    g["remapped_rows"] = (
+        None
+        if rr is None
+        else {
+            "correctable": int(rr[0]),
+            "uncorrectable": int(rr[1]),
+            "pending": bool(rr[2]),
+            "failure": bool(rr[3]),
+        }
+    )
     g["clock_event_reasons"] = _clock_reasons(nv, h, f)
     g["clocks_mhz"] = {
         "sm": f.get("clock_sm", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
@@ -174,8 +233,8 @@ def gpu_facts(nv, h, index: int) -> dict:
     return g
 
 
-_FI_NVLINK_SPEED_COMMON = 90     # nvml.h NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON
-_FI_NVLINK_GET_SPEED = 164       # nvml.h NVML_FI_DEV_NVLINK_GET_SPEED (per link, scopeId = link)
+_FI_NVLINK_SPEED_COMMON = 90  # nvml.h NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON
+_FI_NVLINK_GET_SPEED = 164  # nvml.h NVML_FI_DEV_NVLINK_GET_SPEED (per link, scopeId = link)
 
 
 def nvlink_facts(nv, h, f: _Fields) -> dict | None:
@@ -185,10 +244,13 @@ def nvlink_facts(nv, h, f: _Fields) -> dict | None:
     for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
         try:
             state = nv.nvmlDeviceGetNvLinkState(h, link)
-        except Exception:       # NotSupported / InvalidArgument: past the last link, or no NVLink
+        except Exception:  # NotSupported / InvalidArgument: past the last link, or no NVLink
             break
         rec = {"link": link, "active": bool(state)}
-        for key, fn in (("version", "nvmlDeviceGetNvLinkVersion"), ("remote", "nvmlDeviceGetNvLinkRemotePciInfo")):
+        for key, fn in (
+            ("version", "nvmlDeviceGetNvLinkVersion"),
+            ("remote", "nvmlDeviceGetNvLinkRemotePciInfo"),
+        ):
             try:
                 v = getattr(nv, fn)(h, link)
                 rec[key] = norm_bdf(v.busId) if key == "remote" else int(v)
@@ -204,7 +266,9 @@ def nvlink_facts(nv, h, f: _Fields) -> dict | None:
         return None
     speed = None
     try:
-        fv = nv.nvmlDeviceGetFieldValues(h, [getattr(nv, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", _FI_NVLINK_SPEED_COMMON)])
+        fv = nv.nvmlDeviceGetFieldValues(
+            h, [getattr(nv, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", _FI_NVLINK_SPEED_COMMON)]
+        )
         ret = int(getattr(fv[0], "nvmlReturn", 0)) if fv else None
         if ret == 0:
             val = fv[0].value
@@ -213,14 +277,16 @@ def nvlink_facts(nv, h, f: _Fields) -> dict | None:
             f.unsupported["nvlink_speed"] = f"field value return {ret}"
     except Exception as exc:
         f.unsupported["nvlink_speed"] = _err(exc)
-    if speed is None:       # newer drivers: per-link NVML_FI_DEV_NVLINK_GET_SPEED (164), scope = link
+    if speed is None:  # newer drivers: per-link NVML_FI_DEV_NVLINK_GET_SPEED (164), scope = link
         try:
             fv = nv.nvmlDeviceGetFieldValues(h, [(_FI_NVLINK_GET_SPEED, r["link"]) for r in links])
             for r, v in zip(links, fv):
                 if int(getattr(v, "nvmlReturn", 1)) == 0:
-                    r["speed_mbps"] = int(getattr(v.value, "uiVal", 0) or getattr(v.value, "ullVal", 0) or 0) or None
+                    r["speed_mbps"] = (
+                        int(getattr(v.value, "uiVal", 0) or getattr(v.value, "ullVal", 0) or 0) or None
+                    )
             got = sorted(r["speed_mbps"] for r in links if r.get("active") and r.get("speed_mbps"))
-            speed = got[0] if got else None     # the slowest active link: what a pair can count on
+            speed = got[0] if got else None  # the slowest active link: what a pair can count on
         except Exception as exc:
             f.unsupported["nvlink_speed_per_link"] = _err(exc)
     return {"links": links, "active": sum(1 for r in links if r["active"]), "speed_mbps_common": speed}
@@ -316,7 +382,10 @@ def nvml_section():
     sec: dict = {"status": "ok"}
     f = _Fields(nv)
     sec["driver"] = _s(f.get("driver", nv.nvmlSystemGetDriverVersion))
-    cuda = f.get("cuda_driver", getattr(nv, "nvmlSystemGetCudaDriverVersion_v2", None) or nv.nvmlSystemGetCudaDriverVersion)
+    cuda = f.get(
+        "cuda_driver",
+        getattr(nv, "nvmlSystemGetCudaDriverVersion_v2", None) or nv.nvmlSystemGetCudaDriverVersion,
+    )
     sec["cuda_driver"] = None if cuda is None else f"{cuda // 1000}.{(cuda % 1000) // 10}"
     sec["nvml"] = _s(f.get("nvml", nv.nvmlSystemGetNVMLVersion))
     sec["kernel_module"] = _kernel_module_version()
@@ -396,11 +465,16 @@ def torch_section():
         import torch
     except Exception as exc:  # ImportError, or a broken install raising OSError on a missing .so
         return {"status": "skipped", "reason": f"torch not importable ({_err(exc)})"}, None
-    sec = {"status": "ok", "version": getattr(torch, "__version__", None),
-           "cuda": getattr(torch.version, "cuda", None)}
+    sec = {
+        "status": "ok",
+        "version": getattr(torch, "__version__", None),
+        "cuda": getattr(torch.version, "cuda", None),
+    }
     try:
         if not torch.cuda.is_available():
-            sec.update(status="skipped", reason="torch sees no CUDA device (torch.cuda.is_available() is False)")
+            sec.update(
+                status="skipped", reason="torch sees no CUDA device (torch.cuda.is_available() is False)"
+            )
             return sec, None
         sec["device_count"] = torch.cuda.device_count()
         try:
@@ -453,15 +527,22 @@ def _event_trials(torch, dev: int, run_once, trials: int) -> list[float]:
 
 def _fig(nbytes_per_trial: float, secs: list[float]) -> dict:
     rates = sorted(nbytes_per_trial / s / 1e9 for s in secs if s > 0)
-    return {"gbps": round(statistics.median(rates), 2), "gbps_best": round(rates[-1], 2),
-            "gbps_worst": round(rates[0], 2), "trials": len(rates)}
+    return {
+        "gbps": round(statistics.median(rates), 2),
+        "gbps_best": round(rates[-1], 2),
+        "gbps_worst": round(rates[0], 2),
+        "trials": len(rates),
+    }
 
 
 def _link_now(nv, h):
     if nv is None or h is None:
         return None
     try:
-        return {"gen": nv.nvmlDeviceGetCurrPcieLinkGeneration(h), "width": nv.nvmlDeviceGetCurrPcieLinkWidth(h)}
+        return {
+            "gen": nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
+            "width": nv.nvmlDeviceGetCurrPcieLinkWidth(h),
+        }
     except nv.NVMLError:
         return None
 
@@ -510,8 +591,10 @@ def device_copy_probe(torch, dev: int, sz: dict, nv=None, h=None) -> dict:
             dst.copy_(src, non_blocking=True)
         if not reasons and nv is not None and h is not None:  # clock event reasons under load
             try:
-                fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-                    nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                fn = (
+                    getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                    or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+                )
                 reasons.update(_reasons(fn(h)))
             except nv.NVMLError:
                 pass
@@ -521,10 +604,17 @@ def device_copy_probe(torch, dev: int, sz: dict, nv=None, h=None) -> dict:
             dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(dev)
         secs = _event_trials(torch, dev, once, sz["trials"])
-    out = {"name": "d2d", "gpu": dev, "status": "ok", "bytes": n, "iters": iters,
-           "counting": "read+write", **_fig(2 * n * iters, secs)}
+    out = {
+        "name": "d2d",
+        "gpu": dev,
+        "status": "ok",
+        "bytes": n,
+        "iters": iters,
+        "counting": "read+write",
+        **_fig(2 * n * iters, secs),
+    }
     out["clock_event_reasons_under_load"] = reasons or None
-    del src, dst
+    src = dst = None  # drop the buffers (a `del` would unbind names the closure reads)
     return out
 
 
@@ -543,9 +633,17 @@ def p2p_probe(torch, a: int, b: int, sz: dict) -> dict:
 
     once()
     secs = _trials(torch, once, sz["trials"], (a, b))
-    del src, dst
-    return {"name": "p2p", "src": a, "dst": b, "status": "ok", "peer_access": peer, "bytes": n,
-            "iters": iters, **_fig(n * iters, secs)}
+    src = dst = None  # drop the buffers (a `del` would unbind names the closure reads)
+    return {
+        "name": "p2p",
+        "src": a,
+        "dst": b,
+        "status": "ok",
+        "peer_access": peer,
+        "bytes": n,
+        "iters": iters,
+        **_fig(n * iters, secs),
+    }
 
 
 def _ar_iters(sz: dict, nbytes: int) -> int:
@@ -567,15 +665,23 @@ def allreduce_probe(torch, devs: list[int], sz: dict, nbytes: int | None = None)
     elems = max(1, (nbytes or sz["ar_mib"] * MIB) // 4)
     ts = [torch.ones(elems, dtype=torch.float32, device=d) for d in devs]
     if not nccl.is_available(ts):
-        return {"name": "allreduce", "gpus": devs, "status": "skipped",
-                "reason": "torch.cuda.nccl is not available for these tensors"}
+        return {
+            "name": "allreduce",
+            "gpus": devs,
+            "status": "skipped",
+            "reason": "torch.cuda.nccl is not available for these tensors",
+        }
     nccl.all_reduce(ts)
     for d in devs:
         torch.cuda.synchronize(d)
     got = [float(t[0].item()) for t in ts]
     if any(abs(g - n) > 1e-3 for g in got):
-        return {"name": "allreduce", "gpus": devs, "status": "failed",
-                "reason": f"wrong sum: expected {n}, got {got}"}
+        return {
+            "name": "allreduce",
+            "gpus": devs,
+            "status": "failed",
+            "reason": f"wrong sum: expected {n}, got {got}",
+        }
     for t in ts:
         t.zero_()
     iters = sz["ar_iters"] if nbytes is None else _ar_iters(sz, elems * 4)
@@ -589,9 +695,17 @@ def allreduce_probe(torch, devs: list[int], sz: dict, nbytes: int | None = None)
     nbytes = elems * 4
     fig = _fig(nbytes * iters, secs)  # algbw: bytes of the buffer / time per all-reduce
     factor = 2 * (n - 1) / n
-    return {"name": "allreduce", "gpus": devs, "status": "ok", "bytes": nbytes, "iters": iters,
-            "algbw_gbps": fig["gbps"], "busbw_gbps": round(fig["gbps"] * factor, 2),
-            "busbw_factor": round(factor, 4), "trials": fig["trials"]}
+    return {
+        "name": "allreduce",
+        "gpus": devs,
+        "status": "ok",
+        "bytes": nbytes,
+        "iters": iters,
+        "algbw_gbps": fig["gbps"],
+        "busbw_gbps": round(fig["gbps"] * factor, 2),
+        "busbw_factor": round(factor, 4),
+        "trials": fig["trials"],
+    }
 
 
 def _safe(fn, base: dict, *args, **kw) -> dict:
@@ -613,12 +727,22 @@ def parse_pairs(text: str | None):
     return out
 
 
-def bandwidth_section(torch, nv, handles: dict, *, quick: bool, p2p: bool, allreduce_sets,
-                      p2p_pairs=None, copies: bool = True, allreduce_bytes=None) -> dict:
+def bandwidth_section(
+    torch,
+    nv,
+    handles: dict,
+    *,
+    quick: bool,
+    p2p: bool,
+    allreduce_sets,
+    p2p_pairs=None,
+    copies: bool = True,
+    allreduce_bytes=None,
+) -> dict:
     sz = SIZES["quick" if quick else "full"]
     n = torch.cuda.device_count()
     probes = []
-    for i in (range(n) if copies else ()):
+    for i in range(n) if copies else ():
         bdf = _torch_bdf(torch, i)
         h = handles.get(bdf)
         for direction in ("h2d", "d2h"):
@@ -642,14 +766,25 @@ def bandwidth_section(torch, nv, handles: dict, *, quick: bool, p2p: bool, allre
     for devs in sets:
         bad = [d for d in devs if d >= n or d < 0]
         if bad:
-            probes.append({"name": "allreduce", "gpus": devs, "status": "skipped",
-                           "reason": f"GPU index {bad} not present ({n} visible)"})
+            probes.append(
+                {
+                    "name": "allreduce",
+                    "gpus": devs,
+                    "status": "skipped",
+                    "reason": f"GPU index {bad} not present ({n} visible)",
+                }
+            )
             continue
         for nb in allreduce_bytes or [None]:
             base = {"name": "allreduce", "gpus": devs, **({"bytes": nb} if nb else {})}
             probes.append(_safe(allreduce_probe, base, torch, devs, sz, nb))
-    return {"status": "ok", "mode": "quick" if quick else "full", "devices": n,
-            "gpu_bus_ids": [_torch_bdf(torch, i) for i in range(n)], "probes": probes}
+    return {
+        "status": "ok",
+        "mode": "quick" if quick else "full",
+        "devices": n,
+        "gpu_bus_ids": [_torch_bdf(torch, i) for i in range(n)],
+        "probes": probes,
+    }
 
 
 def default_sets(n: int) -> list[list[int]]:
@@ -691,13 +826,25 @@ def parse_bytes(text: str | None):
     return out
 
 
-def collect(*, quick: bool = False, bandwidth: bool = True, p2p: bool = True, allreduce_sets=None,
-            p2p_pairs=None, copies: bool = True, allreduce_bytes=None) -> dict:
+def collect(
+    *,
+    quick: bool = False,
+    bandwidth: bool = True,
+    p2p: bool = True,
+    allreduce_sets=None,
+    p2p_pairs=None,
+    copies: bool = True,
+    allreduce_bytes=None,
+) -> dict:
     t0 = time.monotonic()
-    doc = {"schema": SCHEMA, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "host": socket.gethostname(), "python": sys.version.split()[0],
-           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}}
+    doc = {
+        "schema": SCHEMA,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+    }
     try:
         nvml, nv, handles = nvml_section()
     except Exception as exc:
@@ -714,9 +861,17 @@ def collect(*, quick: bool = False, bandwidth: bool = True, p2p: bool = True, al
             doc["bandwidth"] = {"status": tsec["status"], "reason": tsec.get("reason")}
         else:
             try:
-                doc["bandwidth"] = bandwidth_section(torch, nv, handles, quick=quick, p2p=p2p,
-                                                     allreduce_sets=allreduce_sets, p2p_pairs=p2p_pairs,
-                                                     copies=copies, allreduce_bytes=allreduce_bytes)
+                doc["bandwidth"] = bandwidth_section(
+                    torch,
+                    nv,
+                    handles,
+                    quick=quick,
+                    p2p=p2p,
+                    allreduce_sets=allreduce_sets,
+                    p2p_pairs=p2p_pairs,
+                    copies=copies,
+                    allreduce_bytes=allreduce_bytes,
+                )
             except Exception as exc:
                 doc["bandwidth"] = {"status": "failed", "reason": _err(exc)}
     doc["xid"] = watch.finish()
@@ -734,23 +889,42 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller buffers, fewer repetitions")
     ap.add_argument("--no-bandwidth", action="store_true", help="NVML facts only")
     ap.add_argument("--no-p2p", action="store_true", help="skip the GPU pair copies")
-    ap.add_argument("--allreduce-sets", default=None, metavar="SETS",
-                    help="GPU sets for the all-reduce, e.g. '0,1,2,3;4,5,6,7' ('' for none)")
-    ap.add_argument("--p2p-pairs", default=None, metavar="PAIRS",
-                    help="GPU pairs to copy between, e.g. '0-1,0-4' (default: every ordered pair)")
-    ap.add_argument("--no-copies", action="store_true",
-                    help="skip the per-GPU H2D/D2H/D2D copies (e.g. all-reduce only)")
-    ap.add_argument("--allreduce-bytes", default=None, metavar="SIZES",
-                    help="all-reduce buffer sizes, e.g. '1M,256M' (default: one size, 256 MiB; quick 64 MiB)")
+    ap.add_argument(
+        "--allreduce-sets",
+        default=None,
+        metavar="SETS",
+        help="GPU sets for the all-reduce, e.g. '0,1,2,3;4,5,6,7' ('' for none)",
+    )
+    ap.add_argument(
+        "--p2p-pairs",
+        default=None,
+        metavar="PAIRS",
+        help="GPU pairs to copy between, e.g. '0-1,0-4' (default: every ordered pair)",
+    )
+    ap.add_argument(
+        "--no-copies", action="store_true", help="skip the per-GPU H2D/D2H/D2D copies (e.g. all-reduce only)"
+    )
+    ap.add_argument(
+        "--allreduce-bytes",
+        default=None,
+        metavar="SIZES",
+        help="all-reduce buffer sizes, e.g. '1M,256M' (default: one size, 256 MiB; quick 64 MiB)",
+    )
     ap.add_argument("--indent", type=int, default=None)
     a = ap.parse_args(argv)
     try:
         ar_bytes = parse_bytes(a.allreduce_bytes)
     except (ValueError, IndexError):
         ap.error(f"--allreduce-bytes {a.allreduce_bytes!r}: give sizes like 1048576 or 1M,256M")
-    doc = collect(quick=a.quick, bandwidth=not a.no_bandwidth, p2p=not a.no_p2p,
-                  allreduce_sets=parse_sets(a.allreduce_sets), p2p_pairs=parse_pairs(a.p2p_pairs),
-                  copies=not a.no_copies, allreduce_bytes=ar_bytes)
+    doc = collect(
+        quick=a.quick,
+        bandwidth=not a.no_bandwidth,
+        p2p=not a.no_p2p,
+        allreduce_sets=parse_sets(a.allreduce_sets),
+        p2p_pairs=parse_pairs(a.p2p_pairs),
+        copies=not a.no_copies,
+        allreduce_bytes=ar_bytes,
+    )
     sys.stdout.write(json.dumps(doc, indent=a.indent) + "\n")
     return 0
 

@@ -77,25 +77,31 @@ class ProbeReport(Fact):
     @staticmethod
     def parse(raw: ProbeAnswer, python: str, args: tuple[str, ...] = (), timeout: float = 600) -> dict:
         if raw.rc == 127:
-            raise GpuboxError(f"{python} not found on {raw.host}",
-                              "set gpubox_probe.python to the server venv's interpreter, "
-                              "e.g. /opt/vllm/bin/python3")
+            raise GpuboxError(
+                f"{python} not found on {raw.host}",
+                "set gpubox_probe.python to the server venv's interpreter, e.g. /opt/vllm/bin/python3",
+            )
         if raw.rc != 0:
             tail = (raw.stderr or raw.stdout or "").strip().splitlines()[-1:] or [""]
-            raise GpuboxError(f"the probe exited {raw.rc} on {raw.host}: {tail[0][:200]}",
-                              "run `gpubox -v probe BOX`, or the script by hand: python3 hwtune/probe.py")
+            raise GpuboxError(
+                f"the probe exited {raw.rc} on {raw.host}: {tail[0][:200]}",
+                "run `gpubox -v probe BOX`, or the script by hand: python3 hwtune/probe.py",
+            )
         return parse(raw.stdout, source=f"the probe on {raw.host}")
 
 
-def _report_args(lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True,
-                 p2p_pairs=None) -> tuple[str, tuple[str, ...], float]:
-    args = probe_args(quick=quick, bandwidth=bandwidth, p2p=p2p, sets=lim["allreduce_sets"],
-                      p2p_pairs=p2p_pairs)
+def _report_args(
+    lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True, p2p_pairs=None
+) -> tuple[str, tuple[str, ...], float]:
+    args = probe_args(
+        quick=quick, bandwidth=bandwidth, p2p=p2p, sets=lim["allreduce_sets"], p2p_pairs=p2p_pairs
+    )
     return lim["python"], tuple(args), float(lim["timeout_s"])
 
 
-def run_remote(host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True,
-               p2p_pairs=None) -> dict:
+def run_remote(
+    host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True, p2p_pairs=None
+) -> dict:
     """Run the probe on `host` (a gpubox Host, normally the container) and return its document."""
     args = _report_args(lim, quick=quick, bandwidth=bandwidth, p2p=p2p, p2p_pairs=p2p_pairs)
     return ProbeReport.parse(ProbeReport.read(host, *args), *args)
@@ -103,7 +109,7 @@ def run_remote(host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: 
 
 @dataclass
 class ProbeOptions:
-    limits: dict[str, Any] = field(default_factory=dict)    # the box's gpubox_probe over DEFAULTS
+    limits: dict[str, Any] = field(default_factory=dict)  # the box's gpubox_probe over DEFAULTS
     quick: bool = True
     bandwidth: bool = True
     expect_gpus: int | None = None
@@ -112,13 +118,13 @@ class ProbeOptions:
 
 @dataclass
 class ProbeFacts:
-    doc: dict[str, Any] = field(default_factory=dict)     # the probe's gpubox.probe/1 document
+    doc: dict[str, Any] = field(default_factory=dict)  # the probe's gpubox.probe/1 document
 
 
 @dataclass
 class ProbeEvidence:
-    problems: Any = OMIT        # failed/drift: the checks that are not ok
-    skipped: Any = OMIT         # ok: the checks that had nothing to measure
+    problems: Any = OMIT  # failed/drift: the checks that are not ok
+    skipped: Any = OMIT  # ok: the checks that had nothing to measure
     gpus: list[dict] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
 
@@ -134,10 +140,13 @@ class GpuProbe(Step):
     requires = ("cuda",)
 
     def options(self, ctx) -> ProbeOptions:
-        return ProbeOptions(box_limits(ctx.box), quick=not ctx.opt("full_probe", False),
-                            bandwidth=not ctx.opt("no_bandwidth", False),
-                            expect_gpus=_int(ctx.box.var("gpubox_gpus")),
-                            simulated=bool(ctx.box.var("gpubox_simulated")))
+        return ProbeOptions(
+            box_limits(ctx.box),
+            quick=not ctx.opt("full_probe", False),
+            bandwidth=not ctx.opt("no_bandwidth", False),
+            expect_gpus=_int(ctx.box.var("gpubox_gpus")),
+            simulated=bool(ctx.box.var("gpubox_simulated")),
+        )
 
     def gather(self, ctx) -> ProbeFacts:
         o = self.options(ctx)
@@ -148,9 +157,12 @@ class GpuProbe(Step):
         lim = {**limits(), **opts.limits}
         checks = judge(facts.doc, lim, expect_gpus=opts.expect_gpus)
         status, detail, summary = summarize(checks)
-        ev = ProbeEvidence(summary.get("problems", OMIT), summary.get("skipped", OMIT),
-                           gpu_table(facts.doc, lim),
-                           [{"name": c.name, "status": c.status, "detail": c.detail} for c in checks])
+        ev = ProbeEvidence(
+            summary.get("problems", OMIT),
+            summary.get("skipped", OMIT),
+            gpu_table(facts.doc, lim),
+            [{"name": c.name, "status": c.status, "detail": c.detail} for c in checks],
+        )
         if status == OK:
             return Finding.ok(detail, evidence=ev)
         if status == SKIPPED:

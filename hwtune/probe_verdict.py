@@ -24,20 +24,20 @@ PROBE_SCHEMA = "gpubox.probe/1"
 
 # Limits, overridable per box with the inventory variable `gpubox_probe` (a mapping).
 DEFAULTS: dict[str, Any] = {
-    "h2d_min_pct": 70,              # pinned host->device copy, % of the link's theoretical rate
+    "h2d_min_pct": 70,  # pinned host->device copy, % of the link's theoretical rate
     "d2h_min_pct": 70,
-    "d2d_min_pct": 70,              # device memory copy, % of the GPU's spec bandwidth
-    "p2p_min_pct": 40,              # GPU->GPU copy, % of the slower GPU's link rate
-    "allreduce_min_pct": 30,        # NCCL all-reduce busbw, % of the slowest link rate
+    "d2d_min_pct": 70,  # device memory copy, % of the GPU's spec bandwidth
+    "p2p_min_pct": 40,  # GPU->GPU copy, % of the slower GPU's link rate
+    "allreduce_min_pct": 30,  # NCCL all-reduce busbw, % of the slowest link rate
     "allreduce_min_busbw_gbps": None,  # absolute busbw floor instead (NVLink boxes)
-    "min_link_gen": 4,              # a GPU at Gen3 (or below) is a finding
-    "min_link_width": 16,           # a GPU at x8 is a finding
-    "pcie_replay_max": 100,         # PCIe replays (link-level retransmits) since driver load
-    "require_persistence": False,   # persistence mode off: a finding only when required
-    "mem_bw_tbs": None,             # the GPU's memory bandwidth spec, for GPUs not in KNOWN_GPUS
-    "link_gbps": None,              # per-direction link rate, overriding the PCIe gen x width table
-    "python": "python3",            # interpreter in the container (the server's venv has torch)
-    "allreduce_sets": None,         # e.g. [[0,1,2,3],[4,5,6,7]]; default: from gpubox_bench.tp
+    "min_link_gen": 4,  # a GPU at Gen3 (or below) is a finding
+    "min_link_width": 16,  # a GPU at x8 is a finding
+    "pcie_replay_max": 100,  # PCIe replays (link-level retransmits) since driver load
+    "require_persistence": False,  # persistence mode off: a finding only when required
+    "mem_bw_tbs": None,  # the GPU's memory bandwidth spec, for GPUs not in KNOWN_GPUS
+    "link_gbps": None,  # per-direction link rate, overriding the PCIe gen x width table
+    "python": "python3",  # interpreter in the container (the server's venv has torch)
+    "allreduce_sets": None,  # e.g. [[0,1,2,3],[4,5,6,7]]; default: from gpubox_bench.tp
     "timeout_s": 600,
 }
 _PCT = ("h2d_min_pct", "d2h_min_pct", "d2d_min_pct", "p2p_min_pct", "allreduce_min_pct")
@@ -51,10 +51,10 @@ PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 # the first entry it contains ("NVIDIA GH200 480GB" must not be read as an H200).
 KNOWN_GPUS: list[tuple[str, float]] = [
     ("GH200", 4.0),
-    ("H200", 4.8),                      # H200 SXM and NVL, 141 GB HBM3e
+    ("H200", 4.8),  # H200 SXM and NVL, 141 GB HBM3e
     ("H100 NVL", 3.9),
     ("H100 PCIe", 2.0),
-    ("H100", 3.35),                     # SXM5 80GB HBM3 ("NVIDIA H100 80GB HBM3")
+    ("H100", 3.35),  # SXM5 80GB HBM3 ("NVIDIA H100 80GB HBM3")
     ("H800", 3.35),
     ("B200", 8.0),
     ("RTX PRO 6000 Blackwell", 1.792),  # Server, Workstation and Max-Q: 96 GB GDDR7, 512-bit
@@ -84,8 +84,16 @@ class Check:
     repair: str | None = None
 
     def to_result(self, host: str) -> StepResult:
-        return StepResult(name=self.name, host=host, status=self.status, detail=self.detail,
-                          evidence=self.evidence, cause=self.cause, repair=self.repair, title=self.name)
+        return StepResult(
+            name=self.name,
+            host=host,
+            status=self.status,
+            detail=self.detail,
+            evidence=self.evidence,
+            cause=self.cause,
+            repair=self.repair,
+            title=self.name,
+        )
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -95,12 +103,15 @@ def limits(raw: Any = None, **extra: Any) -> dict[str, Any]:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise GpuboxError(f"gpubox_probe must be a mapping, got {type(raw).__name__}",
-                          "write it as gpubox_probe: {h2d_min_pct: 70, ...}")
+        raise GpuboxError(
+            f"gpubox_probe must be a mapping, got {type(raw).__name__}",
+            "write it as gpubox_probe: {h2d_min_pct: 70, ...}",
+        )
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
-        raise GpuboxError(f"gpubox_probe: unknown key(s) {', '.join(map(str, unknown))}",
-                          f"known: {', '.join(DEFAULTS)}")
+        raise GpuboxError(
+            f"gpubox_probe: unknown key(s) {', '.join(map(str, unknown))}", f"known: {', '.join(DEFAULTS)}"
+        )
     out.update(raw)
     out.update({k: v for k, v in extra.items() if v is not None})
     for k in _PCT:
@@ -110,22 +121,34 @@ def limits(raw: Any = None, **extra: Any) -> dict[str, Any]:
     for k in _POS:
         v = out[k]
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise GpuboxError(f"gpubox_probe.{k} = {v!r} is not a positive number", "use a number above 0, or remove it")
+            raise GpuboxError(
+                f"gpubox_probe.{k} = {v!r} is not a positive number", "use a number above 0, or remove it"
+            )
     if out["min_link_gen"] not in PCIE_LANE_GBPS:
-        raise GpuboxError(f"gpubox_probe.min_link_gen = {out['min_link_gen']!r} is not a PCIe generation",
-                          "use 1 to 6")
+        raise GpuboxError(
+            f"gpubox_probe.min_link_gen = {out['min_link_gen']!r} is not a PCIe generation", "use 1 to 6"
+        )
     if out["min_link_width"] not in (1, 2, 4, 8, 16, 32):
-        raise GpuboxError(f"gpubox_probe.min_link_width = {out['min_link_width']!r} is not a PCIe width",
-                          "use 1, 2, 4, 8, 16 or 32")
+        raise GpuboxError(
+            f"gpubox_probe.min_link_width = {out['min_link_width']!r} is not a PCIe width",
+            "use 1, 2, 4, 8, 16 or 32",
+        )
     if not isinstance(out["python"], str) or not out["python"].strip():
-        raise GpuboxError("gpubox_probe.python must be a command name or path", "e.g. /opt/vllm/.venv/bin/python3")
+        raise GpuboxError(
+            "gpubox_probe.python must be a command name or path", "e.g. /opt/vllm/.venv/bin/python3"
+        )
     sets = out["allreduce_sets"]
     if sets is not None:
         if not isinstance(sets, list) or not all(
-                isinstance(s, list) and s and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in s)
-                for s in sets):
-            raise GpuboxError(f"gpubox_probe.allreduce_sets = {sets!r} is not a list of GPU index lists",
-                              "e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]")
+            isinstance(s, list)
+            and s
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in s)
+            for s in sets
+        ):
+            raise GpuboxError(
+                f"gpubox_probe.allreduce_sets = {sets!r} is not a list of GPU index lists",
+                "e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]",
+            )
     return out
 
 
@@ -137,11 +160,14 @@ def parse(text: str, source: str = "probe") -> dict[str, Any]:
         doc = json.loads(text[start:] if start >= 0 else text)
     except ValueError:
         tail = text.splitlines()[-1:] or ["(no output)"]
-        raise GpuboxError(f"{source} did not print probe JSON: {tail[0][:200]}",
-                          "run it by hand with -v, or check the interpreter (gpubox_probe.python)") from None
+        raise GpuboxError(
+            f"{source} did not print probe JSON: {tail[0][:200]}",
+            "run it by hand with -v, or check the interpreter (gpubox_probe.python)",
+        ) from None
     if not isinstance(doc, dict) or doc.get("schema") != PROBE_SCHEMA:
-        raise GpuboxError(f"{source} is not a {PROBE_SCHEMA} document",
-                          "give the JSON that hwtune/probe.py printed")
+        raise GpuboxError(
+            f"{source} is not a {PROBE_SCHEMA} document", "give the JSON that hwtune/probe.py printed"
+        )
     return doc
 
 
@@ -224,29 +250,57 @@ def check_nvml(doc: dict, lim: dict, expect_gpus: int | None) -> list[Check]:
     st = nv.get("status")
     if st != "ok":
         status = SKIPPED if st == "skipped" else FAILED
-        return [Check("nvml", status, nv.get("reason") or "NVML section missing",
-                      repair=None if status == SKIPPED else "run the probe by hand with -v")]
+        return [
+            Check(
+                "nvml",
+                status,
+                nv.get("reason") or "NVML section missing",
+                repair=None if status == SKIPPED else "run the probe by hand with -v",
+            )
+        ]
     gpus = _gpus(doc)
-    detail = (f"driver {nv.get('driver')}, CUDA {nv.get('cuda_driver')}, {len(gpus)} GPU(s): "
-              + ", ".join(sorted({str(g.get('name')) for g in gpus})))
+    detail = f"driver {nv.get('driver')}, CUDA {nv.get('cuda_driver')}, {len(gpus)} GPU(s): " + ", ".join(
+        sorted({str(g.get("name")) for g in gpus})
+    )
     ev = {"driver": nv.get("driver"), "cuda_driver": nv.get("cuda_driver"), "gpus": len(gpus)}
     out = []
     km = nv.get("kernel_module")
     if km and nv.get("driver") and km != nv.get("driver"):
         # FACTS.md: a userspace/kernel driver mismatch makes cuInit fail with 803.
-        out.append(Check("nvml", DRIFT, f"userspace driver {nv.get('driver')} != kernel module {km}", ev,
-                         cause="the container's NVIDIA libraries do not match the host's kernel module (CUDA error 803)",
-                         repair="install the host's driver version of the user-space libraries in the container"))
+        out.append(
+            Check(
+                "nvml",
+                DRIFT,
+                f"userspace driver {nv.get('driver')} != kernel module {km}",
+                ev,
+                cause="the container's NVIDIA libraries do not match the host's kernel module (CUDA error 803)",
+                repair="install the host's driver version of the user-space libraries in the container",
+            )
+        )
     elif expect_gpus and len(gpus) < expect_gpus:
-        out.append(Check("nvml", FAILED, f"NVML sees {len(gpus)} GPU(s), the inventory says {expect_gpus}", ev,
-                         cause="a GPU is not passed to the container, or fell off the bus (XID 79)",
-                         repair="check `nvidia-smi -L` on the host and the container's device entries"))
+        out.append(
+            Check(
+                "nvml",
+                FAILED,
+                f"NVML sees {len(gpus)} GPU(s), the inventory says {expect_gpus}",
+                ev,
+                cause="a GPU is not passed to the container, or fell off the bus (XID 79)",
+                repair="check `nvidia-smi -L` on the host and the container's device entries",
+            )
+        )
     else:
         out.append(Check("nvml", OK, detail, ev))
     for g in gpus:
         if g.get("error"):
-            out.append(Check(f"gpu{g.get('index')} state", FAILED, f"NVML cannot open the GPU: {g['error']}",
-                             cause="GPU lost or in a bad state", repair="check the host's kernel log for XIDs; reset or reboot"))
+            out.append(
+                Check(
+                    f"gpu{g.get('index')} state",
+                    FAILED,
+                    f"NVML cannot open the GPU: {g['error']}",
+                    cause="GPU lost or in a bad state",
+                    repair="check the host's kernel log for XIDs; reset or reboot",
+                )
+            )
     return out
 
 
@@ -292,8 +346,15 @@ def check_link(doc: dict, g: dict, lim: dict) -> Check:
         causes.append("link errors being retried: signal integrity (seating, riser, cable)")
     cap = f"Gen{gen_max} x{w_max}"
     if problems:
-        return Check(name, DRIFT, f"{cap}: " + "; ".join(problems), ev, cause="; ".join(dict.fromkeys(causes)),
-                     repair="reseat the GPU/riser, check the BIOS slot speed and bifurcation, compare `lspci -vv` LnkCap/LnkSta on the host")
+        return Check(
+            name,
+            DRIFT,
+            f"{cap}: " + "; ".join(problems),
+            ev,
+            cause="; ".join(dict.fromkeys(causes)),
+            repair="reseat the GPU/riser, check the BIOS slot speed and bifurcation, "
+            "compare `lspci -vv` LnkCap/LnkSta on the host",
+        )
     note = f"Gen{gen} x{width} {when}, capable {cap}"
     if idle and not loaded and gen is not None and gen < gen_max:
         note += " (idle GPUs train the link down to save power; the bandwidth probe reads it under load)"
@@ -307,23 +368,41 @@ def check_memory(g: dict) -> Check:
     ecc, rr, rp = g.get("ecc") or {}, g.get("remapped_rows"), g.get("retired_pages")
     ev = {"ecc": ecc, "remapped_rows": rr, "retired_pages": rp}
     if rr and rr.get("failure"):
-        return Check(name, FAILED, "row remapping failed: no spare rows left", ev,
-                     cause="HBM with more bad rows than spares", repair="drain the GPU and replace it (RMA)")
+        return Check(
+            name,
+            FAILED,
+            "row remapping failed: no spare rows left",
+            ev,
+            cause="HBM with more bad rows than spares",
+            repair="drain the GPU and replace it (RMA)",
+        )
     pending = [w for w, d in (("row remap", rr), ("page retirement", rp)) if d and d.get("pending")]
     if pending:
-        return Check(name, DRIFT, f"{' and '.join(pending)} pending", ev,
-                     cause="bad memory found; it is taken out of use only at the next GPU reset",
-                     repair="when idle: stop the server, `nvidia-smi -r -i <gpu>` on the host (or reboot)")
+        return Check(
+            name,
+            DRIFT,
+            f"{' and '.join(pending)} pending",
+            ev,
+            cause="bad memory found; it is taken out of use only at the next GPU reset",
+            repair="when idle: stop the server, `nvidia-smi -r -i <gpu>` on the host (or reboot)",
+        )
     unc = ecc.get("volatile_uncorrected")
     if unc:
-        return Check(name, DRIFT, f"{unc} uncorrectable ECC error(s) since the driver loaded", ev,
-                     cause="uncorrectable memory errors (XID 48/94/95 class)",
-                     repair="drain and reset the GPU; replace it if they return")
+        return Check(
+            name,
+            DRIFT,
+            f"{unc} uncorrectable ECC error(s) since the driver loaded",
+            ev,
+            cause="uncorrectable memory errors (XID 48/94/95 class)",
+            repair="drain and reset the GPU; replace it if they return",
+        )
     parts = ["ECC " + ({True: "on", False: "off", None: "unknown"}[ecc.get("enabled")])]
     if unc is not None:
         parts.append(f"{unc} uncorrectable")
     if rr:
-        parts.append(f"remapped rows {rr.get('correctable', 0)} corr/{rr.get('uncorrectable', 0)} unc, none pending")
+        parts.append(
+            f"remapped rows {rr.get('correctable', 0)} corr/{rr.get('uncorrectable', 0)} unc, none pending"
+        )
     elif rp:
         parts.append(f"retired pages {rp.get('sbe')} sbe/{rp.get('dbe')} dbe, none pending")
     return Check(name, OK, ", ".join(parts), ev)
@@ -338,11 +417,23 @@ def check_clocks(doc: dict, g: dict) -> Check:
             load = (p.get("clock_event_reasons_under_load") or {}).get("active")
     bad = [r for r in list(idle) + list(load or []) if r in BAD_CLOCK_REASONS]
     temp = g.get("temperature_c")
-    ev = {"reasons": idle, "reasons_under_load": load, "temperature_c": temp, "clocks_mhz": g.get("clocks_mhz")}
+    ev = {
+        "reasons": idle,
+        "reasons_under_load": load,
+        "temperature_c": temp,
+        "clocks_mhz": g.get("clocks_mhz"),
+    }
     if bad:
-        return Check(name, DRIFT, "clocks held down: " + ", ".join(dict.fromkeys(bad)) + (f" at {temp} C" if temp is not None else ""),
-                     ev, cause="overheating, a PSU power brake or a hardware slowdown signal",
-                     repair="check fans/airflow and power; `nvidia-smi -q -d PERFORMANCE,TEMPERATURE` on the host")
+        return Check(
+            name,
+            DRIFT,
+            "clocks held down: "
+            + ", ".join(dict.fromkeys(bad))
+            + (f" at {temp} C" if temp is not None else ""),
+            ev,
+            cause="overheating, a PSU power brake or a hardware slowdown signal",
+            repair="check fans/airflow and power; `nvidia-smi -q -d PERFORMANCE,TEMPERATURE` on the host",
+        )
     shown = ", ".join(idle) or "none"
     tail = f"; under load: {', '.join(load) or 'none'}" if load is not None else ""
     return Check(name, OK, f"reasons: {shown}{tail}" + (f", {temp} C" if temp is not None else ""), ev)
@@ -351,29 +442,67 @@ def check_clocks(doc: dict, g: dict) -> Check:
 def check_state(g: dict, lim: dict) -> Check:
     name = f"{_label(g)} state"
     mig, pm = g.get("mig_mode") or {}, g.get("persistence_mode")
-    ev = {"persistence_mode": pm, "mig_mode": mig or None, "name": g.get("name"), "bus_id": g.get("bus_id"),
-          "memory_total_mib": g.get("memory_total_mib")}
+    ev = {
+        "persistence_mode": pm,
+        "mig_mode": mig or None,
+        "name": g.get("name"),
+        "bus_id": g.get("bus_id"),
+        "memory_total_mib": g.get("memory_total_mib"),
+    }
     if mig and mig.get("current") != mig.get("pending"):
-        return Check(name, DRIFT, "a MIG mode change is pending a GPU reset", ev,
-                     cause="MIG was switched without a reset", repair="reset the GPU on the host, or switch back")
+        return Check(
+            name,
+            DRIFT,
+            "a MIG mode change is pending a GPU reset",
+            ev,
+            cause="MIG was switched without a reset",
+            repair="reset the GPU on the host, or switch back",
+        )
     if mig.get("current") == 1:
-        return Check(name, DRIFT, "MIG is on: the GPU is split into instances", ev,
-                     cause="tensor-parallel serving needs whole GPUs",
-                     repair="`nvidia-smi -i <gpu> -mig 0` on the host (gpubox only reads it)")
+        return Check(
+            name,
+            DRIFT,
+            "MIG is on: the GPU is split into instances",
+            ev,
+            cause="tensor-parallel serving needs whole GPUs",
+            repair="`nvidia-smi -i <gpu> -mig 0` on the host (gpubox only reads it)",
+        )
     if pm is False and lim["require_persistence"]:
-        return Check(name, DRIFT, "persistence mode off", ev,
-                     cause="the driver tears the GPU down when idle: slow first CUDA start",
-                     repair="enable nvidia-persistenced on the host")
-    desc = f"{g.get('name')} {g.get('bus_id')}, {g.get('memory_total_mib')} MiB, persistence {'on' if pm else 'off' if pm is False else '?'}"
+        return Check(
+            name,
+            DRIFT,
+            "persistence mode off",
+            ev,
+            cause="the driver tears the GPU down when idle: slow first CUDA start",
+            repair="enable nvidia-persistenced on the host",
+        )
+    persistence = "on" if pm else "off" if pm is False else "?"
+    desc = f"{g.get('name')} {g.get('bus_id')}, {g.get('memory_total_mib')} MiB, persistence {persistence}"
     return Check(name, OK, desc, ev)
 
 
-def _pct_check(name: str, value: float, ref: float | None, ref_label: str, min_pct: float, unit: str,
-               ev: dict, what: str, cause: str, repair: str, scale: float = 1.0) -> Check:
+def _pct_check(
+    name: str,
+    value: float,
+    ref: float | None,
+    ref_label: str,
+    min_pct: float,
+    unit: str,
+    ev: dict,
+    what: str,
+    cause: str,
+    repair: str,
+    scale: float = 1.0,
+) -> Check:
     shown = f"{value / scale:.2f} {unit}" if scale != 1.0 else f"{value:.1f} {unit}"
     if not ref:
-        return Check(name, SKIPPED, f"{shown}; no reference to judge against ({ref_label})", ev,
-                     repair="set gpubox_probe.mem_bw_tbs or link_gbps for this GPU")
+        return Check(
+            name,
+            SKIPPED,
+            f"{shown}; no reference to judge against ({ref_label})",
+            ev,
+            repair="set gpubox_probe.mem_bw_tbs or link_gbps for this GPU",
+        )
     pct = 100.0 * value / ref
     ev.update(value=value, reference=ref, pct=round(pct, 1), min_pct=min_pct)
     detail = f"{shown} = {pct:.0f}% of {ref_label}, min {min_pct:g}%"
@@ -402,32 +531,76 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
             continue
         if p.get("status") != "ok":
             st = SKIPPED if p.get("status") == "skipped" else FAILED
-            out.append(Check(label, st, p.get("reason") or "probe did not run", {"probe": p},
-                             repair=None if st == SKIPPED else "run `gpubox probe -v` on the box; check the server is not holding the GPU memory"))
+            out.append(
+                Check(
+                    label,
+                    st,
+                    p.get("reason") or "probe did not run",
+                    {"probe": p},
+                    repair=None
+                    if st == SKIPPED
+                    else "run `gpubox probe -v` on the box; check the server is not holding the GPU memory",
+                )
+            )
             continue
         ev = {"probe": p}
         if kind in ("h2d", "d2h"):
             g = _nvml_gpu_for(doc, p.get("bus_id"), p.get("gpu"))
             ref, ref_label = expected_link(g, lim)
-            out.append(_pct_check(label, p["gbps"], ref, ref_label, lim[f"{kind}_min_pct"], "GB/s", ev,
-                                  f"{kind.upper()} slow:",
-                                  "link trained down, non-pinned/NUMA-remote host memory, or IOMMU translation",
-                                  "check the link check above, `nvidia-smi topo -m` NUMA affinity, iommu=pt"))
+            out.append(
+                _pct_check(
+                    label,
+                    p["gbps"],
+                    ref,
+                    ref_label,
+                    lim[f"{kind}_min_pct"],
+                    "GB/s",
+                    ev,
+                    f"{kind.upper()} slow:",
+                    "link trained down, non-pinned/NUMA-remote host memory, or IOMMU translation",
+                    "check the link check above, `nvidia-smi topo -m` NUMA affinity, iommu=pt",
+                )
+            )
         elif kind == "d2d":
             g = _nvml_gpu_for(doc, p.get("bus_id"), p.get("gpu"))
             tbs = mem_spec_tbs((g or {}).get("name"), lim.get("mem_bw_tbs"))
             ref = tbs * 1000 if tbs else None
             gname = (g or {}).get("name") or "unknown GPU"
-            out.append(_pct_check(label, p["gbps"], ref, f"{gname} spec {tbs} TB/s" if tbs else f"{gname} not in the table",
-                                  lim["d2d_min_pct"], "TB/s", ev, "device memory slow:",
-                                  "memory clock held down (thermal/power) or another process using the GPU",
-                                  "check the clocks check and `nvidia-smi` for other processes", scale=1000.0))
+            out.append(
+                _pct_check(
+                    label,
+                    p["gbps"],
+                    ref,
+                    f"{gname} spec {tbs} TB/s" if tbs else f"{gname} not in the table",
+                    lim["d2d_min_pct"],
+                    "TB/s",
+                    ev,
+                    "device memory slow:",
+                    "memory clock held down (thermal/power) or another process using the GPU",
+                    "check the clocks check and `nvidia-smi` for other processes",
+                    scale=1000.0,
+                )
+            )
         elif kind == "p2p" and p.get("src") == p.get("dst"):
-            out.append(Check(label, SKIPPED, f"same GPU ({p['gbps']:.1f} GB/s): a code-path exercise, not a P2P figure", ev))
+            out.append(
+                Check(
+                    label,
+                    SKIPPED,
+                    f"same GPU ({p['gbps']:.1f} GB/s): a code-path exercise, not a P2P figure",
+                    ev,
+                )
+            )
         elif kind == "p2p":
-            path = pair_path(doc, min(p["src"], p["dst"]), max(p["src"], p["dst"])) if _has_index(doc, p) else None
+            path = (
+                pair_path(doc, min(p["src"], p["dst"]), max(p["src"], p["dst"]))
+                if _has_index(doc, p)
+                else None
+            )
             if path is None or (path.kind == "pcie" and lim.get("link_gbps")):
-                rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in (p.get("src"), p.get("dst"))]
+                rates = [
+                    expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0]
+                    for i in (p.get("src"), p.get("dst"))
+                ]
                 ref = min(rates) if all(rates) else None
                 ref_label = f"link {ref} GB/s" if ref else "unknown link"
             else:
@@ -435,18 +608,42 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
                 ev["path"] = path.to_dict()
             ev["peer_access"] = p.get("peer_access")
             if p.get("peer_access") is False:
-                out.append(Check(label, DRIFT, f"{p['gbps']:.1f} GB/s without peer access (staged through host memory)", ev,
-                                 cause="P2P is off between these GPUs: IOMMU/ACS on the PCIe path, or not supported",
-                                 repair="check ACS/IOMMU settings (iommu=pt, ACS off on the switches); NCCL_P2P_LEVEL"))
+                out.append(
+                    Check(
+                        label,
+                        DRIFT,
+                        f"{p['gbps']:.1f} GB/s without peer access (staged through host memory)",
+                        ev,
+                        cause="P2P is off between these GPUs: IOMMU/ACS on the PCIe path, or not supported",
+                        repair="check ACS/IOMMU settings (iommu=pt, ACS off on the switches); NCCL_P2P_LEVEL",
+                    )
+                )
                 continue
-            out.append(_pct_check(label, p["gbps"], ref, ref_label,
-                                  lim["p2p_min_pct"], "GB/s", ev, "P2P slow:",
-                                  "an NVLink down or trained slower, or the pair crosses the CPU interconnect (SYS)",
-                                  "see `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; keep TP groups on one NUMA node"))
+            out.append(
+                _pct_check(
+                    label,
+                    p["gbps"],
+                    ref,
+                    ref_label,
+                    lim["p2p_min_pct"],
+                    "GB/s",
+                    ev,
+                    "P2P slow:",
+                    "an NVLink down or trained slower, or the pair crosses the CPU interconnect (SYS)",
+                    "see `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; keep TP groups on one NUMA node",
+                )
+            )
         else:
             gpus = p.get("gpus") or []
             if len(gpus) < 2:
-                out.append(Check(label, SKIPPED, f"one rank moves no bus traffic (NCCL ran: algbw {p.get('algbw_gbps')} GB/s)", ev))
+                out.append(
+                    Check(
+                        label,
+                        SKIPPED,
+                        f"one rank moves no bus traffic (NCCL ran: algbw {p.get('algbw_gbps')} GB/s)",
+                        ev,
+                    )
+                )
                 continue
             busbw = p.get("busbw_gbps") or 0.0
             if lim.get("allreduce_min_busbw_gbps"):
@@ -454,9 +651,16 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
                 detail = f"busbw {busbw:.1f} GB/s (algbw {p.get('algbw_gbps')}), min {floor:g} GB/s"
                 ev.update(floor_gbps=floor)
                 st = OK if busbw >= floor else DRIFT
-                out.append(Check(label, st, detail if st == OK else f"all-reduce slow: {detail}", ev,
-                                 cause=None if st == OK else "NCCL transport or topology (P2P off, cross-NUMA ring)",
-                                 repair=None if st == OK else "check the NCCL profile (gpubox nccl) and P2P checks"))
+                out.append(
+                    Check(
+                        label,
+                        st,
+                        detail if st == OK else f"all-reduce slow: {detail}",
+                        ev,
+                        cause=None if st == OK else "NCCL transport or topology (P2P off, cross-NUMA ring)",
+                        repair=None if st == OK else "check the NCCL profile (gpubox nccl) and P2P checks",
+                    )
+                )
                 continue
             hop = ring_reference(doc, list(gpus)) if all(_has_index(doc, {"src": i}) for i in gpus) else None
             if hop is not None and hop.gbps and not (hop.kind == "pcie" and lim.get("link_gbps")):
@@ -466,10 +670,20 @@ def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
                 rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in gpus]
                 ref = min(rates) if rates and all(rates) else None
                 ref_label = f"link {ref} GB/s" if ref else "unknown link"
-            out.append(_pct_check(label, busbw, ref, ref_label,
-                                  lim["allreduce_min_pct"], "GB/s busbw", ev, "all-reduce slow:",
-                                  "NCCL transport or topology (P2P off, cross-NUMA ring, wrong NCCL env)",
-                                  "check the NCCL profile (gpubox nccl) and the P2P checks"))
+            out.append(
+                _pct_check(
+                    label,
+                    busbw,
+                    ref,
+                    ref_label,
+                    lim["allreduce_min_pct"],
+                    "GB/s busbw",
+                    ev,
+                    "all-reduce slow:",
+                    "NCCL transport or topology (P2P off, cross-NUMA ring, wrong NCCL env)",
+                    "check the NCCL profile (gpubox nccl) and the P2P checks",
+                )
+            )
     return out
 
 
@@ -494,9 +708,16 @@ def check_paths(doc: dict) -> list[Check]:
         name = f"path gpu{path.a}-gpu{path.b}"
         numa = {"cross": ", across NUMA nodes", "same": ", same NUMA node"}.get(path.numa, "")
         if path.problems:
-            out.append(Check(name, DRIFT, f"{path.label}{numa}: " + "; ".join(path.problems), {"path": path.to_dict()},
-                             cause="an NVLink is down or trained slower (cable/bridge, NVSwitch, or a GPU fault)",
-                             repair="`nvidia-smi nvlink --status` / `-e` on the host; reset the GPUs or service the link"))
+            out.append(
+                Check(
+                    name,
+                    DRIFT,
+                    f"{path.label}{numa}: " + "; ".join(path.problems),
+                    {"path": path.to_dict()},
+                    cause="an NVLink is down or trained slower (cable/bridge, NVSwitch, or a GPU fault)",
+                    repair="`nvidia-smi nvlink --status` / `-e` on the host; reset the GPUs or service the link",
+                )
+            )
         else:
             out.append(Check(name, OK, path.label + numa, {"path": path.to_dict()}))
     return out
@@ -516,9 +737,14 @@ def check_xid(doc: dict) -> Check:
     ev = x.get("events") or []
     if ev:
         shown = ", ".join(f"XID {e.get('xid')} on {e.get('bus_id')}" for e in ev[:5])
-        return Check("xid", FAILED, f"{len(ev)} critical XID event(s) during the probe: {shown}", {"xid": x},
-                     cause="the driver reported a GPU error under load",
-                     repair="look the XID up in NVIDIA's XID catalog; check the host's kernel log (NVRM: Xid)")
+        return Check(
+            "xid",
+            FAILED,
+            f"{len(ev)} critical XID event(s) during the probe: {shown}",
+            {"xid": x},
+            cause="the driver reported a GPU error under load",
+            repair="look the XID up in NVIDIA's XID catalog; check the host's kernel log (NVRM: Xid)",
+        )
     return Check("xid", OK, f"no critical XID in the {x.get('window_s')} s probe window", {"xid": x})
 
 
@@ -545,31 +771,45 @@ def gpu_table(doc: dict, lim: dict | None = None) -> list[dict[str, Any]]:
             continue
         pc = g.get("pcie") or {}
         ref, _ = expected_link(g, lim)
-        row = {"gpu": g.get("index"), "name": g.get("name"), "bus_id": g.get("bus_id"),
-               "link": f"Gen{pc.get('gen_current')} x{pc.get('width_current')} / Gen{pc.get('gen_max')} x{pc.get('width_max')}",
-               "link_gbps": ref}
+        row = {
+            "gpu": g.get("index"),
+            "name": g.get("name"),
+            "bus_id": g.get("bus_id"),
+            "link": f"Gen{pc.get('gen_current')} x{pc.get('width_current')} / Gen{pc.get('gen_max')} x{pc.get('width_max')}",
+            "link_gbps": ref,
+        }
         for p in probes:
-            if p.get("bus_id") == g.get("bus_id") and p.get("status") == "ok" and p.get("name") in ("h2d", "d2h", "d2d"):
+            if (
+                p.get("bus_id") == g.get("bus_id")
+                and p.get("status") == "ok"
+                and p.get("name") in ("h2d", "d2h", "d2d")
+            ):
                 row[f"{p['name']}_gbps"] = p.get("gbps")
                 if p["name"] == "h2d" and p.get("link_under_load"):
                     lu = p["link_under_load"]
-                    row["link"] = f"Gen{lu.get('gen')} x{lu.get('width')} / Gen{pc.get('gen_max')} x{pc.get('width_max')}"
+                    row["link"] = (
+                        f"Gen{lu.get('gen')} x{lu.get('width')} / Gen{pc.get('gen_max')} x{pc.get('width_max')}"
+                    )
         tbs = mem_spec_tbs(g.get("name"), lim.get("mem_bw_tbs"))
         row["mem_spec_gbps"] = tbs * 1000 if tbs else None
         rows.append(row)
     return rows
 
 
-def report(doc: dict, lim: dict | None = None, *, box: str = "-", host: str = "-",
-           expect_gpus: int | None = None) -> RunReport:
+def report(
+    doc: dict, lim: dict | None = None, *, box: str = "-", host: str = "-", expect_gpus: int | None = None
+) -> RunReport:
     """The probe as a RunReport: one row per check; the raw document travels along for machines."""
     lim = lim or limits()
     checks = judge(doc, lim, expect_gpus=expect_gpus)
     rep = RunReport(box=box, mode="check", steps=[c.to_result(host) for c in checks])
     rep.seconds = float(doc.get("seconds") or 0.0)
-    rep.extra = {"schema": REPORT_SCHEMA, "gpus": gpu_table(doc, lim),
-                 "thresholds": {k: v for k, v in lim.items() if k not in ("python", "timeout_s")},
-                 "probe": doc}
+    rep.extra = {
+        "schema": REPORT_SCHEMA,
+        "gpus": gpu_table(doc, lim),
+        "thresholds": {k: v for k, v in lim.items() if k not in ("python", "timeout_s")},
+        "probe": doc,
+    }
     return rep
 
 
@@ -578,11 +818,19 @@ def summarize(checks: list[Check]) -> tuple[str, str, dict[str, Any]]:
     bad = [c for c in checks if c.status in (DRIFT, FAILED)]
     if bad:
         st = FAILED if any(c.status == FAILED for c in bad) else DRIFT
-        return st, "; ".join(f"{c.name}: {c.detail}" for c in bad[:3]) + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""), \
-            {"problems": [c.name for c in bad]}
+        return (
+            st,
+            "; ".join(f"{c.name}: {c.detail}" for c in bad[:3])
+            + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""),
+            {"problems": [c.name for c in bad]},
+        )
     ran = [c for c in checks if c.status == OK]
     if not ran:
         why = "; ".join(dict.fromkeys(c.detail for c in checks if c.status == SKIPPED))
         return SKIPPED, why or "nothing to probe", {}
     skipped = [c.name for c in checks if c.status == SKIPPED]
-    return OK, f"{len(ran)} checks ok" + (f", {len(skipped)} skipped" if skipped else ""), {"skipped": skipped}
+    return (
+        OK,
+        f"{len(ran)} checks ok" + (f", {len(skipped)} skipped" if skipped else ""),
+        {"skipped": skipped},
+    )

@@ -20,7 +20,19 @@ from gpubox.errors import GpuboxError
 from .pcie import list_functions
 
 PROBE_SOURCE = Path(__file__).with_name("nvml_probe.py")
-GEN_BY_SPEED = {"2.5": 1, "5.0": 2, "5": 2, "8.0": 3, "8": 3, "16.0": 4, "16": 4, "32.0": 5, "32": 5, "64.0": 6, "64": 6}
+GEN_BY_SPEED = {
+    "2.5": 1,
+    "5.0": 2,
+    "5": 2,
+    "8.0": 3,
+    "8": 3,
+    "16.0": 4,
+    "16": 4,
+    "32.0": 5,
+    "32": 5,
+    "64.0": 6,
+    "64": 6,
+}
 
 
 @dataclass
@@ -41,16 +53,20 @@ class Gpu:
         if self.link_gen is None and self.link_width is None:
             return "?"
         s = f"Gen{self.link_gen or '?'} x{self.link_width or '?'}"
-        if self.max_link_gen and self.max_link_width and (self.max_link_gen, self.max_link_width) != (self.link_gen, self.link_width):
+        if (
+            self.max_link_gen
+            and self.max_link_width
+            and (self.max_link_gen, self.max_link_width) != (self.link_gen, self.link_width)
+        ):
             s += f" (max Gen{self.max_link_gen} x{self.max_link_width})"
         return s
 
 
 @dataclass
 class Topology:
-    source: str                       # nvml | sysfs | inventory
+    source: str  # nvml | sysfs | inventory
     gpus: list[Gpu]
-    pairs: dict[str, dict] = field(default_factory=dict)   # "i-j" -> {relation, level, nvlinks}
+    pairs: dict[str, dict] = field(default_factory=dict)  # "i-j" -> {relation, level, nvlinks}
     driver: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -65,9 +81,13 @@ class Topology:
         return self.pairs.get(f"{a}-{b}", {})
 
     def to_dict(self) -> dict:
-        d = {"source": self.source, "driver": self.driver,
-             "gpus": [{**asdict(g), "link": g.link} for g in self.gpus],
-             "pairs": self.pairs, "notes": self.notes}
+        d = {
+            "source": self.source,
+            "driver": self.driver,
+            "gpus": [{**asdict(g), "link": g.link} for g in self.gpus],
+            "pairs": self.pairs,
+            "notes": self.notes,
+        }
         d["numa_nodes"] = {str(k): v for k, v in self.nodes().items()}
         return d
 
@@ -83,6 +103,7 @@ def from_nvml(nvml, read_numa=None) -> Topology:
     """Topology from a pynvml-like module, in this process (tests feed recorded data). NUMA nodes
     NVML cannot tell come from `read_numa(bus_id)` when given (never this machine's /sys here)."""
     from .nvml_probe import collect
+
     return from_nvml_doc(collect(nvml, read_numa=read_numa))
 
 
@@ -113,10 +134,20 @@ def from_sysfs(host) -> Topology:
     """GPU functions from the host's sysfs; NVLink is invisible there, so pairs are PCIe."""
     funcs = [f for f in list_functions(host) if f.vendor == "0x10de" and f.kind == "gpu"]
     gpus = []
-    for i, f in enumerate(sorted(funcs, key=lambda f: f.bdf)):     # nvidia-smi order: PCI bus id
-        attr = lambda n: host.read_text(f"/sys/bus/pci/devices/{f.bdf}/{n}", default="").strip()  # noqa: E731
-        gpus.append(Gpu(i, f.bdf, None, f.numa_node, _gen(attr("current_link_speed")), _int(attr("current_link_width")),
-                        _gen(attr("max_link_speed")), _int(attr("max_link_width"))))
+    for i, f in enumerate(sorted(funcs, key=lambda f: f.bdf)):  # nvidia-smi order: PCI bus id
+        attr = lambda n: host.read_text(f"/sys/bus/pci/devices/{f.bdf}/{n}", default="").strip()  # noqa: E731, B023 - used in this iteration
+        gpus.append(
+            Gpu(
+                i,
+                f.bdf,
+                None,
+                f.numa_node,
+                _gen(attr("current_link_speed")),
+                _int(attr("current_link_width")),
+                _gen(attr("max_link_speed")),
+                _int(attr("max_link_width")),
+            )
+        )
     pairs = {}
     for a in gpus:
         for b in gpus:
@@ -126,8 +157,12 @@ def from_sysfs(host) -> Topology:
                 else:
                     level = "NODE" if a.numa_node == b.numa_node else "SYS"
                 pairs[f"{a.index}-{b.index}"] = {"relation": "PCIe", "level": level, "nvlinks": None}
-    return Topology("sysfs", gpus, pairs, notes=["from sysfs: NVLink and memory not visible; "
-                                                 "same-node pairs shown as NODE (at most)"])
+    return Topology(
+        "sysfs",
+        gpus,
+        pairs,
+        notes=["from sysfs: NVLink and memory not visible; same-node pairs shown as NODE (at most)"],
+    )
 
 
 def from_inventory(box) -> Topology:
@@ -145,7 +180,7 @@ def from_inventory(box) -> Topology:
 def discover(ctx) -> Topology:
     """Best available source for the box (see module doc)."""
     notes = []
-    if not ctx.box.var("gpubox_simulated"):     # a simulated box has no GPU for NVML to find
+    if not ctx.box.var("gpubox_simulated"):  # a simulated box has no GPU for NVML to find
         for host in (ctx.container, ctx.host):
             try:
                 doc = probe_nvml(host)
@@ -186,7 +221,7 @@ class TpChoice:
     gpus: list[int]
     fits: bool
     numa_nodes: list[int | None]
-    crosses_numa: bool | None          # None: NUMA placement unknown
+    crosses_numa: bool | None  # None: NUMA placement unknown
     reason: str
 
     @property
@@ -209,8 +244,14 @@ def gpus_for_tp(topology: Topology, n: int) -> TpChoice:
     nodes = topology.nodes()
     if set(nodes) == {None}:
         picked = [g.index for g in topology.gpus][:n]
-        return TpChoice(n, picked, True, [None], None, "NUMA placement unknown (numa_node -1 or no data): "
-                                                       "first GPUs by index")
+        return TpChoice(
+            n,
+            picked,
+            True,
+            [None],
+            None,
+            "NUMA placement unknown (numa_node -1 or no data): first GPUs by index",
+        )
     for node in sorted(k for k in nodes if k is not None):
         if len(nodes[node]) >= n:
             return TpChoice(n, nodes[node][:n], True, [node], False, f"all on NUMA node {node}")
@@ -223,10 +264,16 @@ def gpus_for_tp(topology: Topology, n: int) -> TpChoice:
             used.append(node)
         if len(picked) == n:
             break
-    return TpChoice(n, sorted(picked), True, used, True,
-                    f"TP{n} must cross NUMA nodes {', '.join(map(str, used))}: no node has {n} GPUs "
-                    f"(largest has {max(len(v) for k, v in nodes.items() if k is not None)}); "
-                    "expect cross-socket traffic")
+    return TpChoice(
+        n,
+        sorted(picked),
+        True,
+        used,
+        True,
+        f"TP{n} must cross NUMA nodes {', '.join(map(str, used))}: no node has {n} GPUs "
+        f"(largest has {max(len(v) for k, v in nodes.items() if k is not None)}); "
+        "expect cross-socket traffic",
+    )
 
 
 def discover_local() -> Topology:
@@ -239,6 +286,7 @@ def discover_local() -> Topology:
     except ImportError as exc:
         return Topology("none", [], notes=[f"pynvml not importable ({exc}): pip install nvidia-ml-py"])
     from .nvml_probe import collect
+
     try:
         doc = collect(pynvml)
     except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded: no GPU stack here
@@ -253,13 +301,22 @@ def from_file(path: str) -> Topology:
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise GpuboxError(f"cannot read {path}: {exc.strerror}", "give the path of a topology JSON file") from None
+        raise GpuboxError(
+            f"cannot read {path}: {exc.strerror}", "give the path of a topology JSON file"
+        ) from None
     except ValueError:
-        raise GpuboxError(f"{path} is not JSON", "give nvml_probe.py output or `gpubox gpus --json` output") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list) or \
-            not all(isinstance(g, dict) and isinstance(g.get("index"), int) for g in doc["gpus"]):
-        raise GpuboxError(f"{path} has no list of GPUs with an index",
-                          "give nvml_probe.py output or `gpubox gpus --json` output")
+        raise GpuboxError(
+            f"{path} is not JSON", "give nvml_probe.py output or `gpubox gpus --json` output"
+        ) from None
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("gpus"), list)
+        or not all(isinstance(g, dict) and isinstance(g.get("index"), int) for g in doc["gpus"])
+    ):
+        raise GpuboxError(
+            f"{path} has no list of GPUs with an index",
+            "give nvml_probe.py output or `gpubox gpus --json` output",
+        )
     topo = from_nvml_doc(doc)
     topo.source = str(doc.get("source") or "file")
     topo.notes = list(doc.get("notes") or topo.notes) + [f"recorded: {Path(path).name}"]

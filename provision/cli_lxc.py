@@ -31,8 +31,9 @@ def _run(click_ctx, box: str, mode: str, **options) -> None:
             raise GpuboxError(f"{box}: gpubox_device_mode {dev_mode!r} is not known", "use cgroup2 or devN")
         if con is not None:
             with con.status(f"{box}: {mode}...") as status:
-                report = run_steps(ctx, steps(ctx), mode,
-                                   on_result=lambda r: status.update(f"{box}: {r.name} {r.status}"))
+                report = run_steps(
+                    ctx, steps(ctx), mode, on_result=lambda r: status.update(f"{box}: {r.name} {r.status}")
+                )
         else:
             report = run_steps(ctx, steps(ctx), mode)
     finally:
@@ -54,8 +55,13 @@ def check(click_ctx, box: str, as_json: bool) -> None:
 @lxc.command("fix")
 @click.argument("box")
 @dry_run_option
-@click.option("--restart", type=click.Choice(["auto", "never", "always"]), default="auto", show_default=True,
-              help="auto: restart the container only when live-applying the rules is not enough.")
+@click.option(
+    "--restart",
+    type=click.Choice(["auto", "never", "always"]),
+    default="auto",
+    show_default=True,
+    help="auto: restart the container only when live-applying the rules is not enough.",
+)
 @click.option("--yes", is_flag=True, help="Restart without asking when a restart is needed.")
 @click.option("--persist", is_flag=True, help="Also make the host create the uvm nodes at every boot.")
 @json_option
@@ -64,7 +70,18 @@ def fix(click_ctx, box: str, dry_run: bool, restart: str, yes: bool, persist: bo
     """Repair what `check` finds: nodes, config (safe write), live rules or restart."""
     confirm = None
     if not as_json and not yes and sys.stdin.isatty():
+
         def confirm(question: str) -> bool:
             return click.confirm(question, default=False, err=True)
-    _run(click_ctx, box, "plan" if dry_run else "apply", dry_run=dry_run, restart=restart, yes=yes,
-         persist=persist, as_json=as_json, confirm=confirm)
+
+    _run(
+        click_ctx,
+        box,
+        "plan" if dry_run else "apply",
+        dry_run=dry_run,
+        restart=restart,
+        yes=yes,
+        persist=persist,
+        as_json=as_json,
+        confirm=confirm,
+    )

@@ -13,7 +13,9 @@ from rich.markup import escape
 from gpubox.clihelp import box_context, json_option
 from gpubox.output import console, print_json, render_report
 
-skip_option = click.option("--skip", multiple=True, metavar="STEP", help="Skip a step or group (repeat or comma-separate).")
+skip_option = click.option(
+    "--skip", multiple=True, metavar="STEP", help="Skip a step or group (repeat or comma-separate)."
+)
 only_option = click.option("--only", multiple=True, metavar="STEP", help="Run only these steps or groups.")
 
 
@@ -21,13 +23,18 @@ only_option = click.option("--only", multiple=True, metavar="STEP", help="Run on
 @click.argument("box")
 @skip_option
 @only_option
-@click.option("--persist/--no-persist", default=True, show_default=True,
-              help="Also check that host repairs survive the next reboot (as recover makes them).")
+@click.option(
+    "--persist/--no-persist",
+    default=True,
+    show_default=True,
+    help="Also check that host repairs survive the next reboot (as recover makes them).",
+)
 @json_option
 @click.pass_context
 def doctor(ctx: click.Context, box: str, skip, only, persist: bool, as_json: bool) -> None:
     """Check everything on BOX, read-only: one table with the cause and repair of each problem."""
     from .recover import doctor as run_doctor
+
     c = box_context(ctx, box, as_json=as_json, persist=persist)
     try:
         report = run_doctor(c, skip, only)
@@ -42,32 +49,73 @@ def doctor(ctx: click.Context, box: str, skip, only, persist: bool, as_json: boo
 
 @click.command()
 @click.argument("box")
-@click.option("--dry-run", is_flag=True, help="Check and plan every step; print every diff and command; change nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Check and plan every step; print every diff and command; change nothing."
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before restarting the container.")
 @skip_option
 @only_option
 @click.option("--no-bench", is_flag=True, help="Repair only; skip the verification benchmark.")
 @click.option("--profile", default=None, help="Benchmark profile (default: the box's, else health).")
 @click.option("--restart", type=click.Choice(["auto", "never", "always"]), default="auto", show_default=True)
-@click.option("--persist/--no-persist", default=True, show_default=True,
-              help="Also make host repairs survive the next reboot (modules-load, udev, sysctl.d, oneshot unit).")
+@click.option(
+    "--persist/--no-persist",
+    default=True,
+    show_default=True,
+    help="Also make host repairs survive the next reboot (modules-load, udev, sysctl.d, oneshot unit).",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Where results and the report go.")
-@click.option("--format", "report_format", type=click.Choice(["md", "html", "latex"]), default="md", show_default=True)
+@click.option(
+    "--format", "report_format", type=click.Choice(["md", "html", "latex"]), default="md", show_default=True
+)
 @json_option
 @click.pass_context
-def recover(ctx: click.Context, box: str, dry_run, yes, skip, only, no_bench, profile, restart, persist,
-            out_dir, report_format, as_json) -> None:
+def recover(
+    ctx: click.Context,
+    box: str,
+    dry_run,
+    yes,
+    skip,
+    only,
+    no_bench,
+    profile,
+    restart,
+    persist,
+    out_dir,
+    report_format,
+    as_json,
+) -> None:
     """Diagnose and repair BOX after a reboot, then prove it with the verification benchmark."""
     from .recover import recover as run_recover
+
     confirm = None
     if not yes and not dry_run and sys.stdin.isatty():
+
         def confirm(question: str) -> bool:  # the container restart asks first unless --yes
             return click.confirm(question, default=False, err=True)
-    c = box_context(ctx, box, as_json=as_json, dry_run=dry_run, yes=yes, restart=restart,
-                    persist=persist, profile=profile, confirm=confirm)
+
+    c = box_context(
+        ctx,
+        box,
+        as_json=as_json,
+        dry_run=dry_run,
+        yes=yes,
+        restart=restart,
+        persist=persist,
+        profile=profile,
+        confirm=confirm,
+    )
     try:
-        outcome = run_recover(c, dry_run=dry_run, skip=skip, only=only, bench=not no_bench,
-                              profile=profile, out_dir=out_dir, report_format=report_format)
+        outcome = run_recover(
+            c,
+            dry_run=dry_run,
+            skip=skip,
+            only=only,
+            bench=not no_bench,
+            profile=profile,
+            out_dir=out_dir,
+            report_format=report_format,
+        )
     finally:
         c.close()
     if as_json:
@@ -94,7 +142,9 @@ def _summary(outcome, title: str) -> None:
 
 
 @click.command()
-@click.option("--keep", "keep", type=click.Path(file_okay=False), help="Build the simulated box here and keep it.")
+@click.option(
+    "--keep", "keep", type=click.Path(file_okay=False), help="Build the simulated box here and keep it."
+)
 @click.option("--fault", "faults", multiple=True, help="Faults to reproduce (default: all of the seed's).")
 @click.option("--no-bench", is_flag=True)
 @json_option
@@ -118,8 +168,12 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     con.print(f"[bold]simulated box[/] in {sim.dest} with faults: {', '.join(sorted(chosen))}")
     inv = Inventory(sim.inventory_path)
     box = inv.box(sim.box)
-    c = Context(box=box, inventory=inv, console=None if as_json else con,
-                options={"yes": True, "restart": "auto", "persist": True})
+    c = Context(
+        box=box,
+        inventory=inv,
+        console=None if as_json else con,
+        options={"yes": True, "restart": "auto", "persist": True},
+    )
     try:
         before = run_doctor(Context(box=box, inventory=inv, options={"persist": True}))
         if not as_json:
@@ -132,12 +186,21 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     secs = time.monotonic() - t0
     if as_json:
         doc = outcome.to_dict()
-        doc.update({"demo_dir": str(sim.dest), "inventory": str(sim.inventory_path),
-                    "doctor_before_ok": before.ok, "doctor_after_ok": after.ok, "demo_seconds": round(secs, 2)})
+        doc.update(
+            {
+                "demo_dir": str(sim.dest),
+                "inventory": str(sim.inventory_path),
+                "doctor_before_ok": before.ok,
+                "doctor_after_ok": after.ok,
+                "demo_seconds": round(secs, 2),
+            }
+        )
         print_json(doc)
     else:
         _summary(outcome, f"gpubox recover {sim.box}")
         render_report(after, con, title=f"after: gpubox doctor {sim.box}", show_changes=False)
-        con.print(f"demo took {secs:.1f} s; inventory: {sim.inventory_path}"
-                  + ("" if keep else " (temporary: use --keep DIR to keep it)"))
+        con.print(
+            f"demo took {secs:.1f} s; inventory: {sim.inventory_path}"
+            + ("" if keep else " (temporary: use --keep DIR to keep it)")
+        )
     sys.exit(0 if (outcome.exit_code == 0 and after.ok) else 1)

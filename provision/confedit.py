@@ -32,8 +32,6 @@ _DEVN = re.compile(r"^dev(\d+)$")
 _DEVN_0666 = re.compile(r"^/dev/(nvidia\d+|nvidiactl|nvidia-modeset|nvidia-uvm|nvidia-uvm-tools)$")
 
 
-
-
 def devn_value(path: str) -> str:
     return f"{path},mode=0666" if _DEVN_0666.match(path) else path
 
@@ -138,12 +136,17 @@ class Owner:
         # mounts no longer vouch for a dynamic rule that could not be proven before, and devN nodes
         # never need a rule (Proxmox derives it at start) - a second run must not drop what the
         # first kept (found by the Hypothesis fuzz of review()).
-        named = {name for name in ("nvidia-uvm", "nvidia-caps")
-                 if any(f"dev/{name}" in (l.value or "") for l in lines if l.key == MOUNT)}
+        named = {
+            name
+            for name in ("nvidia-uvm", "nvidia-caps")
+            if any(f"dev/{name}" in (l.value or "") for l in lines if l.key == MOUNT)
+        }
         # "Lacks a rule" means the cgroup does not permit the node: under `a` (or `c *:*`) a mount
         # needs no rule, gpubox adds none, and so its own mounts would vouch on the next run (fuzz:
         # `a` + a stale 506, dropped only by the second run).
-        rules = [r for l in lines if l.key == ALLOW for r in [parse_rule(l.key, (l.value or "").strip())] if r]
+        rules = [
+            r for l in lines if l.key == ALLOW for r in [parse_rule(l.key, (l.value or "").strip())] if r
+        ]
 
         def permitted(major: int | None) -> bool:
             return major is not None and any(r.kind in ("a", "c") and r.major in (None, major) for r in rules)
@@ -155,20 +158,31 @@ class Owner:
             return False
         if major in self.now:
             return True
-        return (not self.hd.registered(major) and major in DYNAMIC_MAJORS
-                and (self.names_dynamic or major in self.recorded))
+        return (
+            not self.hd.registered(major)
+            and major in DYNAMIC_MAJORS
+            and (self.names_dynamic or major in self.recorded)
+        )
 
     def stale(self, major: int | None) -> bool:
         return major is not None and major not in self.now and self.major(major)
 
 
 def _entries(lines: list[Line], drop: set[int], cur) -> list[tuple[int, str, str]]:
-    return [(i, cur(i).key, cur(i).value or "") for i in range(len(lines))
-            if i not in drop and cur(i).key is not None]
+    return [
+        (i, cur(i).key, cur(i).value or "")
+        for i in range(len(lines))
+        if i not in drop and cur(i).key is not None
+    ]
 
 
-def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=None,
-           recorded: set[int] | frozenset = frozenset()) -> Review:
+def review(
+    conf: LxcConf,
+    hd: HostDevices,
+    mode: str | None = None,
+    host_rdev=None,
+    recorded: set[int] | frozenset = frozenset(),
+) -> Review:
     """Issues in the main section and the edited text (identical text when nothing to change).
 
     Changes only NVIDIA-owned lines (`Owner`); passes every NVIDIA node the way the config already
@@ -226,11 +240,13 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
             else:
                 replace[i] = _nl(format_line(new_key, l.value or "", l.eq), nl)
                 seen.add((new_key, (l.value or "").strip()))
-            issues.append(Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` "
-                                             "(ignored on cgroup v2, gone in PVE 9)"))
+            issues.append(
+                Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` (ignored on cgroup v2, gone in PVE 9)")
+            )
         else:
-            warnings.append(f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: "
-                            "convert it by hand")
+            warnings.append(
+                f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: convert it by hand"
+            )
 
     # 3. rules: ours stale / unparsable / denying / redundant (devN mode); foreign ones only reported
     slots: list[int] = []  # positions of dropped rules, reused for new ones (smallest diff)
@@ -246,22 +262,34 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
             if ours:
                 drop.add(i)
                 slots.append(i)
-                issues.append(Issue("unparsable", f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
-                                                  "the type and after major:minor, access r/w/m): "
-                                                  "the start fails"))
+                issues.append(
+                    Issue(
+                        "unparsable",
+                        f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
+                        "the type and after major:minor, access r/w/m): "
+                        "the start fails",
+                    )
+                )
             else:
-                issues.append(Issue("foreign-unparsable", f"`{l.raw.strip()}` is not an NVIDIA rule but lxc "
-                                                          "cannot parse it: the container does not start; "
-                                                          "fix it by hand",
-                                    fixable=False))
+                issues.append(
+                    Issue(
+                        "foreign-unparsable",
+                        f"`{l.raw.strip()}` is not an NVIDIA rule but lxc "
+                        "cannot parse it: the container does not start; "
+                        "fix it by hand",
+                        fixable=False,
+                    )
+                )
             continue
         if r.is_global or r.kind == "path":
             continue
         if not ours:
             if r.kind == "c" and r.major is not None and not hd.registered(r.major) and l.key == ALLOW:
-                warnings.append(f"`{l.raw.strip()}`: major {r.major} is not in /proc/devices "
-                                "(driver not loaded?); "
-                                "not an NVIDIA rule, left as it is")
+                warnings.append(
+                    f"`{l.raw.strip()}`: major {r.major} is not in /proc/devices "
+                    "(driver not loaded?); "
+                    "not an NVIDIA rule, left as it is"
+                )
             continue
         if l.key == DENY:
             drop.add(i)
@@ -272,8 +300,13 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
             drop.add(i)
             slots.append(i)
             now = f"nvidia-uvm is now {hd.uvm}" if hd.uvm is not None else "nvidia-uvm is not loaded yet"
-            issues.append(Issue("stale-rule", f"`{l.raw.strip()}` names major {r.major}, which /proc/devices "
-                                              f"no longer lists ({now}): stale"))
+            issues.append(
+                Issue(
+                    "stale-rule",
+                    f"`{l.raw.strip()}` names major {r.major}, which /proc/devices "
+                    f"no longer lists ({now}): stale",
+                )
+            )
             continue
         if mode == "devN":
             drop.add(i)
@@ -307,8 +340,14 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
 
     # 5. presence and permission, from the start model of what is left
     nodes = hd.pass_nodes()
-    nv_devn = [i for i in range(len(lines)) if i not in drop and cur(i).key and _DEVN.match(cur(i).key)
-               and _is_nvidia_path(devn_path(cur(i).value))]
+    nv_devn = [
+        i
+        for i in range(len(lines))
+        if i not in drop
+        and cur(i).key
+        and _DEVN.match(cur(i).key)
+        and _is_nvidia_path(devn_path(cur(i).value))
+    ]
     nv_mount = [i for i in range(len(lines)) if i not in drop and cur(i).key == MOUNT and is_nv_line(cur(i))]
     if mode == "devN" or (mode is None and nv_devn):
         node_mode = "devN"
@@ -327,14 +366,24 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
                     continue
                 if is_nv_line(cur(idx)):
                     drop.add(idx)
-                    issues.append(Issue("collision", f"`{cur(idx).raw.strip()}` and a devN entry both pass "
-                                                     f"{n.path}: the autodev hook fails with EEXIST; "
-                                                     "the mount entry goes"))
+                    issues.append(
+                        Issue(
+                            "collision",
+                            f"`{cur(idx).raw.strip()}` and a devN entry both pass "
+                            f"{n.path}: the autodev hook fails with EEXIST; "
+                            "the mount entry goes",
+                        )
+                    )
                 else:
-                    issues.append(Issue("foreign-collision", f"`{cur(idx).raw.strip()}` puts {n.path} in "
-                                                             "place before its devN entry: the start fails; "
-                                                             "fix it by hand",
-                                        fixable=False))
+                    issues.append(
+                        Issue(
+                            "foreign-collision",
+                            f"`{cur(idx).raw.strip()}` puts {n.path} in "
+                            "place before its devN entry: the start fails; "
+                            "fix it by hand",
+                            fixable=False,
+                        )
+                    )
     model = StartModel.build(_entries(lines, drop, cur), rdev)
 
     add_rules: list[Line] = []
@@ -346,16 +395,24 @@ def review(conf: LxcConf, hd: HostDevices, mode: str | None = None, host_rdev=No
         if i not in drop and l.key and _DEVN.match(l.key) and devn_path(l.value) not in devn_by_path:
             p = devn_path(l.value)
             if _is_nvidia_path(p):
-                issues.append(Issue("devN-node-missing", f"{l.key}: {p} is missing on the host: the "
-                                                         "container will not start (fix host-devices first)",
-                                    fixable=False))
+                issues.append(
+                    Issue(
+                        "devN-node-missing",
+                        f"{l.key}: {p} is missing on the host: the "
+                        "container will not start (fix host-devices first)",
+                        fixable=False,
+                    )
+                )
     k = 0
     missing_majors: dict[int, str] = {}
     names = {v: n for n, v in hd.nvidia_majors().items()}
     for n in nodes:
         rd = n.want or n.have
-        if n.path in devn_by_path or any(devn_path(cur(i).value) == n.path for i in range(len(lines))
-                                         if i not in drop and cur(i).key and _DEVN.match(cur(i).key)):
+        if n.path in devn_by_path or any(
+            devn_path(cur(i).value) == n.path
+            for i in range(len(lines))
+            if i not in drop and cur(i).key and _DEVN.match(cur(i).key)
+        ):
             continue  # devN: node made at start, `c M:m rw` added by pve
         if model.providers(n.path):
             if rd and not model.permitted(*rd):
@@ -397,6 +454,7 @@ def _rdev_from(hd: HostDevices):
         if n is None:
             return ("c", 0, 0) if not _is_nvidia_path(path) else None
         return ("c", *n.have) if n.present and n.is_char else None
+
     return rdev
 
 
@@ -427,8 +485,9 @@ def _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_n
     if add_rules:
         after.setdefault(anchor(nv_rule, nv_mount, any_rule, lxc_anchor), []).extend(add_rules)
     if add_mounts:
-        after.setdefault(anchor(nv_mount, nv_rule, last_of(lambda l: l.key == MOUNT), any_rule, lxc_anchor),
-                         []).extend(add_mounts)
+        after.setdefault(
+            anchor(nv_mount, nv_rule, last_of(lambda l: l.key == MOUNT), any_rule, lxc_anchor), []
+        ).extend(add_mounts)
     if add_devn:
         after.setdefault(anchor(nv_devn, last_of(is_devn)), []).extend(add_devn)
     out: list[Line] = list(after.get(-1, []))

@@ -17,9 +17,15 @@ import re
 import sys
 
 NODES = ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-CU_NAMES = {0: "CUDA_SUCCESS", 100: "CUDA_ERROR_NO_DEVICE", 999: "CUDA_ERROR_UNKNOWN",
-            803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", 3: "CUDA_ERROR_NOT_INITIALIZED",
-            304: "CUDA_ERROR_OPERATING_SYSTEM", 35: "CUDA_ERROR_INSUFFICIENT_DRIVER"}
+CU_NAMES = {
+    0: "CUDA_SUCCESS",
+    100: "CUDA_ERROR_NO_DEVICE",
+    999: "CUDA_ERROR_UNKNOWN",
+    803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    304: "CUDA_ERROR_OPERATING_SYSTEM",
+    35: "CUDA_ERROR_INSUFFICIENT_DRIVER",
+}
 _VER = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
 
 
@@ -41,6 +47,7 @@ def lib_version(real_path):
 
 
 # -- the real box ----------------------------------------------------------------------------------
+
 
 def real_open(path):
     try:
@@ -85,10 +92,14 @@ def real_nvml():
     n = ctypes.c_uint()
     rc = lib.nvmlDeviceGetCount_v2(ctypes.byref(n))
     lib.nvmlShutdown()
-    return {"count": n.value if rc == 0 else None, "error": None if rc == 0 else "nvmlDeviceGetCount_v2 returned %d" % rc}
+    return {
+        "count": n.value if rc == 0 else None,
+        "error": None if rc == 0 else "nvmlDeviceGetCount_v2 returned %d" % rc,
+    }
 
 
 # -- SIMULATION (gpubox's simulated box; GPUBOX_SIM set): the same answers from the simulated state --
+
 
 def sim_env(sim_dir):
     st = json.load(open(os.path.join(sim_dir, "sim.json")))
@@ -131,7 +142,12 @@ def sim_env(sim_dir):
     def sim_cuda(opened):
         lib = os.path.join(ct_root, "usr/lib/x86_64-linux-gnu/libcuda.so.1")
         if not os.path.exists(lib):
-            return {"cuinit": None, "cuinit_name": None, "libcuda": None, "cuda_error": "libcuda.so.1 not found"}
+            return {
+                "cuinit": None,
+                "cuinit_name": None,
+                "libcuda": None,
+                "cuda_error": "libcuda.so.1 not found",
+            }
         real = os.path.realpath(lib)
         kv = kernel_version(open(os.path.join(ct_root, "proc/driver/nvidia/version")).read())
         if opened["/dev/nvidiactl"] or opened["/dev/nvidia0"]:
@@ -147,8 +163,11 @@ def sim_env(sim_dir):
     def sim_nvml(opened):
         if opened["/dev/nvidiactl"]:
             return {"count": None, "error": "nvmlInit_v2 returned 9"}  # NVML_ERROR_DRIVER_NOT_LOADED
-        n = sum(1 for x in os.listdir(os.path.join(ct_root, "dev")) if re.match(r"^nvidia\d+$", x)
-                and sim_open("/dev/" + x) == 0)
+        n = sum(
+            1
+            for x in os.listdir(os.path.join(ct_root, "dev"))
+            if re.match(r"^nvidia\d+$", x) and sim_open("/dev/" + x) == 0
+        )
         return {"count": n, "error": None}
 
     return sim_open, sim_cuda, sim_nvml, os.path.join(ct_root, "proc/driver/nvidia/version")
@@ -163,8 +182,7 @@ def run():
         cuda, nvml = (lambda opened: real_cuda()), (lambda opened: real_nvml())
     paths = list(NODES) + [p for p in sys.argv[1:] if p not in NODES]
     opened = {p: open_(p) for p in paths}
-    out = {"simulated": bool(sim_dir),
-           "nodes": {p: _errname(e) or "ok" for p, e in opened.items()}}
+    out = {"simulated": bool(sim_dir), "nodes": {p: _errname(e) or "ok" for p, e in opened.items()}}
     out.update(cuda(opened))
     out["nvml"] = nvml(opened)
     try:
@@ -176,6 +194,7 @@ def run():
 
 
 # -- control side (runs in gpubox, not in the container) --------------------------------------------
+
 
 def probe(container, nodes=(), timeout=60):
     """Run this file in the container (extra node paths as arguments); the JSON, or {'error': ...}."""
@@ -199,28 +218,63 @@ def diagnose(res, box="BOX"):
         return [("probe-failed", res["error"], "check that python3 runs in the container")]
     for path, state in res.get("nodes", {}).items():
         if state == "ENOENT":
-            out.append(("ENOENT", "%s is missing in the container (absent on the host, or no mount entry/devN)" % path,
-                        "%s (host: nvidia-modprobe -u -c0; conf: mount entry; then restart)" % fix))
+            out.append(
+                (
+                    "ENOENT",
+                    "%s is missing in the container (absent on the host, or no mount entry/devN)" % path,
+                    "%s (host: nvidia-modprobe -u -c0; conf: mount entry; then restart)" % fix,
+                )
+            )
         elif state == "EPERM":
-            out.append(("EPERM", "the container's device cgroup denies %s (rule missing or for a stale major)" % path,
-                        "%s (rewrites lxc.cgroup2.devices.allow, live-applies it with lxc-cgroup)" % fix))
+            out.append(
+                (
+                    "EPERM",
+                    "the container's device cgroup denies %s (rule missing or for a stale major)" % path,
+                    "%s (rewrites lxc.cgroup2.devices.allow, live-applies it with lxc-cgroup)" % fix,
+                )
+            )
         elif state == "ENXIO":
-            out.append(("ENXIO", "%s in the container carries a stale major (bound before the module reload)" % path,
-                        "%s --restart always --yes (a restart re-binds the host's current node)" % fix))
+            out.append(
+                (
+                    "ENXIO",
+                    "%s in the container carries a stale major (bound before the module reload)" % path,
+                    "%s --restart always --yes (a restart re-binds the host's current node)" % fix,
+                )
+            )
         elif state != "ok":
             out.append((state, "opening %s fails with %s" % (path, state), fix))
     rc = res.get("cuinit")
     kv, uv = res.get("kernel_driver"), res.get("user_driver")
     if rc is None and res.get("cuda_error"):
-        out.append(("no-libcuda", "libcuda.so.1 is not installed in the container",
-                    "install the userspace driver %s without its kernel module (e.g. the .run with --no-kernel-module)" % (kv or "")))
+        out.append(
+            (
+                "no-libcuda",
+                "libcuda.so.1 is not installed in the container",
+                "install the userspace driver %s without its kernel module (e.g. the .run with --no-kernel-module)"
+                % (kv or ""),
+            )
+        )
     elif rc == 999:
-        out.append(("cuInit-999", "cuInit(0) = 999 CUDA_ERROR_UNKNOWN: nvidia-uvm is not usable in the container", fix))
+        out.append(
+            (
+                "cuInit-999",
+                "cuInit(0) = 999 CUDA_ERROR_UNKNOWN: nvidia-uvm is not usable in the container",
+                fix,
+            )
+        )
     elif rc == 100:
-        out.append(("cuInit-100", "cuInit(0) = 100 CUDA_ERROR_NO_DEVICE: no GPU node usable in the container", fix))
+        out.append(
+            ("cuInit-100", "cuInit(0) = 100 CUDA_ERROR_NO_DEVICE: no GPU node usable in the container", fix)
+        )
     elif rc == 803 or (kv and uv and kv != uv):
-        out.append(("cuInit-803", "driver/library mismatch: host kernel module %s, container libcuda %s" % (kv, uv),
-                    "install userspace driver %s in the container (no kernel module: the .run with --no-kernel-module)" % kv))
+        out.append(
+            (
+                "cuInit-803",
+                "driver/library mismatch: host kernel module %s, container libcuda %s" % (kv, uv),
+                "install userspace driver %s in the container (no kernel module: the .run with --no-kernel-module)"
+                % kv,
+            )
+        )
     elif rc not in (0, None):
         out.append(("cuInit-%s" % rc, "cuInit(0) = %s %s" % (rc, res.get("cuinit_name")), fix))
     return out

@@ -183,8 +183,9 @@ def host_devices(scan: DeviceScan) -> HostDevices:
     hd = HostDevices(parse_proc_devices(scan.proc_devices), scan.gpus)
     fe = hd.frontend
     want_fe = (lambda minor: (fe, minor)) if fe is not None else (lambda minor: None)
-    paths: list[tuple[str, tuple[int, int] | None]] = [(f"/dev/nvidia{i}", want_fe(i))
-                                                        for i in range(hd.gpus)]
+    paths: list[tuple[str, tuple[int, int] | None]] = [
+        (f"/dev/nvidia{i}", want_fe(i)) for i in range(hd.gpus)
+    ]
     paths += [("/dev/nvidiactl", want_fe(CTL_MINOR))]
     uvm = hd.uvm
     paths += [(p, (uvm, m) if uvm is not None else None) for p, m in UVM_NODES.items()]

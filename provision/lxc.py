@@ -124,18 +124,20 @@ def persist_files(gpus: int) -> dict[str, str]:
     creates /dev/nvidia-uvm (FACTS.md "NVIDIA device nodes")."""
     gpu_run, uvm_run = " ".join(gpu_nodes_argv(gpus)), " ".join(UVM_ARGV)
     return {
-        MODULES_LOAD: ("# Written by gpubox: load nvidia-uvm at boot (LXC GPU containers need it).\n"
-                       "nvidia-uvm\n"),
-        UDEV_RULE: ("# Written by gpubox: create /dev/nvidia-uvm{,-tools} and the GPU nodes when the "
-                    "modules\n# load, before pve-guests starts the containers.\n"
-                    f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia", RUN+="/usr/bin/{gpu_run}"\n'
-                    f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia_uvm", RUN+="/usr/bin/{uvm_run}"\n'),
+        MODULES_LOAD: (
+            "# Written by gpubox: load nvidia-uvm at boot (LXC GPU containers need it).\nnvidia-uvm\n"
+        ),
+        UDEV_RULE: (
+            "# Written by gpubox: create /dev/nvidia-uvm{,-tools} and the GPU nodes when the "
+            "modules\n# load, before pve-guests starts the containers.\n"
+            f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia", RUN+="/usr/bin/{gpu_run}"\n'
+            f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia_uvm", RUN+="/usr/bin/{uvm_run}"\n'
+        ),
     }
 
 
-
-
 # --- facts ------------------------------------------------------------------------------------
+
 
 class FileText(Fact):
     """A file's text, "" when absent."""
@@ -154,7 +156,7 @@ class ConfText(Fact):
         try:
             raw = host.read_bytes(path)
         except FileNotFoundError:
-            read_conf(host, vmid)       # raises its one-line error
+            read_conf(host, vmid)  # raises its one-line error
             raise
         return raw.decode()
 
@@ -184,6 +186,7 @@ class OwnedRecord(Fact):
 
 def _host_rdev(host):
     """host_rdev for the start model: ("c"|"b", major, minor) of a host path, None if absent."""
+
     def rdev(path: str):
         import stat as _st
 
@@ -191,6 +194,7 @@ def _host_rdev(host):
         if st is None or not (_st.S_ISCHR(st.mode) or _st.S_ISBLK(st.mode)):
             return None
         return ("c" if _st.S_ISCHR(st.mode) else "b", *(st.rdev or (0, 0)))
+
     return rdev
 
 
@@ -223,6 +227,7 @@ class CudaProbe(Fact):
 
 # --- pure helpers the steps decide with --------------------------------------------------------
 
+
 def referenced_paths(conf_text: str, hd: HostDevices) -> list[str]:
     """Every host path the start model may stat for this config (provision.lxcmodel.StartModel):
     devN paths, mount sources, the NVIDIA nodes a fix may add, and each of those under a mount
@@ -240,7 +245,7 @@ def referenced_paths(conf_text: str, hd: HostDevices) -> list[str]:
         for src, target in mounts:
             rel = path.strip("/")
             if rel == target or rel.startswith(target + "/"):
-                out.append(src.rstrip("/") + path[len("/" + target):])
+                out.append(src.rstrip("/") + path[len("/" + target) :])
     return sorted(set(out))
 
 

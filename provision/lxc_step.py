@@ -14,14 +14,27 @@ from typing import Any
 from gpubox.errors import GpuboxError
 from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 
+from . import cuda_probe
 from .confedit import review
 from .devices import DeviceScan, DeviceScanFact, HostDevices, describe_rdev, host_devices
-from .lxc import (RESTART_POLICIES, ConfText, FileText, ContainerStatus, CudaProbe, HostRdev, OwnedRecord,
-                  clear_restart_due, modprobe_argvs, needed_modprobe_runs, pending_lines,
-                  persist_files, record_majors, referenced_paths)
+from .lxc import (
+    RESTART_POLICIES,
+    ConfText,
+    ContainerStatus,
+    CudaProbe,
+    FileText,
+    HostRdev,
+    OwnedRecord,
+    clear_restart_due,
+    modprobe_argvs,
+    needed_modprobe_runs,
+    pending_lines,
+    persist_files,
+    record_majors,
+    referenced_paths,
+)
 from .lxc import _control as control
 from .lxcconf import LxcConf, conf_path, digest, write_conf
-from . import cuda_probe
 
 
 def _gpus(ctx):
@@ -30,10 +43,11 @@ def _gpus(ctx):
 
 # --- host-devices -------------------------------------------------------------------------------
 
+
 @dataclass
 class HostDevicesFacts:
     devices: DeviceScan
-    persist: dict[str, str] | None = None    # current text of each boot-persistence file (--persist)
+    persist: dict[str, str] | None = None  # current text of each boot-persistence file (--persist)
 
 
 @dataclass
@@ -68,13 +82,16 @@ class HostDevicesStep(Step):
 
     def decide(self, facts: HostDevicesFacts, opts: HostDevicesOptions) -> Finding:
         hd = host_devices(facts.devices)
-        ev = HostDevicesEvidence(hd.nvidia_majors(), hd.gpus,
-                                 {n.path: describe_rdev(n.have) for n in hd.nodes})
+        ev = HostDevicesEvidence(
+            hd.nvidia_majors(), hd.gpus, {n.path: describe_rdev(n.have) for n in hd.nodes}
+        )
         if hd.frontend is None:
-            return Finding.failed("nvidia.ko is not loaded: /proc/devices has no 195 nvidia line",
-                                  cause="the NVIDIA kernel driver is not loaded on the host",
-                                  repair="install/load the host driver (modprobe nvidia; check dmesg)",
-                                  evidence=ev)
+            return Finding.failed(
+                "nvidia.ko is not loaded: /proc/devices has no 195 nvidia line",
+                cause="the NVIDIA kernel driver is not loaded on the host",
+                repair="install/load the host driver (modprobe nvidia; check dmesg)",
+                evidence=ev,
+            )
         problems = []
         if hd.uvm is None:
             problems.append("nvidia-uvm is not loaded (no nvidia-uvm line in /proc/devices)")
@@ -86,40 +103,52 @@ class HostDevicesStep(Step):
             elif n.want is not None:
                 problems.append(f"{n.path} is {describe_rdev(n.have)}, want {describe_rdev(n.want)}")
         want_files = persist_files(hd.gpus)
-        missing = [p for p, text in want_files.items() if (facts.persist or {}).get(p, "") != text] \
-            if opts.persist else []
+        missing = (
+            [p for p, text in want_files.items() if (facts.persist or {}).get(p, "") != text]
+            if opts.persist
+            else []
+        )
         ev.persist_missing = missing
         if not (problems or missing):
-            return Finding.ok(f"nvidia {hd.frontend}, nvidia-uvm {hd.uvm}; {hd.gpus} GPU nodes and "
-                              f"/dev/nvidia-uvm{{,-tools}} {hd.uvm}:0/1 present", evidence=ev)
+            return Finding.ok(
+                f"nvidia {hd.frontend}, nvidia-uvm {hd.uvm}; {hd.gpus} GPU nodes and "
+                f"/dev/nvidia-uvm{{,-tools}} {hd.uvm}:0/1 present",
+                evidence=ev,
+            )
         runs = needed_modprobe_runs(hd)
         actions: list[Any] = [Run(argv, timeout=60, become=True) for argv in runs]
         actions += [Write(p, want_files[p], old=(facts.persist or {}).get(p, "")) for p in missing]
-        what = (["create the nodes with nvidia-modprobe"] if runs else []) \
-            + ([f"write {', '.join(missing)}"] if missing else [])
+        what = (["create the nodes with nvidia-modprobe"] if runs else []) + (
+            [f"write {', '.join(missing)}"] if missing else []
+        )
         detail = "; ".join(problems + [f"boot persistence missing: {p}" for p in missing])
-        return Finding.drift(detail, cause="nvidia-uvm nodes absent or stale on the host" if problems else
-                             "nothing creates the uvm nodes at boot",
-                             repair="; ".join(" ".join(a) for a in
-                                              runs or modprobe_argvs(hd.gpus, gpu_nodes=False))
-                             + (" (+ --persist)" if problems else ""),
-                             plan=Plan(" and ".join(what), actions=actions), evidence=ev)
+        return Finding.drift(
+            detail,
+            cause="nvidia-uvm nodes absent or stale on the host"
+            if problems
+            else "nothing creates the uvm nodes at boot",
+            repair="; ".join(" ".join(a) for a in runs or modprobe_argvs(hd.gpus, gpu_nodes=False))
+            + (" (+ --persist)" if problems else ""),
+            plan=Plan(" and ".join(what), actions=actions),
+            evidence=ev,
+        )
 
 
 # --- container-config ---------------------------------------------------------------------------
 
+
 @dataclass
 class ConfigFacts:
-    conf: str                                   # /etc/pve/lxc/<vmid>.conf, as read
+    conf: str  # /etc/pve/lxc/<vmid>.conf, as read
     devices: DeviceScan
     rdev: dict[str, tuple[str, int, int] | None] = field(default_factory=dict)  # referenced_paths
-    recorded: list[int] = field(default_factory=list)   # majors gpubox recorded as NVIDIA's
+    recorded: list[int] = field(default_factory=list)  # majors gpubox recorded as NVIDIA's
 
 
 @dataclass
 class ConfigOptions:
     vmid: int
-    mode: str | None = None        # gpubox_device_mode; None: follow how the config passes nodes
+    mode: str | None = None  # gpubox_device_mode; None: follow how the config passes nodes
     box: str = "BOX"
 
 
@@ -136,11 +165,13 @@ class ConfigEvidence:
 
 def _lookup(rdev: dict[str, Any]):
     """host_rdev over the stat()s gathered; a path the facts lack is a bug in referenced_paths."""
+
     def get(path: str):
         if path not in rdev:
             raise KeyError(f"host path {path} was not gathered (provision.lxc.referenced_paths)")
         v = rdev[path]
         return None if v is None else tuple(v)
+
     return get
 
 
@@ -175,7 +206,7 @@ class ContainerConfigStep(Step):
         vmid = ctx.box.vmid
         text = ctx.fact(ConfText, vmid)
         if LxcConf.parse(text).lock:
-            return ConfigFacts(text, DeviceScan("", 0))   # not edited: nothing else is needed
+            return ConfigFacts(text, DeviceScan("", 0))  # not edited: nothing else is needed
         scan = ctx.fact(DeviceScanFact, _gpus(ctx))
         rdev = ctx.fact(HostRdev, tuple(referenced_paths(text, host_devices(scan))))
         return ConfigFacts(text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors)
@@ -189,10 +220,13 @@ class ContainerConfigStep(Step):
         if pending is not None:
             ev.pending = pending
         if conf.lock:
-            return Finding.failed(f"{path} is locked ({conf.lock}): not editing it",
-                                  cause=f"a {conf.lock} is in progress on CT {opts.vmid}",
-                                  repair="wait for it to finish and re-run; `pct unlock "
-                                         f"{opts.vmid}` only if no {conf.lock} runs", evidence=ev)
+            return Finding.failed(
+                f"{path} is locked ({conf.lock}): not editing it",
+                cause=f"a {conf.lock} is in progress on CT {opts.vmid}",
+                repair="wait for it to finish and re-run; `pct unlock "
+                f"{opts.vmid}` only if no {conf.lock} runs",
+                evidence=ev,
+            )
         hd = host_devices(facts.devices)
         rev = review(conf, hd, opts.mode, _lookup(facts.rdev), set(facts.recorded))
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
@@ -202,20 +236,27 @@ class ContainerConfigStep(Step):
             note = f" (pending, applied at the next restart: {', '.join(pending)})"
         refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
         if refused:
-            return Finding.failed("; ".join(i.text for i in refused) + note,
-                                  cause="a line gpubox does not own stops the container from starting",
-                                  repair=f"edit {path} by hand as said, then re-run", evidence=ev)
+            return Finding.failed(
+                "; ".join(i.text for i in refused) + note,
+                cause="a line gpubox does not own stops the container from starting",
+                repair=f"edit {path} by hand as said, then re-run",
+                evidence=ev,
+            )
         if rev.issues:
             stale = [i for i in rev.issues if i.kind == "stale-rule"]
             plan = Plan()
             if rev.changed:
                 commit = ConfCommit(opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()))
                 plan = Plan(f"rewrite the main section of {path}", rev.diff(path), [], commit)
-            return Finding.drift("; ".join(i.text for i in rev.issues) + note,
-                                 cause="stale nvidia-uvm major in the cgroup rule" if stale else
-                                 "the main section does not match the host's NVIDIA devices",
-                                 repair=f"gpubox lxc fix {opts.box} (rewrites the main section only)",
-                                 plan=plan, evidence=ev)
+            return Finding.drift(
+                "; ".join(i.text for i in rev.issues) + note,
+                cause="stale nvidia-uvm major in the cgroup rule"
+                if stale
+                else "the main section does not match the host's NVIDIA devices",
+                repair=f"gpubox lxc fix {opts.box} (rewrites the main section only)",
+                plan=plan,
+                evidence=ev,
+            )
         extra = f"; warnings: {'; '.join(rev.warnings)}" if rev.warnings else ""
         how = opts.mode or "as configured"
         return Finding.ok(f"{path} main section matches the host ({how}){note}{extra}", evidence=ev)
@@ -223,41 +264,45 @@ class ContainerConfigStep(Step):
     def apply(self, ctx, plan: Plan) -> None:
         commit = plan.data
         if not isinstance(commit, ConfCommit):
-            raise GpuboxError("the config issues cannot be fixed in the file",
-                              "fix host-devices first (the nodes devN names must exist on the host)")
+            raise GpuboxError(
+                "the config issues cannot be fixed in the file",
+                "fix host-devices first (the nodes devN names must exist on the host)",
+            )
         write_conf(ctx.host, commit.vmid, commit.text, commit.digest)
         record_majors(ctx.host.name, commit.vmid, commit.majors, restart_due=digest(commit.text))
 
 
 # --- container ----------------------------------------------------------------------------------
 
+
 @dataclass
 class ContainerFacts:
-    status: dict[str, Any]                       # {'status': ..., 'lock': ...}
+    status: dict[str, Any]  # {'status': ..., 'lock': ...}
     vmid: int
-    control: str = "pct"                         # pct | api
-    devices: DeviceScan | None = None            # read only when the container runs
-    probe: dict[str, Any] | None = None          # the in-container probe over the passed nodes
-    restart_due: bool = False                    # gpubox rewrote the config since it last (re)started it
-    pending: list[str] | None = None             # keyed lines of [pve:pending]
+    control: str = "pct"  # pct | api
+    devices: DeviceScan | None = None  # read only when the container runs
+    probe: dict[str, Any] | None = None  # the in-container probe over the passed nodes
+    restart_due: bool = False  # gpubox rewrote the config since it last (re)started it
+    pending: list[str] | None = None  # keyed lines of [pve:pending]
 
 
 @dataclass
 class ContainerOptions:
     restart: str = "auto"
     box: str = "BOX"
-    start: list[str] = field(default_factory=list)      # what a start runs, as the plan shows it
-    reboot: list[str] = field(default_factory=list)     # what a reboot runs
+    start: list[str] = field(default_factory=list)  # what a start runs, as the plan shows it
+    reboot: list[str] = field(default_factory=list)  # what a reboot runs
 
 
 @dataclass
-class ContainerEvidence:      # field order = the record's key order
-    need: Any = OMIT          # start | live | reboot
-    majors: Any = OMIT        # live: the majors to allow
+class ContainerEvidence:  # field order = the record's key order
+    need: Any = OMIT  # start | live | reboot
+    majors: Any = OMIT  # live: the majors to allow
     status: str = ""
     control: str = ""
     lock: str | None = None
-    nodes: Any = OMIT         # path -> ok | errno name, from the probe
+    nodes: Any = OMIT  # path -> ok | errno name, from the probe
+
 
 class ContainerStep(Step):
     """The running container can open the NVIDIA nodes.
@@ -273,8 +318,9 @@ class ContainerStep(Step):
 
     def options(self, ctx) -> ContainerOptions:
         ctl = control(ctx)
-        return ContainerOptions(ctx.opt("restart", "auto"), ctx.box.name,
-                                ctl.describe("start"), ctl.describe("reboot"))
+        return ContainerOptions(
+            ctx.opt("restart", "auto"), ctx.box.name, ctl.describe("start"), ctl.describe("reboot")
+        )
 
     def gather(self, ctx) -> ContainerFacts:
         ctl = control(ctx)
@@ -295,42 +341,74 @@ class ContainerStep(Step):
         st, vmid = facts.status, facts.vmid
         ev = ContainerEvidence(status=st["status"], control=facts.control, lock=st.get("lock"))
         if st.get("lock"):
-            return Finding.failed(f"CT {vmid} is locked ({st['lock']})", cause=f"{st['lock']} in progress",
-                                  repair="wait for it to finish, then re-run", evidence=ev)
+            return Finding.failed(
+                f"CT {vmid} is locked ({st['lock']})",
+                cause=f"{st['lock']} in progress",
+                repair="wait for it to finish, then re-run",
+                evidence=ev,
+            )
         if st["status"] != "running":
             ev.need = "start"
-            return Finding.drift(f"CT {vmid} is {st['status']}", cause="the container is not running",
-                                 repair=f"gpubox lxc fix {opts.box} (starts it)",
-                                 plan=self._restart_plan("start", facts, opts), evidence=ev)
+            return Finding.drift(
+                f"CT {vmid} is {st['status']}",
+                cause="the container is not running",
+                repair=f"gpubox lxc fix {opts.box} (starts it)",
+                plan=self._restart_plan("start", facts, opts),
+                evidence=ev,
+            )
         res = facts.probe or {}
         if res.get("error"):
-            return Finding.failed(f"in-container probe failed: {res['error']}",
-                                  repair="check that python3 exists in the container", evidence=ev)
+            return Finding.failed(
+                f"in-container probe failed: {res['error']}",
+                repair="check that python3 exists in the container",
+                evidence=ev,
+            )
         bad = {p: s for p, s in res["nodes"].items() if s != "ok"}
         ev.nodes = res["nodes"]
         if not bad:
             if facts.restart_due and opts.restart == "always":
                 ev.need = "reboot"
-                return Finding.drift("nodes usable, but the config changed and --restart always",
-                                     plan=self._restart_plan("reboot", facts, opts), evidence=ev)
+                return Finding.drift(
+                    "nodes usable, but the config changed and --restart always",
+                    plan=self._restart_plan("reboot", facts, opts),
+                    evidence=ev,
+                )
             return Finding.ok(f"CT {vmid} running; {len(res['nodes'])} NVIDIA nodes open fine", evidence=ev)
         detail = ", ".join(f"{p}: {s}" for p, s in bad.items())
         if all(s == "EPERM" for s in bad.values()):
             hd = host_devices(facts.devices) if facts.devices else HostDevices({}, 0)
             ev.need = "live"
             ev.majors = sorted({hd.node(p).want[0] for p in bad if hd.node(p) and hd.node(p).want})
-            plan = self._restart_plan("reboot", facts, opts) if opts.restart == "always" else Plan(
-                "live-apply the device rules (lxc-cgroup)",
-                actions=[Run(["lxc-cgroup", "-n", str(vmid), "devices.allow", f"c {m}:* rwm"], timeout=30,
-                             become=True) for m in ev.majors])
-            return Finding.drift(detail,
-                                 cause="the live device cgroup denies them (rule missing/stale at start)",
-                                 repair="live-apply the rules with lxc-cgroup (no restart)",
-                                 plan=plan, evidence=ev)
+            plan = (
+                self._restart_plan("reboot", facts, opts)
+                if opts.restart == "always"
+                else Plan(
+                    "live-apply the device rules (lxc-cgroup)",
+                    actions=[
+                        Run(
+                            ["lxc-cgroup", "-n", str(vmid), "devices.allow", f"c {m}:* rwm"],
+                            timeout=30,
+                            become=True,
+                        )
+                        for m in ev.majors
+                    ],
+                )
+            )
+            return Finding.drift(
+                detail,
+                cause="the live device cgroup denies them (rule missing/stale at start)",
+                repair="live-apply the rules with lxc-cgroup (no restart)",
+                plan=plan,
+                evidence=ev,
+            )
         ev.need = "reboot"
-        return Finding.drift(detail, cause="nodes missing or stale in the container (bound at start)",
-                             repair="restart the container so LXC binds the host's current nodes",
-                             plan=self._restart_plan("reboot", facts, opts), evidence=ev)
+        return Finding.drift(
+            detail,
+            cause="nodes missing or stale in the container (bound at start)",
+            repair="restart the container so LXC binds the host's current nodes",
+            plan=self._restart_plan("reboot", facts, opts),
+            evidence=ev,
+        )
 
     @staticmethod
     def _restart_plan(action: str, facts: ContainerFacts, opts: ContainerOptions) -> Plan:
@@ -345,32 +423,36 @@ class ContainerStep(Step):
         return finding.plan or Plan()
 
     def apply(self, ctx, plan: Plan) -> None:
-        if plan.actions:                 # live: the lxc-cgroup runs
+        if plan.actions:  # live: the lxc-cgroup runs
             return super().apply(ctx, plan)
         ctl = control(ctx)
         action = plan.data
         policy = ctx.opt("restart", "auto")
         if policy == "never":
-            raise GpuboxError(f"CT {ctl.vmid} needs a {action} to pick up the device changes; "
-                              "not done (--restart never)",
-                              f"run `{' '.join(ctl.describe(action))}` when convenient, "
-                              "or re-run with --restart auto --yes")
+            raise GpuboxError(
+                f"CT {ctl.vmid} needs a {action} to pick up the device changes; not done (--restart never)",
+                f"run `{' '.join(ctl.describe(action))}` when convenient, "
+                "or re-run with --restart auto --yes",
+            )
         if action == "reboot" and policy == "auto" and not ctx.opt("yes"):
             confirm = ctx.opt("confirm")
             if not (callable(confirm) and confirm(f"Restart CT {ctl.vmid} ({ctx.box.name}) now?")):
-                raise GpuboxError(f"CT {ctl.vmid} needs a restart to pick up the device changes; "
-                                  "not restarted without consent",
-                                  "re-run with --yes (or answer yes at the prompt)")
+                raise GpuboxError(
+                    f"CT {ctl.vmid} needs a restart to pick up the device changes; "
+                    "not restarted without consent",
+                    "re-run with --yes (or answer yes at the prompt)",
+                )
         ctl.act(action)
         clear_restart_due(ctx.host.name, ctl.vmid)
 
 
 # --- cuda ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class CudaFacts:
-    status: str                              # the container's status
-    probe: dict[str, Any] | None = None      # the in-container probe (only when running)
+    status: str  # the container's status
+    probe: dict[str, Any] | None = None  # the in-container probe (only when running)
 
 
 @dataclass
@@ -414,19 +496,26 @@ class CudaStep(Step):
 
     def decide(self, facts: CudaFacts, opts: CudaOptions) -> Finding:
         if facts.status != "running":
-            return Finding.failed(f"cannot probe CUDA: CT {opts.vmid} is {facts.status}",
-                                  cause="the container is not running",
-                                  repair=f"gpubox lxc fix {opts.box} (starts it)", evidence=CudaEvidence())
+            return Finding.failed(
+                f"cannot probe CUDA: CT {opts.vmid} is {facts.status}",
+                cause="the container is not running",
+                repair=f"gpubox lxc fix {opts.box} (starts it)",
+                evidence=CudaEvidence(),
+            )
         res = facts.probe or {}
         ev = CudaEvidence(**{k: res.get(k) for k in _PROBE_KEYS})
         found = cuda_probe.diagnose(res, opts.box)
         if found:
             ev.causes = [{"code": c, "cause": why, "repair": fix} for c, why, fix in found]
-            return Finding.failed("; ".join(why for _, why, _ in found), cause=found[0][1],
-                                  repair=found[0][2], evidence=ev)
+            return Finding.failed(
+                "; ".join(why for _, why, _ in found), cause=found[0][1], repair=found[0][2], evidence=ev
+            )
         nv = (res.get("nvml") or {}).get("count")
-        return Finding.ok(f"cuInit(0) = 0; NVML sees {nv} GPUs; driver {res.get('kernel_driver')} "
-                          f"(host) = {res.get('user_driver')} (container)", evidence=ev)
+        return Finding.ok(
+            f"cuInit(0) = 0; NVML sees {nv} GPUs; driver {res.get('kernel_driver')} "
+            f"(host) = {res.get('user_driver')} (container)",
+            evidence=ev,
+        )
 
 
 def steps(ctx=None) -> list:

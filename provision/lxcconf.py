@@ -149,8 +149,10 @@ def read_conf(host, vmid: int) -> tuple[LxcConf, str]:
     try:
         raw = host.read_bytes(path)
     except FileNotFoundError:
-        raise GpuboxError(f"{host.name}: {path} does not exist",
-                          f"check gpubox_vmid ({vmid}) and that the container exists (pct list)") from None
+        raise GpuboxError(
+            f"{host.name}: {path} does not exist",
+            f"check gpubox_vmid ({vmid}) and that the container exists (pct list)",
+        ) from None
     return LxcConf.parse(raw.decode()), digest(raw)
 
 
@@ -159,7 +161,8 @@ def read_conf(host, vmid: int) -> tuple[LxcConf, str]:
 _REMOTE_COMMIT = (  # constant script; every input arrives as a positional argument ($1..$3)
     'set -e; [ -L "$1" ] && { echo "is a symbolic link" >&2; exit 4; }; '
     '[ "$(sha1sum < "$1" | cut -c1-40)" = "$2" ] || { echo "changed since check" >&2; exit 3; }; '
-    'mv -f -- "$3" "$1"')
+    'mv -f -- "$3" "$1"'
+)
 
 
 def _rename(src: str, dst: str) -> bool:
@@ -210,9 +213,11 @@ def _commit(host, path: str, tmp: str, real: str, expect_digest: str) -> None:
         was = f.read()
     if digest(was) != expect_digest:
         _exchange(tmp, real)  # give the file back as the other writer left it
-        raise GpuboxError(f"{path} changed while it was being replaced (digest {digest(was)[:12]} != "
-                          f"{expect_digest[:12]}): not replaced, the other edit is kept",
-                          "someone edited it without Proxmox's lock: re-run to check again")
+        raise GpuboxError(
+            f"{path} changed while it was being replaced (digest {digest(was)[:12]} != "
+            f"{expect_digest[:12]}): not replaced, the other edit is kept",
+            "someone edited it without Proxmox's lock: re-run to check again",
+        )
     os.unlink(tmp)
 
 
@@ -220,9 +225,11 @@ def _refuse_symlink(real: str, path: str) -> None:
     """pmxcfs has no symlinks (FACTS.md), so a linked config is not a Proxmox-managed file: replacing
     the link by a regular file would leave its target with the old lines. Policy: refuse, say so."""
     if os.path.islink(real):
-        raise GpuboxError(f"{path} is a symbolic link (to {os.readlink(real)}): not replacing it with a "
-                          "regular file", "Proxmox's /etc/pve has no symlinks: point gpubox_root at the real "
-                          "config or replace the link by the file, then re-run")
+        raise GpuboxError(
+            f"{path} is a symbolic link (to {os.readlink(real)}): not replacing it with a regular file",
+            "Proxmox's /etc/pve has no symlinks: point gpubox_root at the real "
+            "config or replace the link by the file, then re-run",
+        )
 
 
 def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: float = 10) -> str:
@@ -250,12 +257,16 @@ def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: 
 
 def _refuse_if_changed_or_locked(host, path: str, old: bytes, expect_digest: str) -> None:
     if digest(old) != expect_digest:
-        raise GpuboxError(f"{path} changed since it was checked (digest {digest(old)[:12]} != {expect_digest[:12]})",
-                          "someone else edited it: re-run to check again")
+        raise GpuboxError(
+            f"{path} changed since it was checked (digest {digest(old)[:12]} != {expect_digest[:12]})",
+            "someone else edited it: re-run to check again",
+        )
     lock = LxcConf.parse(old.decode()).lock
     if lock:
-        raise GpuboxError(f"{path} is locked ({lock})",
-                          "wait for the backup/snapshot/migration to finish; `pct unlock` only if none runs")
+        raise GpuboxError(
+            f"{path} is locked ({lock})",
+            "wait for the backup/snapshot/migration to finish; `pct unlock` only if none runs",
+        )
 
 
 def _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout) -> str:
@@ -272,8 +283,10 @@ def _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise GpuboxError(f"{lock_path(vmid)} is held by another process",
-                                      "a Proxmox task is changing the container: re-run when it is done") from None
+                    raise GpuboxError(
+                        f"{lock_path(vmid)} is held by another process",
+                        "a Proxmox task is changing the container: re-run when it is done",
+                    ) from None
                 time.sleep(0.1)
         with open(real, "rb") as f:
             old = f.read()
@@ -303,14 +316,33 @@ def _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout
     host.transport.write_bytes_atomic(tmp, data, mode=CONF_MODE)
     lock_real = host.path(lock_path(vmid))
     host.run(["mkdir", "-p", posixpath.dirname(lock_real)], become=True)
-    r = host.run(["flock", "-w", str(int(lock_timeout)), lock_real, "sh", "-c", _REMOTE_COMMIT, "sh",
-                  real, expect_digest, tmp], become=True, timeout=lock_timeout + 30)
+    r = host.run(
+        [
+            "flock",
+            "-w",
+            str(int(lock_timeout)),
+            lock_real,
+            "sh",
+            "-c",
+            _REMOTE_COMMIT,
+            "sh",
+            real,
+            expect_digest,
+            tmp,
+        ],
+        become=True,
+        timeout=lock_timeout + 30,
+    )
     if r.rc != 0:
         host.run(["rm", "-f", "--", tmp], become=True)
         if r.rc == 4:
-            raise GpuboxError(f"{path} is a symbolic link: not replacing it with a regular file",
-                              "Proxmox's /etc/pve has no symlinks: replace the link by the file, then re-run")
+            raise GpuboxError(
+                f"{path} is a symbolic link: not replacing it with a regular file",
+                "Proxmox's /etc/pve has no symlinks: replace the link by the file, then re-run",
+            )
         if r.rc == 3:
-            raise GpuboxError(f"{path} changed since it was checked", "someone else edited it: re-run to check again")
+            raise GpuboxError(
+                f"{path} changed since it was checked", "someone else edited it: re-run to check again"
+            )
         r.check()
     return str(saved)

@@ -45,7 +45,7 @@ class Rule:
     is_global: bool = False
 
     def matches(self, major: int, minor: int) -> bool:
-        return (self.kind in ("a", "c") and self.major in (None, major) and self.minor in (None, minor))
+        return self.kind in ("a", "c") and self.major in (None, major) and self.minor in (None, minor)
 
 
 def _num(val: str, i: int) -> tuple[int | None, int] | None:
@@ -84,7 +84,7 @@ def parse_rule(key: str, value: str) -> Rule | None:
     if i >= len(value) or not value[i].isspace():
         return None
     access = ""
-    for ch in value[i + 1:i + 4]:
+    for ch in value[i + 1 : i + 4]:
         if ch == "\n":
             break
         if ch not in "rwm":
@@ -128,8 +128,12 @@ class StartModel:
     pre: list[Rule] = field(default_factory=list)  # the allow rules pve writes for devN, first
 
     @classmethod
-    def build(cls, entries, host_rdev: Callable[[str], tuple[str, int, int] | None],
-              host_exists: Callable[[str], bool] | None = None) -> "StartModel":
+    def build(
+        cls,
+        entries,
+        host_rdev: Callable[[str], tuple[str, int, int] | None],
+        host_exists: Callable[[str], bool] | None = None,
+    ) -> "StartModel":
         """host_rdev(path) -> ("c"|"b", major, minor) or None when absent / not a device."""
         m = cls()
         host_exists = host_exists or (lambda p: host_rdev(p) is not None)
@@ -152,22 +156,28 @@ class StartModel:
                 rule = parse_rule(key, value)
                 m.rules.append((idx, key, value, rule))
                 if rule is None:
-                    short = key[len("lxc.cgroup2."):]
+                    short = key[len("lxc.cgroup2.") :]
                     m.errors.append(f"Failed to parse device rule {short}={value}")
             elif key == MOUNT:
                 f = value.split()
                 if len(f) >= 4:
                     m.mounts.append(Mount(idx, f[0], f[1].strip("/"), f[3].split(",")))
         for mt in m.mounts:  # lxc mount_entry: a missing source fails unless `optional`
-            if "bind" in mt.opts and "optional" not in mt.opts and mt.src.startswith("/") \
-                    and not host_exists(mt.src):
-                m.errors.append(f"No such file or directory - Failed to mount \"{mt.src}\" on "
-                                f"\"{ROOTFS}/{mt.target}\"")
+            if (
+                "bind" in mt.opts
+                and "optional" not in mt.opts
+                and mt.src.startswith("/")
+                and not host_exists(mt.src)
+            ):
+                m.errors.append(
+                    f'No such file or directory - Failed to mount "{mt.src}" on "{ROOTFS}/{mt.target}"'
+                )
         for _, _, path in m.devn:  # autodev hook after the mounts
-            rel = path[len("/dev/"):] if path.startswith("/dev/") else path.lstrip("/")
+            rel = path[len("/dev/") :] if path.startswith("/dev/") else path.lstrip("/")
             for mt in m.mounts:
                 hit = mt.target == path.strip("/") or (
-                    mt.provides(path) and host_exists(mt.src.rstrip("/") + path[len("/" + mt.target):]))
+                    mt.provides(path) and host_exists(mt.src.rstrip("/") + path[len("/" + mt.target) :])
+                )
                 if hit:
                     m.errors.append(f"Could not mknod {ROOTFS}/dev/{rel}: File exists")
                     break
@@ -221,8 +231,9 @@ class StartModel:
         """The cgroup2 bpf program's verdict for read+write on char device major:minor."""
         allow_all, kept = self.effective()
         if allow_all:
-            return not any(not k.allow and k.matches(major, minor) and ("r" in k.access or "w" in k.access)
-                           for k in kept)
+            return not any(
+                not k.allow and k.matches(major, minor) and ("r" in k.access or "w" in k.access) for k in kept
+            )
         rd = any(k.allow and k.matches(major, minor) and "r" in k.access for k in kept)
         wr = any(k.allow and k.matches(major, minor) and "w" in k.access for k in kept)
         return rd and wr
@@ -242,4 +253,5 @@ def host_rdev_under(root: str) -> Callable[[str], tuple[str, int, int] | None]:
         if _st.S_ISBLK(st.st_mode):
             return "b", os.major(st.st_rdev), os.minor(st.st_rdev)
         return None
+
     return rdev

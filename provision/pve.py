@@ -61,16 +61,19 @@ class Control:
         # Checked here for every action: `pct reboot` itself does not check the lock (LXC.pm
         # vm_reboot), it stops the CT and then lxc-pve-prestart-hook refuses to start it again.
         if st.get("lock"):
-            raise GpuboxError(f"CT {self.vmid} is locked ({st['lock']}); not running {action}",
-                              "wait for the backup/snapshot/migration to finish; "
-                              "`pct unlock` only if none runs")
+            raise GpuboxError(
+                f"CT {self.vmid} is locked ({st['lock']}); not running {action}",
+                "wait for the backup/snapshot/migration to finish; `pct unlock` only if none runs",
+            )
         self._do(action)
         want = "stopped" if action == "stop" else "running"
         deadline = time.monotonic() + self.timeout
         while self.status().get("status") != want:
             if time.monotonic() > deadline:
-                raise GpuboxError(f"CT {self.vmid} is not {want} {self.timeout:g} s after {action}",
-                                  "look at the task log on the Proxmox host (journalctl, pct start --debug)")
+                raise GpuboxError(
+                    f"CT {self.vmid} is not {want} {self.timeout:g} s after {action}",
+                    "look at the task log on the Proxmox host (journalctl, pct start --debug)",
+                )
             time.sleep(0.2)
 
 
@@ -107,17 +110,22 @@ class ApiControl(Control):
 
     kind = "api"
 
-    def __init__(self, api: dict, secret: str, node: str, vmid: int, timeout: float = 120,
-                 poll: float = 0.5):
+    def __init__(self, api: dict, secret: str, node: str, vmid: int, timeout: float = 120, poll: float = 0.5):
         super().__init__(vmid, timeout)
         from proxmoxer import ProxmoxAPI
 
         self.node, self.poll = node, poll
         verify = api.get("verify_ssl", True)
         self.where = f"{api['host']}:{api.get('port', 8006)}"
-        self.prox = ProxmoxAPI(str(api["host"]), port=int(api.get("port", 8006)), user=str(api["user"]),
-                               token_name=str(api["token_name"]), token_value=secret,
-                               verify_ssl=verify, timeout=int(api.get("timeout", 10)))
+        self.prox = ProxmoxAPI(
+            str(api["host"]),
+            port=int(api.get("port", 8006)),
+            user=str(api["user"]),
+            token_name=str(api["token_name"]),
+            token_value=secret,
+            verify_ssl=verify,
+            timeout=int(api.get("timeout", 10)),
+        )
 
     @property
     def _ct(self):
@@ -130,15 +138,20 @@ class ApiControl(Control):
         try:
             return fn()
         except ResourceException as exc:
-            raise GpuboxError(f"Proxmox API {what} for CT {self.vmid} failed: {exc}",
-                              "check the token's privileges (VM.PowerMgmt, VM.Audit) and the task log"
-                              ) from None
+            raise GpuboxError(
+                f"Proxmox API {what} for CT {self.vmid} failed: {exc}",
+                "check the token's privileges (VM.PowerMgmt, VM.Audit) and the task log",
+            ) from None
         except requests.exceptions.SSLError:
-            raise TransportError(f"Proxmox API at {self.where}: TLS certificate not trusted",
-                                 "set gpubox_api.verify_ssl to the CA file of the PVE certificate") from None
+            raise TransportError(
+                f"Proxmox API at {self.where}: TLS certificate not trusted",
+                "set gpubox_api.verify_ssl to the CA file of the PVE certificate",
+            ) from None
         except requests.exceptions.RequestException as exc:
-            raise TransportError(f"Proxmox API at {self.where} unreachable: {type(exc).__name__}",
-                                 "check gpubox_api host/port and that pveproxy runs") from None
+            raise TransportError(
+                f"Proxmox API at {self.where} unreachable: {type(exc).__name__}",
+                "check gpubox_api host/port and that pveproxy runs",
+            ) from None
 
     def status(self) -> dict:
         d = self._call("status", lambda: self._ct.status.current.get())
@@ -158,17 +171,23 @@ class ApiControl(Control):
         from proxmoxer.tools import Tasks
 
         upid = self._call(action, lambda: getattr(self._ct.status, action).post())
-        res = self._call("task status", lambda: Tasks.blocking_status(self.prox, upid, timeout=self.timeout,
-                                                                      polling_interval=self.poll))
+        res = self._call(
+            "task status",
+            lambda: Tasks.blocking_status(self.prox, upid, timeout=self.timeout, polling_interval=self.poll),
+        )
         if res is None:
-            raise GpuboxError(f"task {upid} ({action} CT {self.vmid}) did not finish in {self.timeout:g} s",
-                              "look at the task log in the Proxmox UI; raise gpubox_api.timeout")
+            raise GpuboxError(
+                f"task {upid} ({action} CT {self.vmid}) did not finish in {self.timeout:g} s",
+                "look at the task log in the Proxmox UI; raise gpubox_api.timeout",
+            )
         # pve-common UPID.pm status_is_error: "OK" and "WARNINGS: <n>" are success, anything
         # else is the task's error message (pve-manager API2/Tasks.pm read_task_status).
         exitstatus = str(res.get("exitstatus"))
         if not (exitstatus == "OK" or re.match(r"^WARNINGS: \d+$", exitstatus)):
-            raise GpuboxError(f"{action} CT {self.vmid} failed: {res.get('exitstatus')}",
-                              "look at the task log in the Proxmox UI")
+            raise GpuboxError(
+                f"{action} CT {self.vmid} failed: {res.get('exitstatus')}",
+                "look at the task log in the Proxmox UI",
+            )
 
 
 def control_for(ctx) -> Control:
@@ -179,16 +198,23 @@ def control_for(ctx) -> Control:
     if not api:
         return PctControl(ctx.host, ctx.box.vmid, timeout)
     if not isinstance(api, dict) or not all(api.get(k) for k in ("host", "user", "token_name")):
-        raise GpuboxError(f"{host_entry.name}: gpubox_api needs host, user and token_name",
-                          "see inventory/example.yml, or remove gpubox_api to use pct over SSH")
+        raise GpuboxError(
+            f"{host_entry.name}: gpubox_api needs host, user and token_name",
+            "see inventory/example.yml, or remove gpubox_api to use pct over SSH",
+        )
     env = host_entry.get("gpubox_api_token_env") or ctx.box.var("gpubox_api_token_env")
     if not env:
-        raise GpuboxError(f"{host_entry.name}: gpubox_api is set but gpubox_api_token_env is not",
-                          "set gpubox_api_token_env to the name of the env var holding the token secret")
+        raise GpuboxError(
+            f"{host_entry.name}: gpubox_api is set but gpubox_api_token_env is not",
+            "set gpubox_api_token_env to the name of the env var holding the token secret",
+        )
     secret = os.environ.get(str(env))
     if not secret:
-        raise GpuboxError(f"environment variable {env} (the Proxmox API token secret) is not set",
-                          f"export {env}=<secret of token {api['user']}!{api['token_name']}>")
+        raise GpuboxError(
+            f"environment variable {env} (the Proxmox API token secret) is not set",
+            f"export {env}=<secret of token {api['user']}!{api['token_name']}>",
+        )
     node = str(host_entry.get("gpubox_proxmox_node") or host_entry.name)
-    return ApiControl(api, secret, node, ctx.box.vmid, float(api.get("task_timeout", timeout)),
-                      float(api.get("poll", 0.5)))
+    return ApiControl(
+        api, secret, node, ctx.box.vmid, float(api.get("task_timeout", timeout)), float(api.get("poll", 0.5))
+    )

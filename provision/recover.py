@@ -80,8 +80,10 @@ def build_nodes(steps: list[Step], skip: tuple[str, ...] = (), only: tuple[str, 
     known = {s.name for s in steps} | set(GROUPS) | {"stage"}
     for n in _expand(skip) | _expand(only):
         if n not in known and not any(_selected(s.name, {n}) for s in steps):
-            raise GpuboxError(f"unknown step {n!r}",
-                              f"steps: {', '.join(s.name for s in steps)}; groups: {', '.join(GROUPS)}")
+            raise GpuboxError(
+                f"unknown step {n!r}",
+                f"steps: {', '.join(s.name for s in steps)}; groups: {', '.join(GROUPS)}",
+            )
     sk, on = _expand(skip), _expand(only)
     nodes = []
     for s in steps:
@@ -115,8 +117,11 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.report.to_dict()
-        d["benchmark"] = None if self.bench is None else {
-            "verdict": self.bench.get("verdict"), "result": self.bench_path, "report": self.report_path}
+        d["benchmark"] = (
+            None
+            if self.bench is None
+            else {"verdict": self.bench.get("verdict"), "result": self.bench_path, "report": self.report_path}
+        )
         d["notes"] = self.notes
         d["ok"] = self.exit_code == 0
         return d
@@ -126,20 +131,28 @@ def _progress(ctx):
     con = ctx.console
     if con is None:
         return None, None
-    sym = {"ok": "[green]ok[/]", "fixed": "[cyan]fixed[/]", "drift": "[yellow]drift[/]",
-           "failed": "[bold red]failed[/]", "skipped": "[dim]skipped[/]"}
+    sym = {
+        "ok": "[green]ok[/]",
+        "fixed": "[cyan]fixed[/]",
+        "drift": "[yellow]drift[/]",
+        "failed": "[bold red]failed[/]",
+        "skipped": "[dim]skipped[/]",
+    }
 
     def start(node):
         con.print(f"[dim]…[/] {node.name} ({node.step.host_name(ctx)})")
 
     def done(res: StepResult):
-        con.print(f"  {sym.get(res.status, res.status)} {res.name}: {res.detail[:160]} [dim]({res.seconds:.2f} s)[/]")
+        con.print(
+            f"  {sym.get(res.status, res.status)} {res.name}: {res.detail[:160]} [dim]({res.seconds:.2f} s)[/]"
+        )
 
     return start, done
 
 
 def _last_run_path(box: str) -> Path:
     from gpubox.state import safe_name
+
     return state_dir() / f"recover-{safe_name(box)}.json"
 
 
@@ -155,17 +168,28 @@ def doctor_dict(ctx) -> dict[str, Any]:
     return doctor(ctx, (), ()).to_dict()
 
 
-def recover(ctx, *, dry_run: bool = False, skip=(), only=(), bench: bool = True,
-            profile: str | None = None, out_dir: str | None = None,
-            report_format: str = "md") -> Outcome:
+def recover(
+    ctx,
+    *,
+    dry_run: bool = False,
+    skip=(),
+    only=(),
+    bench: bool = True,
+    profile: str | None = None,
+    out_dir: str | None = None,
+    report_format: str = "md",
+) -> Outcome:
     """check -> plan -> apply -> verify every step, then benchmark and report."""
     last = _last_run_path(ctx.box.name)
     notes = []
     if last.exists() and not dry_run:
         try:
             prev = json.loads(last.read_text())
-            bad = [s["name"] for s in prev.get("steps", [])
-                   if s["status"] in ("failed", "drift") or (s.get("evidence") or {}).get("blocked_by")]
+            bad = [
+                s["name"]
+                for s in prev.get("steps", [])
+                if s["status"] in ("failed", "drift") or (s.get("evidence") or {}).get("blocked_by")
+            ]
             if bad:
                 notes.append(f"previous run stopped at {bad[0]}; picking up from a fresh check of every step")
         except (ValueError, KeyError):
@@ -174,10 +198,14 @@ def recover(ctx, *, dry_run: bool = False, skip=(), only=(), bench: bool = True,
     start, done = _progress(ctx)
     report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
-    want_bench = bench and not dry_run and (not only or "bench" in _expand(only)) and "bench" not in _expand(skip)
+    want_bench = (
+        bench and not dry_run and (not only or "bench" in _expand(only)) and "bench" not in _expand(skip)
+    )
     if want_bench:
         if not report.ok:
-            outcome.notes.append("benchmark not run: fix the problems above first (or re-run with --no-bench)")
+            outcome.notes.append(
+                "benchmark not run: fix the problems above first (or re-run with --no-bench)"
+            )
         else:
             _bench_and_report(ctx, outcome, profile, out_dir, report_format)
     if not dry_run:
@@ -191,7 +219,9 @@ def headline(doc: dict[str, Any]) -> str:
     ms = [m for m in doc.get("measurements", []) if m.get("workload") == "decode" and m.get("status") == "ok"]
     if not ms:
         return "no decode measurement"
-    out_len = 1024 if any(m.get("output_len") == 1024 for m in ms) else max(m.get("output_len") or 0 for m in ms)
+    out_len = (
+        1024 if any(m.get("output_len") == 1024 for m in ms) else max(m.get("output_len") or 0 for m in ms)
+    )
     ms = [m for m in ms if m.get("output_len") == out_len]
     tps = sorted({m["tp"] for m in ms})
     parts = []
@@ -204,32 +234,49 @@ def headline(doc: dict[str, Any]) -> str:
 def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
     from gpubox.bench import runner
     from gpubox.state import sub_dir
+
     out = Path(out_dir or sub_dir("results", ctx.box.name))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     from gpubox.bench.runonce import run_lock
+
     try:
         with run_lock(ctx.box.name):  # never overlap a scheduled health check of the same box
             doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
     except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
-        outcome.report.steps.append(StepResult(
-            "bench", ctx.box.container.name, "failed", detail=f"benchmark could not run: {exc}",
-            repair="fix that, or re-run with --no-bench and measure with `gpubox bench run --url URL`",
-            seconds=time.monotonic() - t0, title="verification benchmark"))
+        outcome.report.steps.append(
+            StepResult(
+                "bench",
+                ctx.box.container.name,
+                "failed",
+                detail=f"benchmark could not run: {exc}",
+                repair="fix that, or re-run with --no-bench and measure with `gpubox bench run --url URL`",
+                seconds=time.monotonic() - t0,
+                title="verification benchmark",
+            )
+        )
         return
     outcome.bench = doc
     outcome.bench_path = doc.get("path") or str(out)
     verdict = doc.get("verdict", {})
     reasons = "; ".join(r.get("message", "") for r in verdict.get("reasons", [])[:3])
-    outcome.report.steps.append(StepResult(
-        "bench", ctx.box.container.name,
-        "ok" if verdict.get("status") == "healthy" else "drift",
-        detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
-        seconds=time.monotonic() - t0, title="verification benchmark"))
+    outcome.report.steps.append(
+        StepResult(
+            "bench",
+            ctx.box.container.name,
+            "ok" if verdict.get("status") == "healthy" else "drift",
+            detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
+            seconds=time.monotonic() - t0,
+            title="verification benchmark",
+        )
+    )
     from gpubox.bench.report import make_report
+
     fmt = {"md": "md", "html": "html", "latex": "latex"}[report_format]
     try:
-        rep = make_report([outcome.bench_path], fmt=fmt, outdir=out / f"report-{Path(outcome.bench_path).stem}")
+        rep = make_report(
+            [outcome.bench_path], fmt=fmt, outdir=out / f"report-{Path(outcome.bench_path).stem}"
+        )
         outcome.report_path = str(rep.main)
     except Exception as exc:  # a report problem must not hide the verdict
         outcome.notes.append(f"report not written: {exc}")

@@ -22,9 +22,24 @@ import struct
 INDEX = "model.safetensors.index.json"
 MAX_HEADER = 100 * 1000 * 1000  # the safetensors library refuses larger headers too
 # Bytes per element; sub-byte float formats are skipped in the dtype x shape check.
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-               "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-               "F8_E8M0": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -85,8 +100,10 @@ def check_shard(path: str) -> tuple[list[str], set[str]]:
             for d in shape:
                 count *= d
             if count * width != end - begin:
-                problems.append(f"{name}: tensor {tname} {dtype}{shape} needs {count * width} bytes, "
-                                f"offsets give {end - begin}")
+                problems.append(
+                    f"{name}: tensor {tname} {dtype}{shape} needs {count * width} bytes, "
+                    f"offsets give {end - begin}"
+                )
         end_max = max(end_max, end)
     if data_len != end_max:
         how = "truncated" if data_len < end_max else "has trailing bytes"

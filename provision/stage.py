@@ -77,13 +77,13 @@ CHUNK = 64 << 20
 # read/hash/write slice: stays in L2 (2-core VM: 256 KiB <= 1 MiB < 4 MiB); the variable is for
 # benchmarks/stage_vs_cp.py (BENCH_BUF_KIB) to time other sizes with the same engine
 BUF = max(4, int(os.environ.get("GPUBOX_STAGE_BUF_KIB") or 1024)) << 10
-HASHES = {"crc32": "crc32-tree-64MiB", "sha256": "sha256-tree-64MiB"}   # --hash NAME -> algorithm
+HASHES = {"crc32": "crc32-tree-64MiB", "sha256": "sha256-tree-64MiB"}  # --hash NAME -> algorithm
 DEFAULT_HASH = "crc32"
 HASH_ALGO = HASHES[DEFAULT_HASH]
-LEGACY_ALGO = HASHES["sha256"]   # entries written before the choice existed carry no "algo"
+LEGACY_ALGO = HASHES["sha256"]  # entries written before the choice existed carry no "algo"
 GB = 1e9
-FS_MARGIN = 1 << 30      # keep 1 GiB free on the destination filesystem
-MEM_MARGIN = 4 << 30     # and 4 GiB of the container's memory limit for everything else
+FS_MARGIN = 1 << 30  # keep 1 GiB free on the destination filesystem
+MEM_MARGIN = 4 << 30  # and 4 GiB of the container's memory limit for everything else
 
 
 class StageError(Exception):
@@ -139,9 +139,11 @@ def scan(src: str, *, follow_links: bool = False) -> dict[str, dict]:
     for dirpath, dirs, names in os.walk(src, followlinks=True):
         dst = os.stat(dirpath)
         if (dst.st_dev, dst.st_ino) in seen_dirs:
-            raise StageError(f"source directory {dirpath} is reached twice through links (a loop, or a "
-                             f"second link to one directory)",
-                             "remove the extra directory link from the source")
+            raise StageError(
+                f"source directory {dirpath} is reached twice through links (a loop, or a "
+                f"second link to one directory)",
+                "remove the extra directory link from the source",
+            )
         seen_dirs.add((dst.st_dev, dst.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for n in names:
@@ -166,10 +168,14 @@ def scan(src: str, *, follow_links: bool = False) -> dict[str, dict]:
             out[rel] = e
     if outside and not follow_links:
         rel, real = outside[0]
-        raise StageError(f"{len(outside)} file(s) in {src} are links out of it, e.g. {rel} -> {real}",
-                         "copy them into the source, or pass --follow-links to stage what they point at")
+        raise StageError(
+            f"{len(outside)} file(s) in {src} are links out of it, e.g. {rel} -> {real}",
+            "copy them into the source, or pass --follow-links to stage what they point at",
+        )
     if not out:
-        raise StageError(f"source {src} has no files", "point at the directory that holds config.json and the shards")
+        raise StageError(
+            f"source {src} has no files", "point at the directory that holds config.json and the shards"
+        )
     return out
 
 
@@ -216,7 +222,9 @@ def _dest_files(dest: str) -> set[str]:
     return out
 
 
-def assess(src_files: dict[str, dict], dest: str, *, verify: bool = False, workers: int | None = None) -> dict:
+def assess(
+    src_files: dict[str, dict], dest: str, *, verify: bool = False, workers: int | None = None
+) -> dict:
     """Compare the destination with the source: what is staged, what must be (re)copied and why."""
     manifest = _load_json(os.path.join(dest, MANIFEST))
     if manifest is not None and manifest.get("schema") != SCHEMA:
@@ -226,7 +234,7 @@ def assess(src_files: dict[str, dict], dest: str, *, verify: bool = False, worke
     known.update(_load_journal(dest))
     todo: dict[str, str] = {}
     keep: list[str] = []
-    modes: dict[str, int] = {}     # kept files whose permissions differ from the source's
+    modes: dict[str, int] = {}  # kept files whose permissions differ from the source's
     for rel, s in src_files.items():
         e = known.get(rel)
         try:
@@ -267,15 +275,24 @@ def assess(src_files: dict[str, dict], dest: str, *, verify: bool = False, worke
                     verified += 1
         keep = [r for r in keep if r not in todo]
     present = _dest_files(dest) if os.path.isdir(dest) else set()
-    stale = sorted(r for r in present - set(src_files) if r in known)   # ours, gone from the source
+    stale = sorted(r for r in present - set(src_files) if r in known)  # ours, gone from the source
     extra = sorted(r for r in present - set(src_files) - set(known) if not r.endswith(PARTIAL))
     fp = fingerprint(src_files)
     src_changed = bool(manifest) and manifest.get("source", {}).get("fingerprint") != fp
-    return {"manifest": manifest is not None, "todo": todo, "keep": keep, "stale": stale,
-            "extra": extra, "verified": verified, "mismatched": sorted(mismatched),
-            "hashes": sorted({known[r]["algo"] for r in keep}),
-            "modes": {r: m for r, m in modes.items() if r in keep},
-            "source_changed": src_changed, "fingerprint": fp, "known": known}
+    return {
+        "manifest": manifest is not None,
+        "todo": todo,
+        "keep": keep,
+        "stale": stale,
+        "extra": extra,
+        "verified": verified,
+        "mismatched": sorted(mismatched),
+        "hashes": sorted({known[r]["algo"] for r in keep}),
+        "modes": {r: m for r, m in modes.items() if r in keep},
+        "source_changed": src_changed,
+        "fingerprint": fp,
+        "known": known,
+    }
 
 
 # -- hashing and copying ---------------------------------------------------------------------
@@ -330,7 +347,7 @@ def _buf() -> memoryview:
 # (Linux 6.5+; it reads the page cache's counters, starts no I/O and maps nothing); where it is
 # missing, or the filesystem is not a local block filesystem, reads stay buffered.
 DIRECT_FS = {"ext4", "xfs", "btrfs", "f2fs", "ext3", "ext2"}
-_NR_CACHESTAT = 451        # the same number on x86_64 and the asm-generic table (arm64)
+_NR_CACHESTAT = 451  # the same number on x86_64 and the asm-generic table (arm64)
 _cachestat_fn: list = []
 
 
@@ -339,6 +356,7 @@ def _cachestat():
     if not _cachestat_fn:
         try:
             import ctypes
+
             libc = ctypes.CDLL(None, use_errno=True)
             fn = libc.syscall
             fn.restype = ctypes.c_long
@@ -356,8 +374,16 @@ def cached_bytes(fd: int, start: int, length: int) -> int | None:
     ctypes, fn = cs
     rng = (ctypes.c_uint64 * 2)(start, length)
     out = (ctypes.c_uint64 * 5)()
-    if fn(ctypes.c_long(_NR_CACHESTAT), ctypes.c_long(fd), ctypes.byref(rng), ctypes.byref(out),
-          ctypes.c_long(0)) != 0:
+    if (
+        fn(
+            ctypes.c_long(_NR_CACHESTAT),
+            ctypes.c_long(fd),
+            ctypes.byref(rng),
+            ctypes.byref(out),
+            ctypes.c_long(0),
+        )
+        != 0
+    ):
         return None
     return out[0] * mmap.PAGESIZE
 
@@ -373,7 +399,9 @@ def _direct_fd(path: str, ident: tuple[int, int]) -> int | None:
     st = os.fstat(fd)
     if (st.st_dev, st.st_ino) != ident:
         os.close(fd)
-        raise StageError(f"source file {path} was replaced during the copy", "re-run when the source is stable")
+        raise StageError(
+            f"source file {path} was replaced during the copy", "re-run when the source is stable"
+        )
     return fd
 
 
@@ -396,8 +424,9 @@ def _write(dfd: int, view, off: int) -> None:
         raise
 
 
-def _chunk(sfd: int, dfd: int | None, start: int, end: int, algo: str = HASH_ALGO, extra=None,
-           advance=None) -> bytes:
+def _chunk(
+    sfd: int, dfd: int | None, start: int, end: int, algo: str = HASH_ALGO, extra=None, advance=None
+) -> bytes:
     """Read [start, end) of sfd once through a small per-thread buffer: hash it (and feed `extra`)
     while it is in the CPU cache, write it to dfd at the same offset. Plain reads cannot SIGBUS
     when the source shrinks (a read of a mapping past a new EOF does): a short read is an error."""
@@ -462,18 +491,20 @@ def _open_src(path: str, ident: tuple[int, int] | None = None) -> int:
     try:
         st = os.fstat(fd)
         if ident is not None and (st.st_dev, st.st_ino) != ident:
-            raise StageError(f"source file {path} was replaced during the copy",
-                             "re-run when the source is stable")
+            raise StageError(
+                f"source file {path} was replaced during the copy", "re-run when the source is stable"
+            )
         if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)   # a larger readahead window
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead window
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def hash_files(root: str, sizes: dict[str, int], *, algo: str = HASH_ALGO, workers: int | None = None,
-               advance=None) -> dict[str, str]:
+def hash_files(
+    root: str, sizes: dict[str, int], *, algo: str = HASH_ALGO, workers: int | None = None, advance=None
+) -> dict[str, str]:
     """`algo` digest of each file (rel -> hex), chunks hashed in parallel."""
     parts: dict[str, list] = {r: [None] * _nchunks(s) for r, s in sizes.items()}
 
@@ -481,14 +512,19 @@ def hash_files(root: str, sizes: dict[str, int], *, algo: str = HASH_ALGO, worke
         def run():
             fd = _open_src(os.path.join(root, rel))
             try:
-                parts[rel][i] = _chunk(fd, None, i * CHUNK, min(sizes[rel], (i + 1) * CHUNK), algo,
-                                       advance=advance)
+                parts[rel][i] = _chunk(
+                    fd, None, i * CHUNK, min(sizes[rel], (i + 1) * CHUNK), algo, advance=advance
+                )
             except StageError as exc:
-                raise StageError(f"{os.path.join(root, rel)} shrank while it was hashed ({exc.problem})",
-                                 "re-run when nothing else writes to it") from None
+                raise StageError(
+                    f"{os.path.join(root, rel)} shrank while it was hashed ({exc.problem})",
+                    "re-run when nothing else writes to it",
+                ) from None
             finally:
                 os.close(fd)
+
         return run
+
     order = sorted(sizes, key=lambda r: -sizes[r])
     _run_tasks([task(r, i) for r in order for i in range(_nchunks(sizes[r]))], workers or default_workers())
     return {r: _tree(p) for r, p in parts.items()}
@@ -503,7 +539,7 @@ class _FileJob:
         self.spath, self.dpath = os.path.join(src, rel), os.path.join(dest, rel)
         self.partial = self.dpath + PARTIAL
         self.n = _nchunks(info["size"])
-        self.whole = bool(info.get("hub_sha256"))   # one sequential pass (the hub's whole-file sha256)
+        self.whole = bool(info.get("hub_sha256"))  # one sequential pass (the hub's whole-file sha256)
         self.digests: list = [None] * self.n
         self.left = self.n
         self.next = self.active = 0
@@ -565,29 +601,47 @@ class _Schedule:
 
 
 class Copier:
-    def __init__(self, src: str, dest: str, files: dict[str, dict], *, workers: int, sync: bool,
-                 algo: str = HASH_ALGO, advance=None, on_file=None):
+    def __init__(
+        self,
+        src: str,
+        dest: str,
+        files: dict[str, dict],
+        *,
+        workers: int,
+        sync: bool,
+        algo: str = HASH_ALGO,
+        advance=None,
+        on_file=None,
+    ):
         self.src, self.dest, self.files, self.algo = src, dest, files, algo
         self.workers, self.sync, self.advance, self.on_file = workers, sync, advance, on_file
         self.jlock = threading.Lock()
         self.journal = open(os.path.join(dest, JOURNAL), "a")
         self.done: dict[str, dict] = {}
-        self.direct = (hasattr(os, "O_DIRECT") and _fstype(src) in DIRECT_FS
-                       and os.environ.get("GPUBOX_STAGE_DIRECT", "1") != "0")
-        self.direct_bytes = 0      # read with O_DIRECT (the summary's read_direct_bytes)
+        self.direct = (
+            hasattr(os, "O_DIRECT")
+            and _fstype(src) in DIRECT_FS
+            and os.environ.get("GPUBOX_STAGE_DIRECT", "1") != "0"
+        )
+        self.direct_bytes = 0  # read with O_DIRECT (the summary's read_direct_bytes)
 
     def run(self) -> dict[str, dict]:
-        jobs = [_FileJob(self.src, self.dest, r, self.files[r])
-                for r in sorted(self.files, key=lambda r: -self.files[r]["size"])]
+        jobs = [
+            _FileJob(self.src, self.dest, r, self.files[r])
+            for r in sorted(self.files, key=lambda r: -self.files[r]["size"])
+        ]
         for j in jobs:
             os.makedirs(os.path.dirname(j.dpath), exist_ok=True)
         sched = _Schedule(jobs)
         try:
-            _run_tasks([self._worker(sched) for _ in range(min(self.workers, sum(j.n for j in jobs)) or 1)],
-                       self.workers, abort=lambda: setattr(sched, "stop", True))
+            _run_tasks(
+                [self._worker(sched) for _ in range(min(self.workers, sum(j.n for j in jobs)) or 1)],
+                self.workers,
+                abort=lambda: setattr(sched, "stop", True),
+            )
         except _NoRoom as exc:
             raise self._full(exc) from None
-        except OSError as exc:          # the journal, a directory: the same full filesystem
+        except OSError as exc:  # the journal, a directory: the same full filesystem
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise self._full(_NoRoom(exc.strerror)) from None
             raise
@@ -595,7 +649,7 @@ class Copier:
             sched.stop = True
             for j in jobs:
                 j.close()
-                if not j.finished:   # no half-copied file stays behind to fill the tmpfs
+                if not j.finished:  # no half-copied file stays behind to fill the tmpfs
                     try:
                         os.unlink(j.partial)
                     except FileNotFoundError:
@@ -605,9 +659,11 @@ class Copier:
 
     def _full(self, exc: _NoRoom) -> StageError:
         free = statvfs_free(self.dest)
-        return StageError(f"destination {self.dest} is full ({exc}; {_gb(free)} free on its filesystem); "
-                          f"the unfinished files were removed, {len(self.done)} finished file(s) kept",
-                          "free space on the destination (or raise the tmpfs size), then re-run to resume")
+        return StageError(
+            f"destination {self.dest} is full ({exc}; {_gb(free)} free on its filesystem); "
+            f"the unfinished files were removed, {len(self.done)} finished file(s) kept",
+            "free space on the destination (or raise the tmpfs size), then re-run to resume",
+        )
 
     def _worker(self, sched: _Schedule):
         def run():
@@ -621,11 +677,12 @@ class Copier:
             except BaseException:
                 sched.stop = True
                 raise
+
         return run
 
     def _reader(self, job: _FileJob, start: int, end: int) -> int:
         """An fd to read [start, end) of the source: O_DIRECT when most of it is not cached."""
-        if self.direct and end - start >= BUF:      # small files: not worth a second open
+        if self.direct and end - start >= BUF:  # small files: not worth a second open
             cached = cached_bytes(job.sfd, start, end - start)
             if cached is not None and cached < (end - start) // 2:
                 fd = _direct_fd(job.spath, job.ident)
@@ -633,19 +690,20 @@ class Copier:
                     with self.jlock:
                         self.direct_bytes += end - start
                     return fd
-                self.direct = False        # refused here: the rest is read buffered
+                self.direct = False  # refused here: the rest is read buffered
         return _open_src(job.spath, job.ident)
 
     def _copy(self, job: _FileJob, i: int | None) -> None:
         job.open()
-        if i is None:    # whole file, sequentially, with the hub's sha256 alongside
+        if i is None:  # whole file, sequentially, with the hub's sha256 alongside
             whole = hashlib.sha256()
             for k in range(job.n):
                 start, end = k * CHUNK, min(job.info["size"], (k + 1) * CHUNK)
                 fd = self._reader(job, start, end)
                 try:
-                    job.digests[k] = _chunk(fd, job.dfd, start, end, self.algo, extra=whole,
-                                            advance=self.advance)
+                    job.digests[k] = _chunk(
+                        fd, job.dfd, start, end, self.algo, extra=whole, advance=self.advance
+                    )
                 finally:
                     os.close(fd)
             self._finish(job, whole.hexdigest())
@@ -657,7 +715,7 @@ class Copier:
         except OSError as exc:
             if exc.errno != errno.EINVAL or not self.direct:
                 raise
-            self.direct = False            # O_DIRECT refused at read time: this chunk again, buffered
+            self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
             os.close(fd)
             fd = _open_src(job.spath, job.ident)
             job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
@@ -673,19 +731,28 @@ class Copier:
         info = job.info
         st = os.fstat(job.sfd)
         if st.st_size != info["size"] or st.st_mtime_ns != info["mtime_ns"]:
-            raise StageError(f"source file {job.rel} changed during the copy", "re-run when the source is stable")
+            raise StageError(
+                f"source file {job.rel} changed during the copy", "re-run when the source is stable"
+            )
         if sha is not None and sha != info["hub_sha256"]:
-            raise StageError(f"{job.rel}: sha256 {sha[:12]}.. differs from the hub's {info['hub_sha256'][:12]}..",
-                             "the cached blob is corrupt: delete it from the HF cache and download again")
-        os.fchmod(job.dfd, info.get("mode", 0o644))   # the source's permissions, not the umask's
+            raise StageError(
+                f"{job.rel}: sha256 {sha[:12]}.. differs from the hub's {info['hub_sha256'][:12]}..",
+                "the cached blob is corrupt: delete it from the HF cache and download again",
+            )
+        os.fchmod(job.dfd, info.get("mode", 0o644))  # the source's permissions, not the umask's
         if self.sync:
             os.fsync(job.dfd)
         job.close()
         os.utime(job.partial, ns=(info["mtime_ns"], info["mtime_ns"]))
         os.replace(job.partial, job.dpath)
         job.finished = True
-        entry = {"rel": job.rel, "size": info["size"], "mtime_ns": info["mtime_ns"], "hash": _tree(job.digests),
-                 "algo": self.algo}
+        entry = {
+            "rel": job.rel,
+            "size": info["size"],
+            "mtime_ns": info["mtime_ns"],
+            "hash": _tree(job.digests),
+            "algo": self.algo,
+        }
         if sha is not None:
             entry["sha256"] = sha
         with self.jlock:
@@ -743,8 +810,16 @@ def cgroup_memory(cgroup_dir: str) -> tuple[int, int] | None:
         return None
 
 
-def check_room(dest: str, need: int, *, tmpfs: bool, cgroup_dir: str | None, free_space=None,
-               margin: int = FS_MARGIN, mem_margin: int = MEM_MARGIN) -> dict:
+def check_room(
+    dest: str,
+    need: int,
+    *,
+    tmpfs: bool,
+    cgroup_dir: str | None,
+    free_space=None,
+    margin: int = FS_MARGIN,
+    mem_margin: int = MEM_MARGIN,
+) -> dict:
     """Figures for `need` more bytes in dest; raises StageError when they do not fit with the margins.
 
     tmpfs pages are charged to the memory cgroup of the writer (shmem), so inside an LXC container a
@@ -753,20 +828,26 @@ def check_room(dest: str, need: int, *, tmpfs: bool, cgroup_dir: str | None, fre
     fig = {"need": need, "free": free, "margin": margin}
     problems = []
     if need + margin > free:
-        problems.append(f"{dest} needs {_gb(need)} but its filesystem has {_gb(free)} free "
-                        f"(keeping a {_gb(margin)} margin)")
+        problems.append(
+            f"{dest} needs {_gb(need)} but its filesystem has {_gb(free)} free "
+            f"(keeping a {_gb(margin)} margin)"
+        )
     mem = cgroup_memory(cgroup_dir) if (tmpfs and cgroup_dir) else None
     if mem:
         limit, used = mem
         fig.update(mem_limit=limit, mem_used=used, mem_margin=mem_margin)
         if need + mem_margin > limit - used:
-            problems.append(f"tmpfs pages count against the container's memory: limit {_gb(limit)}, "
-                            f"{_gb(used)} in use, {_gb(limit - used)} left; staging {_gb(need)} would leave "
-                            f"{_gb(limit - used - need)} (< {_gb(mem_margin)} margin)")
+            problems.append(
+                f"tmpfs pages count against the container's memory: limit {_gb(limit)}, "
+                f"{_gb(used)} in use, {_gb(limit - used)} left; staging {_gb(need)} would leave "
+                f"{_gb(limit - used - need)} (< {_gb(mem_margin)} margin)"
+            )
     if problems:
-        raise StageError("; ".join(problems),
-                         "free space or raise the container's memory (pct set VMID --memory MiB), "
-                         "or pass --force to stage anyway")
+        raise StageError(
+            "; ".join(problems),
+            "free space or raise the container's memory (pct set VMID --memory MiB), "
+            "or pass --force to stage anyway",
+        )
     return fig
 
 
@@ -791,8 +872,10 @@ class Lock:
                 raise
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise StageError(f"another stager (pid {holder}) is staging into {self.dest}",
-                             "wait for it to finish, then re-run") from None
+            raise StageError(
+                f"another stager (pid {holder}) is staging into {self.dest}",
+                "wait for it to finish, then re-run",
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
@@ -817,23 +900,35 @@ def _write_atomic(path: str, data: bytes, sync: bool) -> None:
         except FileNotFoundError:
             pass
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StageError(f"destination {os.path.dirname(path)} is full (writing "
-                             f"{os.path.basename(path)}: {exc.strerror})",
-                             "free space on the destination, then re-run to resume") from None
+            raise StageError(
+                f"destination {os.path.dirname(path)} is full (writing "
+                f"{os.path.basename(path)}: {exc.strerror})",
+                "free space on the destination, then re-run to resume",
+            ) from None
         raise
     os.replace(tmp, path)
 
 
-def check(src: str, dest: str, *, verify: bool = False, require_tokenizer: bool = True,
-          workers: int | None = None, follow_links: bool = False) -> dict:
+def check(
+    src: str,
+    dest: str,
+    *,
+    verify: bool = False,
+    require_tokenizer: bool = True,
+    workers: int | None = None,
+    follow_links: bool = False,
+) -> dict:
     """Is dest a complete, current copy of src? Reads only (stat, headers; hashes with verify)."""
     t0 = time.monotonic()
     files = scan(src, follow_links=follow_links)
     a = assess(files, dest, verify=verify, workers=workers)
     problems = []
     if not a["manifest"]:
-        problems.append("manifest absent: not staged" if not a["known"] else
-                        f"manifest absent: staging was interrupted ({len(a['known'])} of {len(files)} files done)")
+        problems.append(
+            "manifest absent: not staged"
+            if not a["known"]
+            else f"manifest absent: staging was interrupted ({len(a['known'])} of {len(files)} files done)"
+        )
     elif a["source_changed"]:
         problems.append("the source changed since it was staged")
     for rel, why in sorted(a["todo"].items()):
@@ -847,18 +942,45 @@ def check(src: str, dest: str, *, verify: bool = False, require_tokenizer: bool 
         present = {r: None for r in _dest_files(dest)}
         if a["manifest"] or present:
             problems += [f"integrity: {p}" for p in stc.check_model(dest, present, require_tokenizer)]
-    return {"schema": SCHEMA, "op": "check", "src": src, "dest": dest, "staged": not problems,
-            "problems": problems, "files": len(files), "bytes": sum(f["size"] for f in files.values()),
-            "todo": len(a["todo"]), "todo_bytes": sum(files[r]["size"] for r in a["todo"]),
-            "verified": a["verified"], "mismatched": a["mismatched"], "source_changed": a["source_changed"],
-            "hashes": a["hashes"], "seconds": round(time.monotonic() - t0, 4)}
+    return {
+        "schema": SCHEMA,
+        "op": "check",
+        "src": src,
+        "dest": dest,
+        "staged": not problems,
+        "problems": problems,
+        "files": len(files),
+        "bytes": sum(f["size"] for f in files.values()),
+        "todo": len(a["todo"]),
+        "todo_bytes": sum(files[r]["size"] for r in a["todo"]),
+        "verified": a["verified"],
+        "mismatched": a["mismatched"],
+        "source_changed": a["source_changed"],
+        "hashes": a["hashes"],
+        "seconds": round(time.monotonic() - t0, 4),
+    }
 
 
-def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry_run: bool = False,
-          workers: int | None = None, require_tokenizer: bool = True, cgroup_dir: str | None = None,
-          tmpfs: bool | None = None, free_space=None, margin: int = FS_MARGIN, mem_margin: int = MEM_MARGIN,
-          progress=None, on_file=None, source_info: dict | None = None, hash: str | None = None,
-          follow_links: bool = False) -> dict:
+def stage(
+    src: str,
+    dest: str,
+    *,
+    verify: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    workers: int | None = None,
+    require_tokenizer: bool = True,
+    cgroup_dir: str | None = None,
+    tmpfs: bool | None = None,
+    free_space=None,
+    margin: int = FS_MARGIN,
+    mem_margin: int = MEM_MARGIN,
+    progress=None,
+    on_file=None,
+    source_info: dict | None = None,
+    hash: str | None = None,
+    follow_links: bool = False,
+) -> dict:
     """Make dest a verified copy of src. Returns the summary (bytes, seconds, GB/s, files copied,
     skipped, verified). `hash` (crc32 | sha256, default crc32) hashes the files this run copies;
     files kept from an earlier run keep theirs. `progress` has start(total, description)/advance(n)/stop();
@@ -874,16 +996,33 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
     files = scan(src, follow_links=follow_links)
     src_problems = stc.check_model(src, files, require_tokenizer)
     if src_problems and not force:
-        raise StageError(f"source {src} is not a complete model: {'; '.join(src_problems[:3])}",
-                         "repair the source (or pass --force to copy it as it is)")
+        raise StageError(
+            f"source {src} is not a complete model: {'; '.join(src_problems[:3])}",
+            "repair the source (or pass --force to copy it as it is)",
+        )
     if tmpfs is None:
         tmpfs = _fstype(_existing(dest)) == "tmpfs"
     total = sum(f["size"] for f in files.values())
-    summary = {"schema": SCHEMA, "op": "stage", "src": src, "dest": dest, "dry_run": dry_run, "hash": algo,
-               "files": len(files), "bytes": total, "copied": 0, "copied_bytes": 0, "skipped": 0,
-               "verified": 0, "removed": [], "reasons": {}, "source_changed": False, "modes_fixed": [],
-               "read_direct_bytes": 0,
-               "links_out": {r: e["link"] for r, e in sorted(files.items()) if "link" in e}}
+    summary = {
+        "schema": SCHEMA,
+        "op": "stage",
+        "src": src,
+        "dest": dest,
+        "dry_run": dry_run,
+        "hash": algo,
+        "files": len(files),
+        "bytes": total,
+        "copied": 0,
+        "copied_bytes": 0,
+        "skipped": 0,
+        "verified": 0,
+        "removed": [],
+        "reasons": {},
+        "source_changed": False,
+        "modes_fixed": [],
+        "read_direct_bytes": 0,
+        "links_out": {r: e["link"] for r, e in sorted(files.items()) if "link" in e},
+    }
 
     def finish(**kw):
         summary.update(kw)
@@ -897,15 +1036,31 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         todo = a["todo"]
         need = sum(files[r]["size"] for r in todo)
         try:
-            room = check_room(dest, need, tmpfs=tmpfs, cgroup_dir=cgroup_dir, free_space=free_space,
-                              margin=margin, mem_margin=mem_margin)
+            room = check_room(
+                dest,
+                need,
+                tmpfs=tmpfs,
+                cgroup_dir=cgroup_dir,
+                free_space=free_space,
+                margin=margin,
+                mem_margin=mem_margin,
+            )
             room_problem = None
         except StageError as exc:
             room, room_problem = {}, exc.problem
-        return finish(would_copy=sorted(todo), would_copy_bytes=need, reasons=todo, skipped=len(a["keep"]),
-                      would_chmod=sorted(a["modes"]),
-                      verified=a["verified"], removed=a["stale"], source_changed=a["source_changed"],
-                      manifest=a["manifest"], room=room, room_problem=room_problem)
+        return finish(
+            would_copy=sorted(todo),
+            would_copy_bytes=need,
+            reasons=todo,
+            skipped=len(a["keep"]),
+            would_chmod=sorted(a["modes"]),
+            verified=a["verified"],
+            removed=a["stale"],
+            source_changed=a["source_changed"],
+            manifest=a["manifest"],
+            room=room,
+            room_problem=room_problem,
+        )
 
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with Lock(dest):
@@ -914,7 +1069,7 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         a = assess(files, dest, verify=verify, workers=workers)
         todo, keep = a["todo"], a["keep"]
         summary.update(verified=a["verified"], reasons=todo, source_changed=a["source_changed"])
-        for rel in sorted(a["modes"]):      # permissions follow the source: fixed in place, no copy
+        for rel in sorted(a["modes"]):  # permissions follow the source: fixed in place, no copy
             os.chmod(os.path.join(dest, rel), files[rel]["mode"])
         summary["modes_fixed"] = sorted(a["modes"])
         current = a["manifest"] and not todo and not a["stale"] and not a["source_changed"]
@@ -923,15 +1078,25 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         need = sum(files[r]["size"] for r in todo)
         room = {}
         if not force:
-            room = check_room(dest, need, tmpfs=tmpfs, cgroup_dir=cgroup_dir, free_space=free_space,
-                              margin=margin, mem_margin=mem_margin)
+            room = check_room(
+                dest,
+                need,
+                tmpfs=tmpfs,
+                cgroup_dir=cgroup_dir,
+                free_space=free_space,
+                margin=margin,
+                mem_margin=mem_margin,
+            )
         os.makedirs(dest, exist_ok=True)
         sync = not tmpfs  # fsync buys nothing on tmpfs (a reboot empties it anyway)
         # From here the directory must not look complete: the manifest goes first, its entries
         # move into the journal so an interruption resumes instead of starting over.
         kept = {r: a["known"][r] for r in keep}
-        _write_atomic(os.path.join(dest, JOURNAL),
-                      b"".join((json.dumps({**e, "rel": r}) + "\n").encode() for r, e in kept.items()), sync)
+        _write_atomic(
+            os.path.join(dest, JOURNAL),
+            b"".join((json.dumps({**e, "rel": r}) + "\n").encode() for r, e in kept.items()),
+            sync,
+        )
         try:
             os.unlink(os.path.join(dest, MANIFEST))
         except FileNotFoundError:
@@ -943,8 +1108,16 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
             progress.start(need, f"staging {os.path.basename(dest)}")
             prog_started = True
         try:
-            copier = Copier(src, dest, {r: files[r] for r in todo}, workers=workers, sync=sync, algo=algo,
-                            advance=progress.advance if prog_started else None, on_file=on_file)
+            copier = Copier(
+                src,
+                dest,
+                {r: files[r] for r in todo},
+                workers=workers,
+                sync=sync,
+                algo=algo,
+                advance=progress.advance if prog_started else None,
+                on_file=on_file,
+            )
             done = copier.run()
             summary["read_direct_bytes"] = copier.direct_bytes
         finally:
@@ -953,20 +1126,33 @@ def stage(src: str, dest: str, *, verify: bool = False, force: bool = False, dry
         entries = {**kept, **done}
         problems = stc.check_model(dest, {r: None for r in entries}, require_tokenizer)
         if problems and not force:
-            raise StageError(f"staged copy {dest} fails its integrity check: {problems[0]}",
-                             "check the source, then re-run")
+            raise StageError(
+                f"staged copy {dest} fails its integrity check: {problems[0]}",
+                "check the source, then re-run",
+            )
         manifest = {
-            "schema": SCHEMA, "hash": algo, "chunk": CHUNK,   # per file: "algo" (kept files keep theirs)
+            "schema": SCHEMA,
+            "hash": algo,
+            "chunk": CHUNK,  # per file: "algo" (kept files keep theirs)
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "source": {"path": (source_info or {}).get("path", src), "fingerprint": a["fingerprint"],
-                       "files": len(files), "bytes": total, **{k: v for k, v in (source_info or {}).items()
-                                                               if k != "path"}},
+            "source": {
+                "path": (source_info or {}).get("path", src),
+                "fingerprint": a["fingerprint"],
+                "files": len(files),
+                "bytes": total,
+                **{k: v for k, v in (source_info or {}).items() if k != "path"},
+            },
             "files": {r: {k: v for k, v in entries[r].items() if k != "rel"} for r in sorted(entries)},
         }
         _write_atomic(os.path.join(dest, MANIFEST), json.dumps(manifest, indent=1).encode(), sync)
         os.unlink(os.path.join(dest, JOURNAL))
-        return finish(copied=len(done), copied_bytes=sum(e["size"] for e in done.values()), skipped=len(keep),
-                      removed=a["stale"], room=room)
+        return finish(
+            copied=len(done),
+            copied_bytes=sum(e["size"] for e in done.values()),
+            skipped=len(keep),
+            removed=a["stale"],
+            room=room,
+        )
 
 
 def _partials(dest: str) -> list[str]:
@@ -981,10 +1167,24 @@ class RichProgress:
     """Bytes, bytes/s and ETA with rich; start/advance/stop as stage() expects (thread-safe)."""
 
     def __init__(self, console=None):
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                           TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._p = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
         self._task = None
 
     def start(self, total: int, description: str) -> None:
@@ -1061,14 +1261,27 @@ def rich_progress(console=None):
 def run_request(req: dict, progress=None) -> dict:
     """One operation described as data (what travels to a remote container as --request JSON)."""
     op = req.get("op", "stage")
-    common = {"verify": bool(req.get("verify")), "require_tokenizer": req.get("require_tokenizer", True),
-              "workers": req.get("workers"), "follow_links": bool(req.get("follow_links"))}
+    common = {
+        "verify": bool(req.get("verify")),
+        "require_tokenizer": req.get("require_tokenizer", True),
+        "workers": req.get("workers"),
+        "follow_links": bool(req.get("follow_links")),
+    }
     if op == "check":
         return check(req["src"], req["dest"], **common)
     if op == "stage":
-        return stage(req["src"], req["dest"], force=bool(req.get("force")), dry_run=bool(req.get("dry_run")),
-                     cgroup_dir=req.get("cgroup_dir"), tmpfs=req.get("tmpfs"), source_info=req.get("source_info"),
-                     progress=progress, hash=req.get("hash"), **common)
+        return stage(
+            req["src"],
+            req["dest"],
+            force=bool(req.get("force")),
+            dry_run=bool(req.get("dry_run")),
+            cgroup_dir=req.get("cgroup_dir"),
+            tmpfs=req.get("tmpfs"),
+            source_info=req.get("source_info"),
+            progress=progress,
+            hash=req.get("hash"),
+            **common,
+        )
     raise StageError(f"unknown operation {op!r}", "use check or stage")
 
 
@@ -1081,12 +1294,13 @@ def payload() -> str:
     with open(os.path.abspath(__file__)) as f:
         me = f.read()
     me = me.replace("from __future__ import annotations\n", "", 1)
-    return ("from __future__ import annotations\n"
-            "import sys as _s, types as _t\n"
-            "_m = _t.ModuleType('safetensors_check')\n"
-            f"exec(compile({stc_src!r}, 'safetensors_check.py', 'exec'), _m.__dict__)\n"
-            "_s.modules['safetensors_check'] = _m\n"
-            + me)
+    return (
+        "from __future__ import annotations\n"
+        "import sys as _s, types as _t\n"
+        "_m = _t.ModuleType('safetensors_check')\n"
+        f"exec(compile({stc_src!r}, 'safetensors_check.py', 'exec'), _m.__dict__)\n"
+        "_s.modules['safetensors_check'] = _m\n" + me
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1094,7 +1308,11 @@ def main(argv: list[str] | None = None) -> int:
     `--request JSON`; prints JSON.
     Exit 0 done/staged, 1 not staged (--check), 2 could not run."""
     import argparse
-    ap = argparse.ArgumentParser(prog="stage.py", description="Stage a model directory into tmpfs: fast, hash-verified, atomic, resumable.")
+
+    ap = argparse.ArgumentParser(
+        prog="stage.py",
+        description="Stage a model directory into tmpfs: fast, hash-verified, atomic, resumable.",
+    )
     ap.add_argument("src", nargs="?")
     ap.add_argument("dest", nargs="?")
     ap.add_argument("--request", help="the operation as JSON (used by gpubox)")
@@ -1104,14 +1322,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--follow-links", action="store_true", help="stage files linked from outside the source")
-    ap.add_argument("--hash", choices=sorted(HASHES), help=f"chunk hash for copied files (default {DEFAULT_HASH})")
+    ap.add_argument(
+        "--hash", choices=sorted(HASHES), help=f"chunk hash for copied files (default {DEFAULT_HASH})"
+    )
     args = ap.parse_args(argv)
     if args.request:
         req = json.loads(args.request)
     elif args.src and args.dest:
-        req = {"op": "check" if args.check else "stage", "src": args.src, "dest": args.dest, "verify": args.verify,
-               "force": args.force, "dry_run": args.dry_run, "workers": args.workers, "hash": args.hash,
-               "follow_links": args.follow_links}
+        req = {
+            "op": "check" if args.check else "stage",
+            "src": args.src,
+            "dest": args.dest,
+            "verify": args.verify,
+            "force": args.force,
+            "dry_run": args.dry_run,
+            "workers": args.workers,
+            "hash": args.hash,
+            "follow_links": args.follow_links,
+        }
     else:
         ap.error("give SRC DEST or --request JSON")
     progress = rich_progress() if sys.stderr.isatty() else None
@@ -1123,8 +1351,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": exc.problem, "fix": exc.fix}))
         return 2
     except OSError as exc:
-        print(json.dumps({"error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
-                          "fix": "check the paths and permissions"}))
+        print(
+            json.dumps(
+                {
+                    "error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
+                    "fix": "check the paths and permissions",
+                }
+            )
+        )
         return 2
     print(json.dumps(out))
     return 0 if out.get("staged", True) else 1

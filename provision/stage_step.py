@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,21 +61,32 @@ def model_spec(ctx, var: str) -> dict | None:
     if isinstance(v, str):
         v = {"source": v}
     if not isinstance(v, dict) or not v.get("source"):
-        raise GpuboxError(f"{var} has no source",
-                          f"set {var}: {{source: /mnt/models/NAME, dest: /dev/shm/NAME}}")
+        raise GpuboxError(
+            f"{var} has no source", f"set {var}: {{source: /mnt/models/NAME, dest: /dev/shm/NAME}}"
+        )
     source = str(v["source"]).rstrip("/") or "/"
     repo = not source.startswith("/")
     if repo and (source.count("/") != 1 or " " in source):
-        raise GpuboxError(f"{var}.source {source!r} is neither an absolute path nor a repo id (org/name)",
-                          "give the persistent model directory or a Hugging Face repo id")
+        raise GpuboxError(
+            f"{var}.source {source!r} is neither an absolute path nor a repo id (org/name)",
+            "give the persistent model directory or a Hugging Face repo id",
+        )
     dest = str(v.get("dest") or f"/dev/shm/{posixpath.basename(source)}")
     if not dest.startswith("/") or posixpath.normpath(dest) in ("/", "/dev/shm"):
-        raise GpuboxError(f"{var}.dest {dest!r} must be an absolute directory of its own",
-                          "e.g. dest: /dev/shm/Qwen3.6-27B")
+        raise GpuboxError(
+            f"{var}.dest {dest!r} must be an absolute directory of its own", "e.g. dest: /dev/shm/Qwen3.6-27B"
+        )
     offline = bool(v.get("offline")) or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    return {"var": var, "source": source, "dest": dest, "repo": source if repo else None,
-            "revision": v.get("revision"), "cache_dir": v.get("cache_dir"), "offline": offline,
-            "hash": stage_hash(ctx)}
+    return {
+        "var": var,
+        "source": source,
+        "dest": dest,
+        "repo": source if repo else None,
+        "revision": v.get("revision"),
+        "cache_dir": v.get("cache_dir"),
+        "offline": offline,
+        "hash": stage_hash(ctx),
+    }
 
 
 def stage_hash(ctx) -> str | None:
@@ -86,8 +96,10 @@ def stage_hash(ctx) -> str | None:
     if name is None:
         return None
     if str(name) not in engine.HASHES:
-        raise GpuboxError(f"gpubox_stage_hash {name!r} is not a hash the stager knows",
-                          f"use one of: {', '.join(engine.HASHES)} (default {engine.DEFAULT_HASH})")
+        raise GpuboxError(
+            f"gpubox_stage_hash {name!r} is not a hash the stager knows",
+            f"use one of: {', '.join(engine.HASHES)} (default {engine.DEFAULT_HASH})",
+        )
     return str(name)
 
 
@@ -100,23 +112,32 @@ def copier(host, req: dict, progress=None) -> dict:
         except engine.StageError as exc:
             return {"error": exc.problem, "fix": exc.fix}
         except OSError as exc:
-            return {"error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
-                    "fix": "check the paths and permissions in the container"}
+            return {
+                "error": f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "),
+                "fix": "check the paths and permissions in the container",
+            }
     # The copier's progress lines come back live through the transport (gpubox.progress).
     from gpubox.progress import Relay, without_progress
+
     relay = Relay(progress=progress)
     try:
-        r = host.run(["python3", "-", "--request", json.dumps({**req, "progress": "lines"})],
-                     input=engine.payload(), timeout=REMOTE_TIMEOUT, on_stderr=relay)
+        r = host.run(
+            ["python3", "-", "--request", json.dumps({**req, "progress": "lines"})],
+            input=engine.payload(),
+            timeout=REMOTE_TIMEOUT,
+            on_stderr=relay,
+        )
     finally:
         relay.close()
     r.stderr = without_progress(r.stderr)
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        raise TransportError(f"{host.name}: the copier did not answer (rc {r.rc}): "
-                             f"{(r.stderr.strip().splitlines() or [''])[-1]}",
-                             "the container needs python3 >= 3.9 on PATH") from None
+        raise TransportError(
+            f"{host.name}: the copier did not answer (rc {r.rc}): "
+            f"{(r.stderr.strip().splitlines() or [''])[-1]}",
+            "the container needs python3 >= 3.9 on PATH",
+        ) from None
 
 
 def resolve_source(host, spec: dict, download: bool) -> str | None:
@@ -124,35 +145,45 @@ def resolve_source(host, spec: dict, download: bool) -> str | None:
     cached and `download` is false)."""
     if not spec["repo"]:
         return spec["source"]
-    args = {"repo": spec["repo"], "revision": spec["revision"],
-            "cache_dir": host.path(spec["cache_dir"]) if spec["cache_dir"] else None,
-            "local_only": spec["offline"] or not download}
+    args = {
+        "repo": spec["repo"],
+        "revision": spec["revision"],
+        "cache_dir": host.path(spec["cache_dir"]) if spec["cache_dir"] else None,
+        "local_only": spec["offline"] or not download,
+    }
     if host.transport.is_local:
         try:
             from huggingface_hub import snapshot_download
-            real = snapshot_download(args["repo"], revision=args["revision"], cache_dir=args["cache_dir"],
-                                     local_files_only=args["local_only"])
+
+            real = snapshot_download(
+                args["repo"],
+                revision=args["revision"],
+                cache_dir=args["cache_dir"],
+                local_files_only=args["local_only"],
+            )
         except Exception as exc:  # huggingface_hub raises many kinds (offline, not cached, 404)
             if not download:
                 return None
-            raise GpuboxError(f"{spec['repo']}: cannot get it from the hub or the cache: "
-                              f"{type(exc).__name__}",
-                              "check the repo id/revision and network, or fill the cache and set offline"
-                              ) from None
+            raise GpuboxError(
+                f"{spec['repo']}: cannot get it from the hub or the cache: {type(exc).__name__}",
+                "check the repo id/revision and network, or fill the cache and set offline",
+            ) from None
     else:
         r = host.run(["python3", "-c", _HF_RESOLVE, json.dumps(args)], timeout=REMOTE_TIMEOUT)
         if r.rc != 0:
             if not download:
                 return None
-            raise GpuboxError(f"{spec['repo']}: cannot get it in {host.name}: "
-                              f"{r.stdout.strip() or r.stderr.strip()}",
-                              "install huggingface_hub in the container, or stage from a directory")
+            raise GpuboxError(
+                f"{spec['repo']}: cannot get it in {host.name}: {r.stdout.strip() or r.stderr.strip()}",
+                "install huggingface_hub in the container, or stage from a directory",
+            )
         real = r.stdout.strip().splitlines()[-1]
     root = host.root.rstrip("/")
-    return real[len(root):] if root and real.startswith(root + "/") else real
+    return real[len(root) :] if root and real.startswith(root + "/") else real
 
 
 # --- facts ------------------------------------------------------------------------------------
+
 
 class StageSource(Fact):
     """Where the source is in the container: the directory, or a repo id's HF cache snapshot
@@ -178,15 +209,16 @@ class StagedCopy(Fact):
 
 # --- the step ---------------------------------------------------------------------------------
 
+
 @dataclass
 class StageFacts:
-    source: str | None                        # logical source directory; None: repo not cached
-    check: dict[str, Any] | None = None       # the copier's check output (what is staged)
+    source: str | None  # logical source directory; None: repo not cached
+    check: dict[str, Any] | None = None  # the copier's check output (what is staged)
 
 
 @dataclass
 class StageOptions:
-    source: str                               # as the inventory gives it (path or repo id)
+    source: str  # as the inventory gives it (path or repo id)
     dest: str
     repo: str | None = None
     verify: bool = False
@@ -202,7 +234,7 @@ class StageEvidence:
     verified: Any = OMIT
     problems: Any = OMIT
     hashes: Any = OMIT
-    staged: Any = OMIT        # after apply: the copier's summary of the copy (`gpubox stage` shows it)
+    staged: Any = OMIT  # after apply: the copier's summary of the copy (`gpubox stage` shows it)
 
 
 class StageStep(Step):
@@ -217,15 +249,19 @@ class StageStep(Step):
     def __init__(self, name: str, var: str, require_tokenizer: bool):
         self.name, self.var, self.require_tokenizer = name, var, require_tokenizer
         self.title = f"{'model' if require_tokenizer else 'drafter'} staged in tmpfs"
-        self._summary: dict | None = None     # what this step's apply copied, for its verify
+        self._summary: dict | None = None  # what this step's apply copied, for its verify
 
     # -- where the copier runs -------------------------------------------------------------
     def _call(self, ctx, req: dict, progress=None) -> dict:
         return copier(ctx.container, self._full(ctx, req), progress)
 
     def _full(self, ctx, req: dict) -> dict:
-        return {**req, "require_tokenizer": self.require_tokenizer, "workers": ctx.opt("workers"),
-                "cgroup_dir": ctx.container.path("/sys/fs/cgroup")}
+        return {
+            **req,
+            "require_tokenizer": self.require_tokenizer,
+            "workers": ctx.opt("workers"),
+            "cgroup_dir": ctx.container.path("/sys/fs/cgroup"),
+        }
 
     def _source(self, ctx, spec: dict, download: bool) -> str | None:
         if not download:
@@ -234,12 +270,18 @@ class StageStep(Step):
 
     def _request(self, ctx, spec: dict, src: str, op: str) -> dict:
         host = ctx.container
-        return {"op": op, "src": host.path(src), "dest": host.path(spec["dest"]),
-                "verify": bool(ctx.opt("verify")), "hash": spec["hash"],
-                "follow_links": bool(ctx.opt("follow_links")),
-                "tmpfs": True if spec["dest"].startswith("/dev/shm/") else None,
-                "source_info": {k: v for k, v in (("path", src), ("repo", spec["repo"]),
-                                                  ("revision", spec["revision"])) if v}}
+        return {
+            "op": op,
+            "src": host.path(src),
+            "dest": host.path(spec["dest"]),
+            "verify": bool(ctx.opt("verify")),
+            "hash": spec["hash"],
+            "follow_links": bool(ctx.opt("follow_links")),
+            "tmpfs": True if spec["dest"].startswith("/dev/shm/") else None,
+            "source_info": {
+                k: v for k, v in (("path", src), ("repo", spec["repo"]), ("revision", spec["revision"])) if v
+            },
+        }
 
     # -- facts, options, decision ----------------------------------------------------------
     def options(self, ctx) -> StageOptions:
@@ -257,17 +299,28 @@ class StageStep(Step):
     def decide(self, facts: StageFacts, opts: StageOptions) -> Finding:
         src, out = facts.source, facts.check or {}
         if src is None:
-            return Finding.drift(f"{opts.repo} is not in the HF cache yet", cause="never downloaded",
-                                 repair="gpubox stage BOX downloads and stages it",
-                                 evidence=StageEvidence(opts.source, opts.dest))
+            return Finding.drift(
+                f"{opts.repo} is not in the HF cache yet",
+                cause="never downloaded",
+                repair="gpubox stage BOX downloads and stages it",
+                evidence=StageEvidence(opts.source, opts.dest),
+            )
         if "error" in out:
             return Finding.failed(out["error"], repair=out.get("fix"), evidence=StageEvidence(src, opts.dest))
-        ev = StageEvidence(src, opts.dest, out["files"], out["bytes"], out["verified"], out["problems"],
-                           out.get("hashes", []))
+        ev = StageEvidence(
+            src,
+            opts.dest,
+            out["files"],
+            out["bytes"],
+            out["verified"],
+            out["problems"],
+            out.get("hashes", []),
+        )
         if out["staged"]:
             how = f", {out['verified']} hashes verified" if opts.verify else ""
-            return Finding.ok(f"{opts.dest}: staged, {out['files']} files, {_gb(out['bytes'])}{how}",
-                              evidence=ev)
+            return Finding.ok(
+                f"{opts.dest}: staged, {out['files']} files, {_gb(out['bytes'])}{how}", evidence=ev
+            )
         probs = out["problems"]
         more = f" (+{len(probs) - 1} more)" if len(probs) > 1 else ""
         if probs[0].startswith("manifest absent"):
@@ -276,21 +329,26 @@ class StageStep(Step):
             cause = "the persistent copy was updated"
         else:
             cause = "the staged copy was damaged or modified"
-        return Finding.drift(f"{opts.dest}: {probs[0]}{more}", cause=cause,
-                             repair=f"gpubox stage {opts.box}", evidence=ev)
+        return Finding.drift(
+            f"{opts.dest}: {probs[0]}{more}", cause=cause, repair=f"gpubox stage {opts.box}", evidence=ev
+        )
 
     # -- the copier's verbs ----------------------------------------------------------------
     def plan(self, ctx, finding: Finding) -> Plan:
         spec = model_spec(ctx, self.var)
         src = self._source(ctx, spec, download=False)
         if src is None:
-            return Plan(f"download {spec['repo']} into the HF cache, then stage it to {spec['dest']}",
-                        data={"spec": spec})
+            return Plan(
+                f"download {spec['repo']} into the HF cache, then stage it to {spec['dest']}",
+                data={"spec": spec},
+            )
         out = self._call(ctx, {**self._request(ctx, spec, src, "stage"), "dry_run": True})
         if "error" in out:
             raise GpuboxError(out["error"], out.get("fix"))
-        desc = (f"copy {len(out['would_copy'])} file(s) ({_gb(out['would_copy_bytes'])}) "
-                f"from {src} to {spec['dest']}")
+        desc = (
+            f"copy {len(out['would_copy'])} file(s) ({_gb(out['would_copy_bytes'])}) "
+            f"from {src} to {spec['dest']}"
+        )
         if out.get("removed"):
             desc += f", remove {len(out['removed'])} stale file(s)"
         if out.get("would_chmod"):
@@ -298,8 +356,9 @@ class StageStep(Step):
         if out.get("room_problem") and not ctx.opt("force"):
             desc += f" - refused: {out['room_problem']}"
         listing = "\n".join(f"+ {r}  ({why})" for r, why in sorted(out["reasons"].items()))
-        listing += "".join(f"\n+ {r}  (link out of the source -> {t})"
-                           for r, t in (out.get("links_out") or {}).items())
+        listing += "".join(
+            f"\n+ {r}  (link out of the source -> {t})" for r, t in (out.get("links_out") or {}).items()
+        )
         argv = ["gpubox", "stage", src, spec["dest"]] + (["--verify"] if ctx.opt("verify") else [])
         if spec["hash"] and spec["hash"] != engine.DEFAULT_HASH:
             argv += ["--hash", spec["hash"]]

@@ -16,7 +16,7 @@ if _bindir not in os.environ.get("PATH", "").split(os.pathsep):
 
 pytest_plugins = ["tests.sshd"]
 
-try:    # the fuzz tests keep no example database in the checkout (it would ride into built artefacts)
+try:  # the fuzz tests keep no example database in the checkout (it would ride into built artefacts)
     from hypothesis import settings as _hyp_settings
 
     _hyp_settings.register_profile("gpubox", database=None)

@@ -13,9 +13,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-AREAS = ("hwtune", "bench", "provision")          # in layer order: an area may import those before it
-ALLOWED = {"core": {"core"}, "hwtune": {"core", "hwtune"}, "bench": {"core", "hwtune", "bench"},
-           "provision": {"core", "hwtune", "bench", "provision"}}
+AREAS = ("hwtune", "bench", "provision")  # in layer order: an area may import those before it
+ALLOWED = {
+    "core": {"core"},
+    "hwtune": {"core", "hwtune"},
+    "bench": {"core", "hwtune", "bench"},
+    "provision": {"core", "hwtune", "bench", "provision"},
+}
 
 
 def module_files(repo: Path = REPO) -> dict[str, Path]:
@@ -26,7 +30,7 @@ def module_files(repo: Path = REPO) -> dict[str, Path]:
         for p in sorted(root.rglob("*.py")):
             rel = p.relative_to(root)
             if prefix == "gpubox" and rel.parts[0] in AREAS:
-                continue   # gpubox/hwtune -> ../hwtune: counted once, under its own root
+                continue  # gpubox/hwtune -> ../hwtune: counted once, under its own root
             parts = list(rel.with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -131,8 +135,7 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def layer_violations(g: dict[str, set[str]]) -> list[str]:
     """`a -> b` for every import that points up or sideways against the layer order."""
-    return [f"{a} -> {b}" for a in sorted(g) for b in sorted(g[a])
-            if area_of(b) not in ALLOWED[area_of(a)]]
+    return [f"{a} -> {b}" for a in sorted(g) for b in sorted(g[a]) if area_of(b) not in ALLOWED[area_of(a)]]
 
 
 def report(repo: Path = REPO) -> str:

@@ -60,8 +60,12 @@ import pytest
 import yaml
 
 SSHD = "/usr/sbin/sshd"  # sshd refuses to start unless run by its absolute path
-SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
-                "/usr/lib/ssh/sftp-server", "/usr/libexec/sftp-server")
+SFTP_SERVERS = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+    "/usr/libexec/sftp-server",
+)
 
 
 def _free_port(addr: str) -> int:
@@ -72,6 +76,7 @@ def _free_port(addr: str) -> int:
 
 def _user() -> str:
     import pwd
+
     return pwd.getpwuid(os.getuid()).pw_name
 
 
@@ -96,15 +101,17 @@ class SSHServer:
             "ansible_user": self.user,
             "ansible_ssh_private_key_file": str(self.key),
             "gpubox_known_hosts": str(self.known_hosts),
-            "ansible_ssh_common_args": (f"-o UserKnownHostsFile={self.known_hosts} "
-                                        "-o StrictHostKeyChecking=yes -o ControlMaster=no"),
+            "ansible_ssh_common_args": (
+                f"-o UserKnownHostsFile={self.known_hosts} -o StrictHostKeyChecking=yes -o ControlMaster=no"
+            ),
             "ansible_python_interpreter": sys.executable,
         }
         v.update(extra)
         return v
 
-    def write_inventory(self, path: str | os.PathLike, name: str = "pve1", group: str = "proxmox_hosts",
-                        **extra: Any) -> Path:
+    def write_inventory(
+        self, path: str | os.PathLike, name: str = "pve1", group: str = "proxmox_hosts", **extra: Any
+    ) -> Path:
         """A one-host Ansible YAML inventory whose host `name` is this server."""
         p = Path(path)
         inv = {"all": {"children": {group: {"hosts": {name: self.vars(**extra)}}}}}
@@ -113,8 +120,15 @@ class SSHServer:
 
     def transport(self, name: str = "sshhost", **kw: Any):
         from gpubox.transport.ssh import SSHTransport
-        args = dict(hostname=self.host, port=self.port, user=self.user, key_filename=str(self.key),
-                    known_hosts=str(self.known_hosts), connect_timeout=10)
+
+        args = dict(
+            hostname=self.host,
+            port=self.port,
+            user=self.user,
+            key_filename=str(self.key),
+            known_hosts=str(self.known_hosts),
+            connect_timeout=10,
+        )
         args.update(kw)
         return SSHTransport(name, **args)
 
@@ -132,15 +146,20 @@ class SSHServer:
 
 
 def _keygen(path: Path, comment: str) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
 
 
 def _wait_ready(srv: SSHServer, deadline: float) -> None:
     """Ready when a TCP connect gets the SSH banner."""
     while time.monotonic() < deadline:
         if srv.proc.poll() is not None:
-            raise RuntimeError(f"sshd on {srv.host}:{srv.port} exited {srv.proc.returncode}: {srv.log_text()[-2000:]}")
+            raise RuntimeError(
+                f"sshd on {srv.host}:{srv.port} exited {srv.proc.returncode}: {srv.log_text()[-2000:]}"
+            )
         try:
             with socket.create_connection((srv.host, srv.port), timeout=1) as s:
                 s.settimeout(2)
@@ -172,32 +191,41 @@ def start_sshd(base: Path, addr: str = "127.0.0.1", attempts: int = 3) -> SSHSer
     for _ in range(attempts):  # a free port can be taken between probing and binding: retry
         port = _free_port(addr)
         cfg = base / "sshd_config"
-        cfg.write_text("\n".join([
-            f"ListenAddress {addr}:{port}",
-            f"HostKey {host_key}",
-            f"PidFile {base / 'sshd.pid'}",
-            f"AuthorizedKeysFile {auth}",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
-            "StrictModes no",
-            "UsePAM no",
-            "UseDNS no",
-            "PrintMotd no",
-            # bash sources ~/.bashrc for SSH commands only at SHLVL < 2: skip it (a pyenv init
-            # there costs ~0.2 s per command), like a non-interactive login on a plain server.
-            "SetEnv SHLVL=1",
-            "MaxStartups 100:30:200",
-            "MaxSessions 100",
-            "LogLevel VERBOSE",
-            f"Subsystem sftp {sftp}",
-            "",
-        ]))
+        cfg.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {addr}:{port}",
+                    f"HostKey {host_key}",
+                    f"PidFile {base / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {auth}",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    "StrictModes no",
+                    "UsePAM no",
+                    "UseDNS no",
+                    "PrintMotd no",
+                    # bash sources ~/.bashrc for SSH commands only at SHLVL < 2: skip it (a pyenv init
+                    # there costs ~0.2 s per command), like a non-interactive login on a plain server.
+                    "SetEnv SHLVL=1",
+                    "MaxStartups 100:30:200",
+                    "MaxSessions 100",
+                    "LogLevel VERBOSE",
+                    f"Subsystem sftp {sftp}",
+                    "",
+                ]
+            )
+        )
         log = base / "sshd.log"
         logf = open(log, "ab")
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(cfg)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         logf.close()
         kh = base / "known_hosts"
         line = f"[{addr}]:{port} {host_pub[0]} {host_pub[1]}"

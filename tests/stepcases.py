@@ -87,14 +87,22 @@ def run_case(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     facts = from_json(hints[facts_arg], case["facts"])
     opts = from_json(hints[opts_arg], case.get("options", {}))
     f = step.decide(facts, opts)
-    got: dict[str, Any] = {"status": f.status, "detail": f.detail, "cause": f.cause, "repair": f.repair,
-                           "evidence": json.loads(json.dumps(evidence_dict(f.evidence)))}
+    got: dict[str, Any] = {
+        "status": f.status,
+        "detail": f.detail,
+        "cause": f.cause,
+        "repair": f.repair,
+        "evidence": json.loads(json.dumps(evidence_dict(f.evidence))),
+    }
     if f.plan is not None:
         p = f.plan
-        got["plan"] = {"description": p.description, "diff": p.diff,
-                       "commands": p.shown_commands(lambda where: _PlainHost),
-                       "writes": [a.path for a in p.actions if isinstance(a, Write)],
-                       "removes": [a.path for a in p.actions if isinstance(a, Remove)]}
+        got["plan"] = {
+            "description": p.description,
+            "diff": p.diff,
+            "commands": p.shown_commands(lambda where: _PlainHost),
+            "writes": [a.path for a in p.actions if isinstance(a, Write)],
+            "removes": [a.path for a in p.actions if isinstance(a, Remove)],
+        }
     want = case["expect"]
     got = {k: v for k, v in got.items() if k in want}
     if "plan" in want and "plan" in got:

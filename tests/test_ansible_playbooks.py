@@ -28,8 +28,11 @@ from gpubox.simbox import build
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = ROOT / "playbooks"
-RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
-                   r"skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
+RECAP = re.compile(
+    r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
+    r"skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)",
+    re.M,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("ansible-playbook") is None, reason="ansible-core not installed")
 
@@ -41,8 +44,10 @@ def _need_wheel_builder():
         try:
             import wheel  # noqa: F401
         except ImportError:
-            pytest.fail("building the gpubox wheel needs the `wheel` package or setuptools >= 70.1 on the "
-                        "control node: pip install wheel")
+            pytest.fail(
+                "building the gpubox wheel needs the `wheel` package or setuptools >= 70.1 on the "
+                "control node: pip install wheel"
+            )
 
 
 def recap(out: str) -> dict[str, dict[str, int]]:
@@ -68,6 +73,7 @@ def _venv_seeing_our_deps(venv: Path) -> None:
         return
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     import site
+
     ours = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
     (pure,) = {Path(p) for p in venv.glob("lib/python*/site-packages")}
     (pure / "zz-gpubox-test-deps.pth").write_text("".join(f"{p}\n" for p in ours))
@@ -82,7 +88,9 @@ class Fleet:
         self.wheel_dir = wheel_dir
         self.results = base / "results"
         self.sims: dict[str, object] = {}
-        self.inv: dict = {"all": {"children": {"proxmox_hosts": {"hosts": {}}, "gpu_containers": {"hosts": {}}}}}
+        self.inv: dict = {
+            "all": {"children": {"proxmox_hosts": {"hosts": {}}, "gpu_containers": {"hosts": {}}}}
+        }
 
     @property
     def inventory_path(self) -> Path:
@@ -99,16 +107,31 @@ class Fleet:
         # The venv is made by this interpreter (over SSH `python3` would be the distribution's).
         hv["gpubox_venv_python"] = sys.executable
         _venv_seeing_our_deps(venv)
-        hv.update(gpubox_home=f"{venv}-home", gpubox_venv=str(venv), gpubox_venv_system_site_packages=True,
-                  gpubox_wheel_deps=False,
-                  gpubox_state_dir=str(self.base / f"state-{host}"))
+        hv.update(
+            gpubox_home=f"{venv}-home",
+            gpubox_venv=str(venv),
+            gpubox_venv_system_site_packages=True,
+            gpubox_wheel_deps=False,
+            gpubox_state_dir=str(self.base / f"state-{host}"),
+        )
         self.inv["all"]["children"]["proxmox_hosts"]["hosts"][host] = hv
         # The container is this machine too (bench runs "inside" it): same venv, never /opt/gpubox.
-        install = {k: hv[k] for k in ("gpubox_home", "gpubox_venv", "gpubox_venv_python",
-                                      "gpubox_venv_system_site_packages", "gpubox_wheel_deps")}
+        install = {
+            k: hv[k]
+            for k in (
+                "gpubox_home",
+                "gpubox_venv",
+                "gpubox_venv_python",
+                "gpubox_venv_system_site_packages",
+                "gpubox_wheel_deps",
+            )
+        }
         self.inv["all"]["children"]["gpu_containers"]["hosts"][box] = {
-            **sim_inv["gpu_containers"]["hosts"][box], **install, "ansible_python_interpreter": sys.executable,
-            "gpubox_state_dir": str(self.base / f"state-{box}")}
+            **sim_inv["gpu_containers"]["hosts"][box],
+            **install,
+            "ansible_python_interpreter": sys.executable,
+            "gpubox_state_dir": str(self.base / f"state-{box}"),
+        }
 
     def add_raw(self, group: str, name: str, variables: dict) -> None:
         self.inv["all"]["children"][group]["hosts"][name] = variables
@@ -118,30 +141,64 @@ class Fleet:
         return self.inventory_path
 
     def play(self, playbook: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-        env = dict(os.environ, ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                   ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCAL_TEMP=str(self.base / ".ansible-tmp"),
-                   ANSIBLE_SSH_CONTROL_PATH_DIR=str(self.base / ".cp"), PYTHONUNBUFFERED="1")
-        argv = ["ansible-playbook", "-i", str(self.inventory_path), str(PLAYBOOKS / playbook),
-                "-e", json.dumps({"gpubox_results_dir": str(self.results), "gpubox_source": str(self.source),
-                                  "gpubox_wheel_dir": str(self.wheel_dir), "gpubox_bench_enabled": False}),
-                *args]
+        env = dict(
+            os.environ,
+            ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg"),
+            ANSIBLE_NOCOLOR="1",
+            ANSIBLE_FORCE_COLOR="0",
+            ANSIBLE_LOCAL_TEMP=str(self.base / ".ansible-tmp"),
+            ANSIBLE_SSH_CONTROL_PATH_DIR=str(self.base / ".cp"),
+            PYTHONUNBUFFERED="1",
+        )
+        argv = [
+            "ansible-playbook",
+            "-i",
+            str(self.inventory_path),
+            str(PLAYBOOKS / playbook),
+            "-e",
+            json.dumps(
+                {
+                    "gpubox_results_dir": str(self.results),
+                    "gpubox_source": str(self.source),
+                    "gpubox_wheel_dir": str(self.wheel_dir),
+                    "gpubox_bench_enabled": False,
+                }
+            ),
+            *args,
+        ]
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=self.base)
         self.nruns = getattr(self, "nruns", 0) + 1
-        (self.base / f"run{self.nruns}-{playbook}.log").write_text(f"{argv}\n{p.returncode}\n{p.stdout}\n{p.stderr}")
+        (self.base / f"run{self.nruns}-{playbook}.log").write_text(
+            f"{argv}\n{p.returncode}\n{p.stdout}\n{p.stderr}"
+        )
         p.recap = recap(p.stdout)  # type: ignore[attr-defined]
         return p
 
     def doctor_ok(self, box: str) -> bool:
         """The CLI's doctor, in-process, on the box's own simulated inventory."""
         from gpubox.provision.recover import doctor
+
         inv = Inventory(self.sims[box].inventory_path)
         return doctor(Context(box=inv.box(box), inventory=inv, options={})).ok
 
 
 def _snapshot_source(dest: Path) -> Path:
     """A frozen copy of the checkout: other edits while the tests run must not change the wheel."""
-    ignore = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "*.egg-info", "build", "dist", "tests",
-                                    ".venv", "venv", ".pytest_cache", "results", "out", ".whl")
+    ignore = shutil.ignore_patterns(
+        ".git",
+        "__pycache__",
+        "*.pyc",
+        "*.egg-info",
+        "build",
+        "dist",
+        "tests",
+        ".venv",
+        "venv",
+        ".pytest_cache",
+        "results",
+        "out",
+        ".whl",
+    )
     shutil.copytree(ROOT, dest, ignore=ignore)
     return dest
 
@@ -150,8 +207,12 @@ def _snapshot_source(dest: Path) -> Path:
 def workspace(tmp_path_factory):
     _need_wheel_builder()
     base = tmp_path_factory.mktemp("ansible")
-    return {"base": base, "source": _snapshot_source(base / "src"), "wheels": base / "wheels",
-            "venvs": base / "venvs"}
+    return {
+        "base": base,
+        "source": _snapshot_source(base / "src"),
+        "wheels": base / "wheels",
+        "venvs": base / "venvs",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +224,22 @@ def fleet(workspace, sshd_factory):
     b, c = sshd_factory("127.0.0.2"), sshd_factory("127.0.0.3")
     py = {"ansible_python_interpreter": sys.executable}
     f.add("ct-a", "pve-a", 201, ["seed"], {"ansible_connection": "local", **py}, ws["venvs"] / "pve-a")
-    f.add("ct-b", "pve-b", 202, ["uvm_stale_major", "mrrs_512", "nccl_misspelled", "shm_empty"], b.vars(),
-          ws["venvs"] / "pve-b")
-    f.add("ct-c", "pve-c", 203, ["container_stopped", "numa_balancing", "conf_pending", "uvm_missing"], c.vars(),
-          ws["venvs"] / "pve-c")
+    f.add(
+        "ct-b",
+        "pve-b",
+        202,
+        ["uvm_stale_major", "mrrs_512", "nccl_misspelled", "shm_empty"],
+        b.vars(),
+        ws["venvs"] / "pve-b",
+    )
+    f.add(
+        "ct-c",
+        "pve-c",
+        203,
+        ["container_stopped", "numa_balancing", "conf_pending", "uvm_missing"],
+        c.vars(),
+        ws["venvs"] / "pve-c",
+    )
     f.write()
     runs = {"digest_before_check": {n: tree_digest(s.dest) for n, s in f.sims.items()}}
     runs["doctor"] = f.play("doctor.yml")
@@ -175,7 +248,9 @@ def fleet(workspace, sshd_factory):
     runs["digest_after_check"] = {n: tree_digest(s.dest) for n, s in f.sims.items()}
     runs["check_results"] = {n: json.loads((f.results / "recover" / f"{n}.json").read_text()) for n in f.sims}
     runs["recover"] = f.play("recover.yml")
-    runs["recover_results"] = {n: json.loads((f.results / "recover" / f"{n}.json").read_text()) for n in f.sims}
+    runs["recover_results"] = {
+        n: json.loads((f.results / "recover" / f"{n}.json").read_text()) for n in f.sims
+    }
     runs["summary"] = json.loads((f.results / "recover" / "summary.json").read_text())
     runs["again"] = f.play("recover.yml")
     f.runs = runs
@@ -190,20 +265,39 @@ def _explain(p) -> str:
 def test_syntax_check_every_playbook(tmp_path):
     inv = tmp_path / "inv.yml"
     inv.write_text((ROOT / "inventory" / "example.yml").read_text())
-    books = [str(PLAYBOOKS / b) for b in ("recover.yml", "doctor.yml", "tune.yml", "stage.yml", "bench.yml",
-                                          "install.yml")]
-    p = subprocess.run(["ansible-playbook", "--syntax-check", "-i", str(inv), *books], capture_output=True,
-                       text=True, env=dict(os.environ, ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg")))
+    books = [
+        str(PLAYBOOKS / b)
+        for b in ("recover.yml", "doctor.yml", "tune.yml", "stage.yml", "bench.yml", "install.yml")
+    ]
+    p = subprocess.run(
+        ["ansible-playbook", "--syntax-check", "-i", str(inv), *books],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(PLAYBOOKS / "ansible.cfg")),
+    )
     assert p.returncode == 0, _explain(p)
     assert p.stdout.count("playbook: ") == len(books)
 
 
 @pytest.mark.skipif(shutil.which("ansible-lint") is None, reason="ansible-lint not installed (test extra)")
 def test_ansible_lint_production_profile_is_clean():
-    p = subprocess.run(["ansible-lint", "--offline", "--nocolor", "-c", str(PLAYBOOKS / ".ansible-lint"),
-                        "--profile", "production", "playbooks/"], capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, NO_COLOR="1", ANSIBLE_COLLECTIONS_PATH=str(PLAYBOOKS / "collections")),
-                       timeout=300)
+    p = subprocess.run(
+        [
+            "ansible-lint",
+            "--offline",
+            "--nocolor",
+            "-c",
+            str(PLAYBOOKS / ".ansible-lint"),
+            "--profile",
+            "production",
+            "playbooks/",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, NO_COLOR="1", ANSIBLE_COLLECTIONS_PATH=str(PLAYBOOKS / "collections")),
+        timeout=300,
+    )
     assert p.returncode == 0, _explain(p)
     assert "Profile 'production' was required, and it passed" in p.stdout + p.stderr
 
@@ -211,13 +305,15 @@ def test_ansible_lint_production_profile_is_clean():
 # -- the fleet -------------------------------------------------------------------------------------
 def test_doctor_installs_gpubox_and_fails_with_the_findings(fleet):
     p = fleet.runs["doctor"]
-    assert p.returncode != 0, _explain(p)            # the summary play fails: every box has findings
+    assert p.returncode != 0, _explain(p)  # the summary play fails: every box has findings
     assert set(p.recap) >= {"ct-a", "ct-b", "ct-c"}, _explain(p)
     assert all(p.recap[b]["rescued"] == 1 for b in ("ct-a", "ct-b", "ct-c")), _explain(p)
     assert "box(es) degraded/failed: ct-a, ct-b, ct-c" in p.stdout, _explain(p)
     res = json.loads((fleet.results / "doctor" / "ct-b.json").read_text())
     # The module ran from the venv the role built on the managed host, not from this checkout.
-    assert res["gpubox_location"].startswith(str(fleet.base.parent / "venvs" / "pve-b")), res["gpubox_location"]
+    assert res["gpubox_location"].startswith(str(fleet.base.parent / "venvs" / "pve-b")), res[
+        "gpubox_location"
+    ]
     by_name = {s["name"]: s for s in res["steps"]}
     assert by_name["container-config"]["status"] == "drift"
     assert by_name["pcie-mrrs"]["status"] == "drift"
@@ -227,17 +323,17 @@ def test_doctor_installs_gpubox_and_fails_with_the_findings(fleet):
 def test_check_diff_changes_no_file_and_shows_the_diffs(fleet):
     p = fleet.runs["check"]
     assert fleet.runs["digest_before_check"] == fleet.runs["digest_after_check"]
-    assert p.returncode == 0, _explain(p)             # drift in check mode is a plan, not a failure
+    assert p.returncode == 0, _explain(p)  # drift in check mode is a plan, not a failure
     for box in ("ct-a", "ct-b", "ct-c"):
         assert p.recap[box]["failed"] == 0 and p.recap[box]["rescued"] == 0, _explain(p)
-        assert p.recap[box]["changed"] >= 1, _explain(p)   # "would change"
+        assert p.recap[box]["changed"] >= 1, _explain(p)  # "would change"
         res = fleet.runs["check_results"][box]
         assert res["mode"] == "plan" and res["changed"] is True
     # ct-b's stale uvm major (508) is taken out of the main section; the diff shows it.
     assert re.search(r"^-lxc\.cgroup2\.devices\.allow: c 508:\* rwm$", p.stdout, re.M), _explain(p)
     assert "# run: setpci -A linux-sysfs" in p.stdout and "CAP_EXP+8.w=5000:7000" in p.stdout
-    assert "+kernel.numa_balancing = 0" in p.stdout      # ct-c's host
-    assert "# run: nvidia-modprobe -u" in p.stdout       # ct-a's and ct-c's hosts
+    assert "+kernel.numa_balancing = 0" in p.stdout  # ct-c's host
+    assert "# run: nvidia-modprobe -u" in p.stdout  # ct-a's and ct-c's hosts
 
 
 def test_fault_run_repairs_every_box(fleet):
@@ -266,13 +362,19 @@ def test_second_run_changes_nothing(fleet):
 
 def test_bench_playbook_runs_the_short_simulated_benchmark(fleet):
     """bench.yml on the local box: gpubox in the container (here: this machine), one TP x method."""
-    p = fleet.play("bench.yml", "-l", "ct-a", "-e", json.dumps({"gpubox_bench_enabled": True,
-                                                                "gpubox_bench_tp": [1],
-                                                                "gpubox_bench_methods": ["auto"]}))
+    p = fleet.play(
+        "bench.yml",
+        "-l",
+        "ct-a",
+        "-e",
+        json.dumps({"gpubox_bench_enabled": True, "gpubox_bench_tp": [1], "gpubox_bench_methods": ["auto"]}),
+    )
     assert p.returncode == 0, _explain(p)
     res = json.loads((fleet.results / "bench" / "ct-a.json").read_text())
     assert res["verdict"]["status"] == "healthy", res["verdict"]
-    assert [m["key"].split("/")[:2] for m in res["measurements"]] == [["tp1", "auto"]] * len(res["measurements"])
+    assert [m["key"].split("/")[:2] for m in res["measurements"]] == [["tp1", "auto"]] * len(
+        res["measurements"]
+    )
     # The result file was written on the box (its state dir) and fetched to the control node.
     assert res["result_path"].startswith(str(fleet.base / "state-ct-a"))
     fetched = list((fleet.results / "bench" / "ct-a").glob("*.json"))
@@ -282,20 +384,26 @@ def test_bench_playbook_runs_the_short_simulated_benchmark(fleet):
 
 def test_recover_with_bench_adds_the_verdict(fleet):
     """recover.yml with gpubox_bench_enabled: repair on the host, then the benchmark in the container."""
-    p = fleet.play("recover.yml", "-l", "ct-a", "-e", json.dumps({"gpubox_bench_enabled": True,
-                                                                  "gpubox_bench_tp": [1],
-                                                                  "gpubox_bench_methods": ["auto"]}))
+    p = fleet.play(
+        "recover.yml",
+        "-l",
+        "ct-a",
+        "-e",
+        json.dumps({"gpubox_bench_enabled": True, "gpubox_bench_tp": [1], "gpubox_bench_methods": ["auto"]}),
+    )
     assert p.returncode == 0, _explain(p)
     res = json.loads((fleet.results / "recover" / "ct-a.json").read_text())
     assert res["mode"] == "apply" and res["ok"] is True
     assert res["benchmark"]["verdict"]["status"] == "healthy"
-    assert Path(res["benchmark"]["result"]).name in {f.name for f in (fleet.results / "bench" / "ct-a").glob("*.json")}
+    assert Path(res["benchmark"]["result"]).name in {
+        f.name for f in (fleet.results / "bench" / "ct-a").glob("*.json")
+    }
 
 
 def test_tune_and_stage_playbooks_repair_only_their_part(fleet):
     sim = fleet.sims["ct-a"]
-    sim.hpath("/proc/sys/kernel/numa_balancing").write_text("1\n")        # a reboot turned it back on
-    shutil.rmtree(sim.cpath("/dev/shm"))                                   # and emptied the tmpfs
+    sim.hpath("/proc/sys/kernel/numa_balancing").write_text("1\n")  # a reboot turned it back on
+    shutil.rmtree(sim.cpath("/dev/shm"))  # and emptied the tmpfs
     sim.cpath("/dev/shm").mkdir()
     t = fleet.play("tune.yml", "-l", "ct-a")
     assert t.returncode == 0, _explain(t)
@@ -303,11 +411,14 @@ def test_tune_and_stage_playbooks_repair_only_their_part(fleet):
     assert {s["name"]: s["status"] for s in tuned["steps"]}["numa-balancing"] == "fixed"
     assert not any(s["name"].endswith("-stage") for s in tuned["steps"])
     assert sim.hpath("/proc/sys/kernel/numa_balancing").read_text().strip() == "0"
-    assert not fleet.doctor_ok("ct-a")                                     # weights still missing
+    assert not fleet.doctor_ok("ct-a")  # weights still missing
     st = fleet.play("stage.yml", "-l", "ct-a")
     assert st.returncode == 0, _explain(st)
     staged = json.loads((fleet.results / "stage" / "ct-a.json").read_text())
-    assert {s["name"]: s["status"] for s in staged["steps"]} == {"model-stage": "fixed", "drafter-stage": "fixed"}
+    assert {s["name"]: s["status"] for s in staged["steps"]} == {
+        "model-stage": "fixed",
+        "drafter-stage": "fixed",
+    }
     assert fleet.doctor_ok("ct-a")
 
 
@@ -315,7 +426,7 @@ def test_tune_and_stage_playbooks_repair_only_their_part(fleet):
 def _closed_port(addr: str) -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
-        return s.getsockname()[1]   # closed again when the socket is: nothing listens there
+        return s.getsockname()[1]  # closed again when the socket is: nothing listens there
 
 
 def test_a_failing_box_does_not_stop_the_others(workspace, sshd_factory, fleet):
@@ -325,14 +436,29 @@ def test_a_failing_box_does_not_stop_the_others(workspace, sshd_factory, fleet):
     b = sshd_factory("127.0.0.2")
     py = {"ansible_python_interpreter": sys.executable}
     # Same venvs as the first fleet: the install is already there (and must stay unchanged).
-    f.add("ct-ok", "pve-ok", 211, ["numa_balancing", "nccl_missing"], {"ansible_connection": "local", **py},
-          ws["venvs"] / "pve-a")
+    f.add(
+        "ct-ok",
+        "pve-ok",
+        211,
+        ["numa_balancing", "nccl_missing"],
+        {"ansible_connection": "local", **py},
+        ws["venvs"] / "pve-a",
+    )
     f.add("ct-locked", "pve-locked", 212, ["conf_locked", "uvm_stale_major"], b.vars(), ws["venvs"] / "pve-b")
     port = _closed_port("127.0.0.4")
-    f.add_raw("proxmox_hosts", "pve-gone", {
-        "ansible_connection": "ssh", "ansible_host": "127.0.0.4", "ansible_port": port, "ansible_user": "root",
-        "ansible_ssh_common_args": "-o ConnectTimeout=5 -o StrictHostKeyChecking=yes "
-                                   f"-o UserKnownHostsFile={b.known_hosts}", **py})
+    f.add_raw(
+        "proxmox_hosts",
+        "pve-gone",
+        {
+            "ansible_connection": "ssh",
+            "ansible_host": "127.0.0.4",
+            "ansible_port": port,
+            "ansible_user": "root",
+            "ansible_ssh_common_args": "-o ConnectTimeout=5 -o StrictHostKeyChecking=yes "
+            f"-o UserKnownHostsFile={b.known_hosts}",
+            **py,
+        },
+    )
     f.add_raw("gpu_containers", "ct-gone", {"gpubox_vmid": 213, "gpubox_proxmox_host": "pve-gone"})
     f.write()
     before = tree_digest(f.sims["ct-locked"].dest / "pve-locked" / "etc" / "pve")
@@ -349,8 +475,12 @@ def test_a_failing_box_does_not_stop_the_others(workspace, sshd_factory, fleet):
     # The final task names the failed boxes.
     assert re.search(r"2 box\(es\) failed: ct-gone, ct-locked", p.stdout), _explain(p)
     # Only the broken boxes were rescued; the final task (run once) fails the whole play at the end.
-    assert {b: p.recap[b]["rescued"] for b in ("ct-ok", "ct-locked", "ct-gone")} == \
-        {"ct-ok": 0, "ct-locked": 1, "ct-gone": 1}, _explain(p)
+    assert {b: p.recap[b]["rescued"] for b in ("ct-ok", "ct-locked", "ct-gone")} == {
+        "ct-ok": 0,
+        "ct-locked": 1,
+        "ct-gone": 1,
+    }, _explain(p)
     ok_res = json.loads((f.results / "recover" / "ct-ok.json").read_text())
-    assert ok_res["ok"] is True and {"numa-balancing", "nccl-env"} <= \
-        {s["name"] for s in ok_res["steps"] if s["status"] == "fixed"}
+    assert ok_res["ok"] is True and {"numa-balancing", "nccl-env"} <= {
+        s["name"] for s in ok_res["steps"] if s["status"] == "fixed"
+    }

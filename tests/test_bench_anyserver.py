@@ -19,8 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _server(tmp_path, *kv: str) -> Server:
     port = free_port()
-    return Server([sys.executable, "-m", "tests.hostile.server", str(port), *kv], {"PYTHONPATH": str(ROOT)},
-                  port=port, log_path=tmp_path / "s.log", cwd=str(ROOT))
+    return Server(
+        [sys.executable, "-m", "tests.hostile.server", str(port), *kv],
+        {"PYTHONPATH": str(ROOT)},
+        port=port,
+        log_path=tmp_path / "s.log",
+        cwd=str(ROOT),
+    )
 
 
 def test_ready_without_health_endpoint(tmp_path):
@@ -43,16 +48,21 @@ def test_not_ready_error_names_what_answered(tmp_path):
         s.stop()
 
 
-@pytest.mark.parametrize("profile,box,want", [([1, 4, 8], [1], [1]), ([1, 4, 8], None, [1, 4, 8]),
-                                              ([4, 8], [1, 4], [4]), ([8], [1], [1])])
+@pytest.mark.parametrize(
+    "profile,box,want",
+    [([1, 4, 8], [1], [1]), ([1, 4, 8], None, [1, 4, 8]), ([4, 8], [1, 4], [4]), ([8], [1], [1])],
+)
 def test_box_tp_bounds_profile(profile, box, want):
     assert bounded_tps(profile, box) == want
 
 
 def test_run_flags_shape_the_plan():
     prof = apply_overrides(PROFILES["health"], concurrency=[1, 32], output_len=64, prompt_len=50)
-    assert plan(prof) == [("decode", {"output_len": 64}), ("concurrency", {"conc": 1, "output_len": 64}),
-                          ("concurrency", {"conc": 32, "output_len": 64})]
+    assert plan(prof) == [
+        ("decode", {"output_len": 64}),
+        ("concurrency", {"conc": 1, "output_len": 64}),
+        ("concurrency", {"conc": 32, "output_len": 64}),
+    ]
     assert prof["prompt_tokens"] == 50 and PROFILES["health"]["prompt_tokens"] == 128  # no aliasing
     with pytest.raises(GpuboxError, match="--output-len 0"):
         apply_overrides(PROFILES["health"], output_len=0)
@@ -61,6 +71,19 @@ def test_run_flags_shape_the_plan():
 def test_text_output_keeps_verdict_tags(tmp_path, capsys):
     """issue 19 #8: `[failed]` was eaten as rich markup."""
     with hostile(stream="short", short=3) as s:
-        rc, out, err = gpubox(capsys, "bench", "run", "--url", s.url, "--output-len", "16", "--concurrency", "2",
-                              "--prompt-len", "8", "--out", tmp_path / "o")
+        rc, out, err = gpubox(
+            capsys,
+            "bench",
+            "run",
+            "--url",
+            s.url,
+            "--output-len",
+            "16",
+            "--concurrency",
+            "2",
+            "--prompt-len",
+            "8",
+            "--out",
+            tmp_path / "o",
+        )
     assert rc == 1 and "- [failed]" in out and "short answer: 3 of 16" in " ".join(out.split())

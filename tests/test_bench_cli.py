@@ -10,9 +10,8 @@ from gpubox.bench import results
 from gpubox.bench.bench_step import BenchStep
 from gpubox.context import Context
 from gpubox.inventory import Inventory
-from gpubox.simbox import build
 from gpubox.pipeline import run_steps
-
+from gpubox.simbox import build
 from tests.bench_helpers import simserver
 from tests.clirun import gpubox
 
@@ -23,8 +22,20 @@ def sim(tmp_path):
 
 
 def test_bench_box_healthy_json(sim, tmp_path, capsys):
-    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", "--tp", "4,8",
-                          "--methods", "ddtree:15", "--out", tmp_path / "out", "--json")
+    rc, out, err = gpubox(
+        capsys,
+        "-i",
+        sim.inventory_path,
+        "bench",
+        "ct200",
+        "--tp",
+        "4,8",
+        "--methods",
+        "ddtree:15",
+        "--out",
+        tmp_path / "out",
+        "--json",
+    )
     doc = json.loads(out)
     assert rc == 0, doc["verdict"]
     assert results.validate(doc) == []
@@ -33,8 +44,12 @@ def test_bench_box_healthy_json(sim, tmp_path, capsys):
     assert doc["servers"][0]["command"][1:3] == ["-m", "gpubox.bench.simserver"]
     assert doc["servers"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     keys = [m["key"] for m in doc["measurements"]]
-    assert keys == ["tp4/ddtree:15/decode/out1024", "tp4/ddtree:15/concurrency/c8",
-                    "tp8/ddtree:15/decode/out1024", "tp8/ddtree:15/concurrency/c8"]
+    assert keys == [
+        "tp4/ddtree:15/decode/out1024",
+        "tp4/ddtree:15/concurrency/c8",
+        "tp8/ddtree:15/decode/out1024",
+        "tp8/ddtree:15/concurrency/c8",
+    ]
     d4 = doc["measurements"][0]
     assert d4["tok_s"] == pytest.approx(281.1 * 20, rel=0.15)  # the simulator's real pacing
     assert d4["acceptance"]["mean_length"] > 5
@@ -43,27 +58,58 @@ def test_bench_box_healthy_json(sim, tmp_path, capsys):
 
 def test_bench_server_fail_fault(tmp_path, capsys):
     sim = build(tmp_path / "box", ["server_fail"])
-    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", "--tp", "1",
-                          "--methods", "ddtree:15", "--out", tmp_path / "out", "--json")
+    rc, out, err = gpubox(
+        capsys,
+        "-i",
+        sim.inventory_path,
+        "bench",
+        "ct200",
+        "--tp",
+        "1",
+        "--methods",
+        "ddtree:15",
+        "--out",
+        tmp_path / "out",
+        "--json",
+    )
     doc = json.loads(out)
     assert rc == 1 and doc["verdict"]["status"] == "failed"
     srv = doc["servers"][0]
     assert srv["status"] == "failed" and "during start-up" in srv["error"]
     assert "CUDA error" in srv["log_tail"]
-    assert all(m["status"] == "failed" and m["reason"].startswith("server did not start") for m in doc["measurements"])
+    assert all(
+        m["status"] == "failed" and m["reason"].startswith("server did not start")
+        for m in doc["measurements"]
+    )
     assert results.validate(doc) == []
 
 
 def test_bench_table_output(sim, tmp_path, capsys):
-    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", "--tp", "4", "--methods", "ddtree:15",
-                          "--out", tmp_path / "out")
+    rc, out, err = gpubox(
+        capsys,
+        "-i",
+        sim.inventory_path,
+        "bench",
+        "ct200",
+        "--tp",
+        "4",
+        "--methods",
+        "ddtree:15",
+        "--out",
+        tmp_path / "out",
+    )
     assert rc == 0
     assert "SIMULATED" in out and "verdict: healthy" in out
 
 
-@pytest.mark.parametrize("args,msg", [(["--tp", "16"], "TP 16 needs 16 GPUs"),
-                                      (["--methods", "nope"], "unknown method 'nope'"),
-                                      (["--profile", "huge"], "unknown benchmark profile 'huge'")])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--tp", "16"], "TP 16 needs 16 GPUs"),
+        (["--methods", "nope"], "unknown method 'nope'"),
+        (["--profile", "huge"], "unknown benchmark profile 'huge'"),
+    ],
+)
 def test_bad_input_exits_2(sim, capsys, args, msg):
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", *args)
     assert rc == 2 and msg in err and "Traceback" not in err
@@ -71,8 +117,20 @@ def test_bad_input_exits_2(sim, capsys, args, msg):
 
 def test_bench_run_url(tmp_path, capsys):
     with simserver(tmp_path, "--method", "ddtree", "--tp", "4", "--speed", "50") as s:
-        rc, out, err = gpubox(capsys, "bench", "run", "--url", s.url, "--tp", "4", "--method", "ddtree:15",
-                              "--out", tmp_path / "out", "--json")
+        rc, out, err = gpubox(
+            capsys,
+            "bench",
+            "run",
+            "--url",
+            s.url,
+            "--tp",
+            "4",
+            "--method",
+            "ddtree:15",
+            "--out",
+            tmp_path / "out",
+            "--json",
+        )
     doc = json.loads(out)
     assert rc == 0 and doc["url"] == s.url and results.validate(doc) == []
     assert doc["measurements"][0]["key"] == "tp4/ddtree:15/decode/out1024"

@@ -11,7 +11,6 @@ from gpubox.bench import metrics
 from gpubox.bench.client import Client, ContextTooLong, Request, run_concurrent
 from gpubox.bench.runner import measure_server
 from gpubox.bench.workloads import plan, resolve_profile
-
 from tests.bench_helpers import simserver
 
 FAST = ("--speed", "50")
@@ -23,11 +22,13 @@ def run(coro):
 
 def test_stream_counts_tokens_from_usage_not_chunks(tmp_path):
     with simserver(tmp_path, "--method", "ddtree", "--tp", "1", *FAST) as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 p = await c.prompt_of(200)
                 assert await c.count(p) == 200
                 return await c.stream(Request(300, prompt=p))
+
         smp = run(go())
     assert smp.ok, smp.error
     assert smp.output_tokens == 300 and smp.prompt_tokens == 200
@@ -38,12 +39,16 @@ def test_stream_counts_tokens_from_usage_not_chunks(tmp_path):
 
 def test_ignore_eos_gives_fixed_length_and_chat_thinking(tmp_path):
     with simserver(tmp_path, *FAST) as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 fixed = await c.stream(Request(700, prompt="hello there", ignore_eos=True))
                 free = await c.stream(Request(700, prompt="hello there", ignore_eos=False))
-                chat = await c.stream(Request(20, messages=[{"role": "user", "content": "hi"}], thinking=True))
+                chat = await c.stream(
+                    Request(20, messages=[{"role": "user", "content": "hi"}], thinking=True)
+                )
                 return fixed, free, chat
+
         fixed, free, chat = run(go())
     assert fixed.output_tokens == 700
     assert free.ok and free.output_tokens < 700  # the server stopped at "EOS"
@@ -52,12 +57,14 @@ def test_ignore_eos_gives_fixed_length_and_chat_thinking(tmp_path):
 
 def test_context_too_long_is_refused_before_sending_and_server_400_is_clear(tmp_path):
     with simserver(tmp_path, "--max-model-len", "4096", *FAST) as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 with pytest.raises(ContextTooLong, match="exceeds the server's max_model_len 4096"):
                     await c.check_fits(4000, 256)
                 p = await c.prompt_of(4000)
                 return await c.stream(Request(256, prompt=p))  # sent anyway: the server's own 400
+
         smp = run(go())
         truth = __import__("httpx").get(s.url + "/sim/truth").json()
     assert not smp.ok and smp.output_tokens is None
@@ -67,18 +74,22 @@ def test_context_too_long_is_refused_before_sending_and_server_400_is_clear(tmp_
 
 def test_http_500_is_a_failed_sample(tmp_path):
     with simserver(tmp_path, "--error-status", "500", *FAST) as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 return await c.stream(Request(10, prompt="x"))
+
         smp = run(go())
     assert smp.error == "HTTP 500: simulated engine failure"
 
 
 def test_early_close_is_a_failed_sample(tmp_path):
     with simserver(tmp_path, "--close-after", "5", *FAST) as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 return await c.stream(Request(100, prompt="x"))
+
         smp = run(go())
     assert not smp.ok
     assert "mid-stream" in smp.error or "ended early" in smp.error
@@ -87,9 +98,11 @@ def test_early_close_is_a_failed_sample(tmp_path):
 
 def test_hang_becomes_a_timeout_not_a_hang(tmp_path):
     with simserver(tmp_path, "--hang-after", "3", *FAST) as s:
+
         async def go():
             async with Client(s.url, timeout=0.5) as c:
                 return await c.stream(Request(100, prompt="x"))
+
         t0 = time.monotonic()
         smp = run(go())
     assert time.monotonic() - t0 < 5
@@ -97,12 +110,26 @@ def test_hang_becomes_a_timeout_not_a_hang(tmp_path):
 
 
 def test_server_dying_mid_run_fails_the_rest_clearly(tmp_path):
-    prof = resolve_profile("health", {"profiles": {"health": {"repetitions": 2, "warmup": 0, "prompt_tokens": 16}}})
-    prof["workloads"] = [{"kind": "decode", "output_lens": [256]}, {"kind": "concurrency", "concurrency": [4],
-                                                                  "output_len": 256}]
+    prof = resolve_profile(
+        "health", {"profiles": {"health": {"repetitions": 2, "warmup": 0, "prompt_tokens": 16}}}
+    )
+    prof["workloads"] = [
+        {"kind": "decode", "output_lens": [256]},
+        {"kind": "concurrency", "concurrency": [4], "output_len": 256},
+    ]
     with simserver(tmp_path, "--die-after", "300", *FAST) as s:
-        ms = run(measure_server(s.url, tp=1, label="auto", points=plan(prof), prof=prof, timeout=2,
-                                alive=s.alive, died=lambda: "server died: exited 3"))
+        ms = run(
+            measure_server(
+                s.url,
+                tp=1,
+                label="auto",
+                points=plan(prof),
+                prof=prof,
+                timeout=2,
+                alive=s.alive,
+                died=lambda: "server died: exited 3",
+            )
+        )
         assert s.proc.poll() == 3
     assert [m["status"] for m in ms] == ["failed", "failed"]
     assert "requests failed" in ms[0]["reason"] and "server died: exited 3" in ms[0]["reason"]
@@ -112,11 +139,13 @@ def test_server_dying_mid_run_fails_the_rest_clearly(tmp_path):
 
 def test_concurrency_and_spec_metrics(tmp_path):
     with simserver(tmp_path, "--method", "ddtree", "--budget", "15", "--tp", "4", "--speed", "5") as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 before = metrics.scrape(s.url)
                 smp, wall = await run_concurrent(c, [Request(400, prompt="a b c") for _ in range(8)], 8)
                 return smp, wall, metrics.acceptance(before, metrics.scrape(s.url))
+
         smp, wall, acc = run(go())
     assert all(x.ok for x in smp)
     agg = sum(x.output_tokens for x in smp) / wall

@@ -13,7 +13,6 @@ import pytest
 
 from gpubox.bench.client import Client, Request, run_concurrent
 from gpubox.bench.clientnet import LaneTransport, TimedBackend
-
 from tests.bench_helpers import simserver
 
 
@@ -92,6 +91,7 @@ def test_connect_refused_is_connect_error():
 
 def test_lanes_reuse_connections_and_respect_the_cap(tmp_path):
     with simserver(tmp_path, "--rate", "2000", "--ttft", "0.01", "--no-contention") as s:
+
         async def go():
             async with Client(s.url, timeout=5, max_connections=3) as c:
                 lanes: LaneTransport = c._http._transport
@@ -110,6 +110,7 @@ def test_lanes_reuse_connections_and_respect_the_cap(tmp_path):
 
 def test_token_is_never_stamped_before_the_server_wrote_it(tmp_path):
     with simserver(tmp_path, "--rate", "200", "--ttft", "0.03", "--no-contention") as s:
+
         async def go():
             async with Client(s.url, timeout=5) as c:
                 reqs = [Request(10, prompt="a b", extra={"user": f"u{i}"}) for i in range(6)]

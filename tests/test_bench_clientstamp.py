@@ -16,7 +16,6 @@ import pytest
 from gpubox.bench import clientnet
 from gpubox.bench.client import Client, Request
 from gpubox.bench.clientnet import TimedBackend
-
 from tests.bench_helpers import simserver
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPING on TCP is Linux's")
@@ -74,6 +73,7 @@ def test_kernel_stamp_is_arrival_not_when_the_blocked_loop_reads():
 def test_kernel_stamp_of_a_read_is_its_last_byte():
     """The documented limit (Linux 'tcp: Extend SOF_TIMESTAMPING_RX_SOFTWARE to TCP recvmsg'): bytes
     that arrived before a late read are returned together with the stamp of the last of them."""
+
     def script(conn, out):
         conn.recv(16)
         conn.sendall(b"one")
@@ -102,6 +102,7 @@ def test_kernel_stamp_of_a_read_is_its_last_byte():
 def _blocked_stream(url: str, block_s: float, tokens: int = 2):
     """One streamed request to a server with 0.5 s TTFT; the event loop blocks for `block_s` from
     0.2 s after the call (the request is sent by then: asserted through send_wait_s)."""
+
     async def go():
         async with Client(url, timeout=10) as c:
             await c.stream(Request(4, prompt="warm"))  # connection open, model known
@@ -110,6 +111,7 @@ def _blocked_stream(url: str, block_s: float, tokens: int = 2):
         async with httpx.AsyncClient() as h:
             truth = {t["user"]: t for t in (await h.get(url + "/sim/truth")).json()}
         return s, truth["blocked"]
+
     s, t = asyncio.run(go())
     assert s.send_wait_s < 0.2, "the request was not sent before the block; the test proves nothing"
     return s, t

@@ -40,8 +40,20 @@ def _free_port() -> int:
 @pytest.fixture
 def mock_server(tmp_path):
     port = _free_port()
-    argv = [_guidellm(), "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "tiny-mock",
-            "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)]
+    argv = [
+        _guidellm(),
+        "mock-server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        "tiny-mock",
+        "--ttft-ms",
+        str(TTFT_MS),
+        "--itl-ms",
+        str(ITL_MS),
+    ]
     srv = Server(argv, {}, host="127.0.0.1", port=port, log_path=tmp_path / "guidellm.log")
     srv.start()
     try:
@@ -53,13 +65,22 @@ def mock_server(tmp_path):
 
 
 def test_gpubox_measures_guidellm_mock_server(mock_server, tmp_path):
-    prof = {"warmup": 1, "repetitions": 2, "prompt_tokens": 64,
-            "workloads": [{"kind": "decode", "output_lens": [48]},
-                          {"kind": "concurrency", "concurrency": [4], "output_len": 48}]}
-    doc = run_url(mock_server.url, profile="p", settings={"profiles": {"p": prof}}, out_dir=tmp_path / "out",
-                  timeout=30)
+    prof = {
+        "warmup": 1,
+        "repetitions": 2,
+        "prompt_tokens": 64,
+        "workloads": [
+            {"kind": "decode", "output_lens": [48]},
+            {"kind": "concurrency", "concurrency": [4], "output_len": 48},
+        ],
+    }
+    doc = run_url(
+        mock_server.url, profile="p", settings={"profiles": {"p": prof}}, out_dir=tmp_path / "out", timeout=30
+    )
     assert results.validate(doc) == []
-    assert [m["status"] for m in doc["measurements"]] == ["ok", "ok"], [m["reason"] for m in doc["measurements"]]
+    assert [m["status"] for m in doc["measurements"]] == ["ok", "ok"], [
+        m["reason"] for m in doc["measurements"]
+    ]
     learned = doc["servers"][0]["client"]
     assert learned["prompt_sizing"] == "server /tokenize (text shape)", learned
     for m in doc["measurements"]:

@@ -25,8 +25,9 @@ from tests.clirun import gpubox
 SMALL = {"tp": [1], "methods": ["auto"], "repetitions": 1, "warmup": 1}
 
 
-def _inventory(sim, tmp_path: Path, *, container: dict, host: dict | None = None,
-               python: str | None = sys.executable) -> str:
+def _inventory(
+    sim, tmp_path: Path, *, container: dict, host: dict | None = None, python: str | None = sys.executable
+) -> str:
     """The sim's inventory with the container (and host) reached another way, a small profile."""
     inv = yaml.safe_load(sim.inventory_path.read_text())
     kids = inv["all"]["children"]
@@ -91,7 +92,9 @@ def test_bench_over_ssh_measures_inside_the_container(sshd, tmp_path, capsys):
     log = Path(doc["servers"][0]["log"])
     assert log.is_file() and log.read_bytes() == remote_logs[0].read_bytes()
     assert str(log).startswith(str(tmp_path / "results"))
-    assert Path(doc["path"]).is_file() and json.loads(Path(doc["path"]).read_text())["run_id"] == doc["run_id"]
+    assert (
+        Path(doc["path"]).is_file() and json.loads(Path(doc["path"]).read_text())["run_id"] == doc["run_id"]
+    )
     assert doc["facts"]["numa_balancing"] == 0 and doc["facts"]["nccl_profile"] == "pcie-2numa"
     # The NCCL profile resolved on the control side reaches the server's environment.
     assert doc["servers"][0]["env"]["NCCL_ALGO"] == doc["facts"]["nccl_env"]["NCCL_ALGO"]
@@ -125,13 +128,17 @@ def test_bench_through_pct_exec(tmp_path, capsys):
     doc = json.loads(out)
     assert doc["verdict"]["status"] == "healthy"
     assert len(_container_logs(sim)) == 1
-    assert any(c["argv"][:2] == ["exec", "200"] and c["argv"][-2:] == ["-m", "gpubox.bench.remote"]
-               for c in sim.calls("pct"))
+    assert any(
+        c["argv"][:2] == ["exec", "200"] and c["argv"][-2:] == ["-m", "gpubox.bench.remote"]
+        for c in sim.calls("pct")
+    )
 
 
 def test_container_without_gpubox_is_refused_with_the_fix(sshd, tmp_path, capsys):
     sim = build(tmp_path / "box", [])
-    inv = _inventory(sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=_no_gpubox_python(tmp_path))
+    inv = _inventory(
+        sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=_no_gpubox_python(tmp_path)
+    )
     rc, out, err = _bench(capsys, inv, tmp_path)
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
@@ -155,6 +162,7 @@ def test_recover_keeps_repairs_and_fails_the_bench_row(sshd, tmp_path, capsys):
 def test_default_python_is_python3_and_local_runs_stay_in_process(tmp_path, capsys, monkeypatch):
     """A local container never goes through bench.remote (no probe, no subprocess)."""
     from gpubox.bench import remote
+
     sim = build(tmp_path / "box", [])
     inv = yaml.safe_load(sim.inventory_path.read_text())
     inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"].update(SMALL)
@@ -162,6 +170,7 @@ def test_default_python_is_python3_and_local_runs_stay_in_process(tmp_path, caps
 
     def boom(*a, **k):
         raise AssertionError("local run went through bench.remote")
+
     monkeypatch.setattr(remote, "run_remote", boom)
     rc, out, err = _bench(capsys, str(sim.inventory_path), tmp_path)
     assert rc == 0, err
@@ -171,9 +180,10 @@ def test_default_python_is_python3_and_local_runs_stay_in_process(tmp_path, caps
 
 
 def test_request_carries_no_connection_secrets_and_resolves_host_facts(sshd, tmp_path):
+    from gpubox.bench import remote
     from gpubox.context import Context
     from gpubox.inventory import Inventory
-    from gpubox.bench import remote
+
     sim = build(tmp_path / "box", ["numa_balancing"])
     inv = _inventory(sim, tmp_path, container=sshd.vars(), host=sshd.vars())
     ctx = Context(Inventory(inv).box("ct200"))
@@ -191,17 +201,19 @@ def test_request_carries_no_connection_secrets_and_resolves_host_facts(sshd, tmp
     assert {g["numa_node"] for g in req["topology"]["gpus"]} == {0, 1}
     # The container side rebuilds the same GPU choice (TP4 on one NUMA node) from the request.
     from gpubox.bench.launcher import gpus_for_tp
+
     rctx = remote.context_from(req)
     assert gpus_for_tp(4, rctx) == [0, 1, 2, 3]
     with pytest.raises(Exception, match="not reachable from inside the container"):
         rctx.host.read_text("/proc/sys/kernel/numa_balancing")
 
 
-@pytest.mark.parametrize("stdin, fragment", [("not json", "not JSON"),
-                                              ('{"protocol": 99}', "protocol 99")])
+@pytest.mark.parametrize("stdin, fragment", [("not json", "not JSON"), ('{"protocol": 99}', "protocol 99")])
 def test_remote_entry_point_answers_bad_requests_with_an_error(stdin, fragment, capsys, monkeypatch):
     import io
+
     from gpubox.bench import remote
+
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     assert remote.main() == 2
     reply = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

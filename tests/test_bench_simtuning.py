@@ -17,14 +17,13 @@ import yaml
 
 from gpubox.bench.launcher import free_port
 from gpubox.bench.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
-from gpubox.simbox import build
 from gpubox.hwtune.nccl import load_profile
-
+from gpubox.simbox import build
 from tests.bench_helpers import simserver
 from tests.clirun import gpubox
 
 UNTUNED = ["mrrs_512", "numa_balancing", "nccl_missing"]
-PROFILE_ENV = dict(load_profile("pcie-2numa").env)     # what the launcher exports (nccl_env)
+PROFILE_ENV = dict(load_profile("pcie-2numa").env)  # what the launcher exports (nccl_env)
 
 
 def _tuning(sim, tp, env=None, gpus=None):
@@ -52,28 +51,32 @@ def test_all_three_untuned_matches_the_seed_gain(tmp_path):
         assert t.severity == {"nccl": 1.0, "mrrs": 1.0, "numa": 1.0}
         assert t.factor(1) == pytest.approx(1 / TUNING_GAIN_SINGLE)
         assert t.factor(8) == pytest.approx(1 / TUNING_GAIN_C8)
-        assert t.factor(1) > t.factor(4) > t.factor(8)             # concurrency feels it more
-    one = _tuning(sim, 1)           # TP1: no collectives, only NUMA balancing's share remains
+        assert t.factor(1) > t.factor(4) > t.factor(8)  # concurrency feels it more
+    one = _tuning(sim, 1)  # TP1: no collectives, only NUMA balancing's share remains
     assert one.factor(1) == pytest.approx(TUNING_GAIN_SINGLE ** (-1 / 3))
 
 
 def test_nccl_settings_as_nccl_reads_them(tmp_path):
     """Environment over ~/.nccl.conf over /etc/nccl.conf; misspelled names are ignored."""
-    sim = build(tmp_path / "box")                                    # healthy: /etc/nccl.conf rendered
+    sim = build(tmp_path / "box")  # healthy: /etc/nccl.conf rendered
     t = _tuning(sim, 4, {})
     assert t.nccl["NCCL_PROTO"] == {"value": "LL", "source": "/etc/nccl.conf", "tuned": True}
-    t = _tuning(sim, 4, {"NCCL_PROTO": "Simple"})                     # the environment wins
+    t = _tuning(sim, 4, {"NCCL_PROTO": "Simple"})  # the environment wins
     assert t.nccl["NCCL_PROTO"]["source"] == "environment" and t.severity["nccl"] == pytest.approx(1 / 3)
     user = sim.cpath("/root/.nccl.conf")
     user.parent.mkdir(parents=True, exist_ok=True)
     user.write_text("# user file\nNCCL_ALGO=Tree\n")
-    assert _tuning(sim, 4, {}).nccl["NCCL_ALGO"] == {"value": "Tree", "source": "/root/.nccl.conf", "tuned": False}
+    assert _tuning(sim, 4, {}).nccl["NCCL_ALGO"] == {
+        "value": "Tree",
+        "source": "/root/.nccl.conf",
+        "tuned": False,
+    }
 
-    bad = build(tmp_path / "bad", ["nccl_misspelled"])               # NCCL_MIN_NCHANNEL=8, LL,Simpel
+    bad = build(tmp_path / "bad", ["nccl_misspelled"])  # NCCL_MIN_NCHANNEL=8, LL,Simpel
     t = _tuning(bad, 4, {})
-    assert t.nccl["NCCL_MIN_CTAS"]["tuned"] is False                  # one letter short: ignored
+    assert t.nccl["NCCL_MIN_CTAS"]["tuned"] is False  # one letter short: ignored
     assert "Simpel" in t.nccl_fatal
-    assert _tuning(bad, 4, PROFILE_ENV).nccl_fatal is None            # the launcher's env overrides it
+    assert _tuning(bad, 4, PROFILE_ENV).nccl_fatal is None  # the launcher's env overrides it
 
 
 def test_mrrs_counts_for_the_gpus_in_the_group_only(tmp_path):
@@ -81,22 +84,42 @@ def test_mrrs_counts_for_the_gpus_in_the_group_only(tmp_path):
     NUMA node's group does not."""
     sim = build(tmp_path / "box")
     bdf = _tuning(sim, 8).gpus[1]["bdf"]
-    subprocess.run(["setpci", "-A", "linux-sysfs", "-O", f"sysfs.path={sim.hpath('/sys/bus/pci')}",
-                    "-s", bdf, "CAP_EXP+8.w=4000:7000"], check=True)     # code 4: 2048 bytes
+    subprocess.run(
+        [
+            "setpci",
+            "-A",
+            "linux-sysfs",
+            "-O",
+            f"sysfs.path={sim.hpath('/sys/bus/pci')}",
+            "-s",
+            bdf,
+            "CAP_EXP+8.w=4000:7000",
+        ],
+        check=True,
+    )  # code 4: 2048 bytes
     t = _tuning(sim, 4, PROFILE_ENV, gpus=[0, 1, 2, 3])
     assert [g["mrrs"] for g in t.gpus] == [4096, 2048, 4096, 4096]
     assert t.severity["mrrs"] == pytest.approx(1 / 3)
     assert _tuning(sim, 4, PROFILE_ENV, gpus=[4, 5, 6, 7]).factor(1) == 1.0
-    assert _tuning(sim, 1, PROFILE_ENV, gpus=[1]).factor(1) == 1.0   # TP1: MRRS not modelled
+    assert _tuning(sim, 1, PROFILE_ENV, gpus=[1]).factor(1) == 1.0  # TP1: MRRS not modelled
 
 
 # -- the real process ----------------------------------------------------------------------------------
 def test_sim_state_endpoint_and_log(tmp_path, monkeypatch):
     sim = build(tmp_path / "box", UNTUNED)
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
-        monkeypatch.delenv(k)                                  # a server started without the profile
-    with simserver(tmp_path, "--tp", "4", "--method", "ddtree", "--host-root", str(sim.host_root),
-                   "--root", str(sim.ct_root)) as s:
+        monkeypatch.delenv(k)  # a server started without the profile
+    with simserver(
+        tmp_path,
+        "--tp",
+        "4",
+        "--method",
+        "ddtree",
+        "--host-root",
+        str(sim.host_root),
+        "--root",
+        str(sim.ct_root),
+    ) as s:
         st = httpx.get(f"http://127.0.0.1:{s.port}/sim/state", timeout=5).json()
         log = s.log_path.read_text()
     tun = st["tuning"]
@@ -111,8 +134,19 @@ def test_bad_nccl_proto_token_fails_start_at_tp4_only(tmp_path):
     """NCCL rejects a misspelled protocol token at init (FACTS); TP1 never initialises NCCL."""
     sim = build(tmp_path / "box", ["nccl_misspelled"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
-    base = [sys.executable, "-m", "gpubox.bench.simserver", "--startup-s", "0", "--port", str(free_port()),
-            "--host-root", str(sim.host_root), "--root", str(sim.ct_root)]
+    base = [
+        sys.executable,
+        "-m",
+        "gpubox.bench.simserver",
+        "--startup-s",
+        "0",
+        "--port",
+        str(free_port()),
+        "--host-root",
+        str(sim.host_root),
+        "--root",
+        str(sim.ct_root),
+    ]
     p = subprocess.run(base + ["--tp", "4"], env=env, capture_output=True, text=True, timeout=20)
     assert p.returncode == 1
     assert "NCCL_PROTO=LL,Simpel (from /etc/nccl.conf): unknown token 'Simpel'" in p.stdout
@@ -124,8 +158,14 @@ def _small_profile(sim):
     inv = yaml.safe_load(sim.inventory_path.read_text())
     b = inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]
     b.update(tp=[4], methods=["ddtree:15"], repetitions=3)
-    b["profiles"] = {"health": {"workloads": [{"kind": "decode", "output_lens": [1024]},
-                                              {"kind": "concurrency", "concurrency": [8], "output_len": 1024}]}}
+    b["profiles"] = {
+        "health": {
+            "workloads": [
+                {"kind": "decode", "output_lens": [1024]},
+                {"kind": "concurrency", "concurrency": [8], "output_len": 1024},
+            ]
+        }
+    }
     # 3%: the healthy simulator measures within 0.5% of the seed x speed; untuned TP4 is ~5% slower
     b["expect"]["tolerance"] = 0.03
     sim.inventory_path.write_text(yaml.safe_dump(inv, sort_keys=False))
@@ -148,7 +188,9 @@ def test_untuned_box_bench_degraded_then_healthy_after_recover(tmp_path, capsys)
     assert "below the expected" in doc["verdict"]["reasons"][0]["message"]
     before = ms
 
-    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "recover", "ct200", "--yes", "--no-bench", "--json")
+    rc, out, err = gpubox(
+        capsys, "-i", sim.inventory_path, "recover", "ct200", "--yes", "--no-bench", "--json"
+    )
     assert rc == 0, out + err
 
     rc, doc, after = _bench(capsys, sim, tmp_path / "out2")

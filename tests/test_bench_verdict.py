@@ -12,10 +12,15 @@ from gpubox.bench.verdict import evaluate, exit_code
 
 DOC = json.loads((Path(__file__).parent / "data" / "bench_result_sim.json").read_text())
 SPEED = DOC["sim_speed"]
-EXPECT = {"tolerance": 0.15, "min_speedup_over_auto": 3.0,
-          "tok_s": {"tp1": {"auto": 26.6 * SPEED, "ddtree:15": 173.4 * SPEED},
-                    "tp4": {"auto": 37.8 * SPEED, "ddtree:15": 281.1 * SPEED},
-                    "tp8": {"auto": 37.6 * SPEED, "ddtree:15": 263.9 * SPEED}}}
+EXPECT = {
+    "tolerance": 0.15,
+    "min_speedup_over_auto": 3.0,
+    "tok_s": {
+        "tp1": {"auto": 26.6 * SPEED, "ddtree:15": 173.4 * SPEED},
+        "tp4": {"auto": 37.8 * SPEED, "ddtree:15": 281.1 * SPEED},
+        "tp8": {"auto": 37.6 * SPEED, "ddtree:15": 263.9 * SPEED},
+    },
+}
 
 
 def doc():
@@ -86,8 +91,14 @@ def test_history_baseline_degrades_and_absent_history_is_ignored():
 def test_any_request_error_or_server_failure_fails():
     d = doc()
     x = m(d, "tp4/auto/concurrency/c8")
-    x.update(status="failed", reason="1 of 8 requests failed: HTTP 500: boom", tok_s=None, aggregate_tok_s=None,
-             ttft_s=None, tpot_ms=None)
+    x.update(
+        status="failed",
+        reason="1 of 8 requests failed: HTTP 500: boom",
+        tok_s=None,
+        aggregate_tok_s=None,
+        ttft_s=None,
+        tpot_ms=None,
+    )
     v = evaluate(d, EXPECT)
     assert v["status"] == "failed"
     assert "HTTP 500: boom" in v["reasons"][0]["message"]
@@ -99,7 +110,9 @@ def test_any_request_error_or_server_failure_fails():
 def test_skipped_is_not_a_problem_but_nothing_measured_is():
     d = doc()
     for x in d["measurements"]:
-        x.update(status="skipped", reason="too long", tok_s=None, aggregate_tok_s=None, ttft_s=None, tpot_ms=None)
+        x.update(
+            status="skipped", reason="too long", tok_s=None, aggregate_tok_s=None, ttft_s=None, tpot_ms=None
+        )
     v = evaluate(d, EXPECT)
     assert v["status"] == "failed" and v["reasons"][0]["message"] == "no measurement completed"
 
@@ -125,8 +138,13 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="q",pos
 
 
 def test_metrics_parse_and_acceptance_deltas():
-    before = metrics.parse(VLLM_METRICS.replace("1100.0", "500.0").replace("} 100.0", "} 50.0")
-                           .replace("3000.0", "1500.0").replace("180.0", "90.0").replace("150.0", "70.0"))
+    before = metrics.parse(
+        VLLM_METRICS.replace("1100.0", "500.0")
+        .replace("} 100.0", "} 50.0")
+        .replace("3000.0", "1500.0")
+        .replace("180.0", "90.0")
+        .replace("150.0", "70.0")
+    )
     after = metrics.parse(VLLM_METRICS)
     assert after["num_drafts"] == 200 and after["per_pos"] == [180.0, 150.0]
     acc = metrics.acceptance(before, after)

@@ -15,10 +15,28 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted(p.stem for p in (ROOT / "plugins" / "modules").glob("*.py") if p.stem != "__init__")
 # Every sanity test that applies to a modules-only collection and runs without containers; left out:
 # pylint (minutes on 2 cores), pslint/shellcheck (no PowerShell/shell content), changelog (none kept).
-SANITY = ["validate-modules", "ansible-doc", "compile", "import", "pep8", "shebang", "line-endings",
-          "no-smart-quotes", "runtime-metadata", "yamllint", "use-argspec-type-path", "no-get-exception",
-          "empty-init", "symlinks", "ignores", "action-plugin-docs", "no-assert", "replace-urlopen",
-          "use-compat-six", "no-illegal-filenames"]
+SANITY = [
+    "validate-modules",
+    "ansible-doc",
+    "compile",
+    "import",
+    "pep8",
+    "shebang",
+    "line-endings",
+    "no-smart-quotes",
+    "runtime-metadata",
+    "yamllint",
+    "use-argspec-type-path",
+    "no-get-exception",
+    "empty-init",
+    "symlinks",
+    "ignores",
+    "action-plugin-docs",
+    "no-assert",
+    "replace-urlopen",
+    "use-compat-six",
+    "no-illegal-filenames",
+]
 
 pytestmark = pytest.mark.skipif(shutil.which("ansible-galaxy") is None, reason="ansible-core not installed")
 
@@ -45,8 +63,12 @@ def test_build_holds_the_modules_and_nothing_of_the_library(installed):
         names = t.getnames()
     assert {f"plugins/modules/{m}.py" for m in MODULES} <= set(names)
     assert "meta/runtime.yml" in names and "MANIFEST.json" in names
-    leaked = [n for n in names if n.split("/")[0] in {"gpubox", "bench", "provision", "hwtune", "tests",
-                                                       "playbooks", "benchmarks", ".git", "inventory"}]
+    leaked = [
+        n
+        for n in names
+        if n.split("/")[0]
+        in {"gpubox", "bench", "provision", "hwtune", "tests", "playbooks", "benchmarks", ".git", "inventory"}
+    ]
     assert leaked == []
 
 
@@ -59,8 +81,10 @@ def test_every_module_renders_with_ansible_doc(installed):
         assert "EXAMPLES" in p.stdout and "OPTIONS" in p.stdout, p.stdout[:500]
         assert "could not parse" not in p.stderr
         # The playbooks find the same modules through playbooks/collections (playbook-adjacent).
-        _run(["ansible-doc", "--playbook-dir", str(ROOT / "playbooks"), f"gpubox.gpubox.{m}"],
-             env={k: v for k, v in os.environ.items() if k != "ANSIBLE_COLLECTIONS_PATH"})
+        _run(
+            ["ansible-doc", "--playbook-dir", str(ROOT / "playbooks"), f"gpubox.gpubox.{m}"],
+            env={k: v for k, v in os.environ.items() if k != "ANSIBLE_COLLECTIONS_PATH"},
+        )
 
 
 def test_playbooks_call_modules_by_fqcn():
@@ -79,6 +103,7 @@ def test_ansible_test_sanity_passes(installed, tmp_path):
     _, cols = installed
     coll = cols / "ansible_collections" / "gpubox" / "gpubox"
     import ansible
+
     series = ".".join(ansible.__version__.split(".")[:2])
     (coll / "tests" / "sanity").mkdir(parents=True)
     shutil.copy(ROOT / "tests/data/ansible-sanity-ignore.txt", coll / f"tests/sanity/ignore-{series}.txt")
@@ -89,6 +114,7 @@ def test_ansible_test_sanity_passes(installed, tmp_path):
     import re
 
     import ansible_test
+
     reqs = Path(ansible_test.__file__).parent / "_internal" / "python_requirements.py"
     found = re.search(r"pip='([0-9.]+)'", reqs.read_text())  # get_venv_packages' default pip
     pip_version = found.group(1) if found else ""

@@ -25,7 +25,9 @@ def complete(words: str, env_extra=None):
     env = {k: v for k, v in os.environ.items() if k != "GPUBOX_INVENTORY"}
     env.update(_GPUBOX_COMPLETE="bash_complete", COMP_WORDS=words, COMP_CWORD=str(cword), **(env_extra or {}))
 
-    p = subprocess.run([sys.executable, "-m", "gpubox.cli"], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "gpubox.cli"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     return [line.split(",", 1)[1] for line in p.stdout.splitlines() if line.startswith("plain,")]
 
@@ -56,5 +58,7 @@ def test_unreadable_inventory_completes_nothing_quietly(tmp_path):
 
 def test_bash_source_script():
     env = dict(os.environ, _GPUBOX_COMPLETE="bash_source")
-    p = subprocess.run([sys.executable, "-m", "gpubox.cli"], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "gpubox.cli"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0 and "complete -o nosort -F" in p.stdout and "_GPUBOX_COMPLETE" in p.stdout

@@ -17,8 +17,8 @@ from gpubox import cli as cli_mod
 from gpubox.clihelp import box_context, emit, json_option
 from gpubox.host import connect_box
 from gpubox.inventory import Inventory
-from gpubox.steps import Finding, Plan, Step
 from gpubox.pipeline import run_steps
+from gpubox.steps import Finding, Plan, Step
 
 from .clirun import gpubox
 
@@ -32,8 +32,9 @@ def real_gpubox(*argv, env=None, timeout=120):
     cmd = [exe] if exe else [sys.executable, "-m", "gpubox.cli"]
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([*cmd, *map(str, argv)], capture_output=True, text=True, timeout=timeout, env=e,
-                          cwd=ROOT)
+    return subprocess.run(
+        [*cmd, *map(str, argv)], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT
+    )
 
 
 # A subcommand registered only for these tests, through the same lazy COMMANDS table.
@@ -72,6 +73,7 @@ def tcmd(monkeypatch):
 @pytest.fixture
 def simbox(tmp_path):
     from gpubox.simbox import build
+
     return build(tmp_path / "sim", ["numa_balancing"])
 
 
@@ -96,8 +98,9 @@ def test_exit_2_bad_input_one_line(tcmd, simbox, capsys):
 def test_internal_error_outside_steps_is_one_line_exit_2(tcmd, simbox, capsys):
     rc, out, err = gpubox(capsys, "-i", simbox.inventory_path, "tcheck", "ct200", "--boom")
     assert rc == 2 and out == "" and err.count("\n") == 1
-    assert err == ("gpubox: internal error: KeyError: '__nope' "
-                   "(re-run with -v for the traceback and report it)\n")
+    assert err == (
+        "gpubox: internal error: KeyError: '__nope' (re-run with -v for the traceback and report it)\n"
+    )
     rc, _, err = gpubox(capsys, "-vv", "-i", simbox.inventory_path, "tcheck", "ct200", "--boom")
     assert rc == 2 and "Traceback (most recent call last)" in err
 
@@ -140,22 +143,51 @@ def test_real_script_error_is_one_line_and_v_shows_traceback(tmp_path):
 def test_real_script_unreachable_host_names_it(sshd, tmp_path):
     """A box whose Proxmox host does not answer: exit 2, one line naming host and address."""
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     inv = tmp_path / "inv.yml"
     import yaml
-    inv.write_text(yaml.safe_dump({"all": {"children": {
-        "proxmox_hosts": {"hosts": {"pve1": sshd.vars(ansible_port=port, ansible_ssh_timeout=2)}},
-        "gpu_containers": {"hosts": {"ct200": {"gpubox_vmid": 200, "gpubox_proxmox_host": "pve1",
-                                                "gpubox_connection": "pct"}}}}}}))
-    code = ("import sys; from gpubox.cli import main; import tests.test_core_cli as t; "
-            "from gpubox import cli; cli.COMMANDS['tcheck'] = 'tests.test_core_cli:tcheck'; main(sys.argv[1:])")
-    r = subprocess.run([sys.executable, "-c", code, "-i", str(inv), "tcheck", "ct200"], capture_output=True,
-                       text=True, timeout=60, cwd=ROOT)
+
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "proxmox_hosts": {
+                            "hosts": {"pve1": sshd.vars(ansible_port=port, ansible_ssh_timeout=2)}
+                        },
+                        "gpu_containers": {
+                            "hosts": {
+                                "ct200": {
+                                    "gpubox_vmid": 200,
+                                    "gpubox_proxmox_host": "pve1",
+                                    "gpubox_connection": "pct",
+                                }
+                            }
+                        },
+                    }
+                }
+            }
+        )
+    )
+    code = (
+        "import sys; from gpubox.cli import main; import tests.test_core_cli as t; "
+        "from gpubox import cli; cli.COMMANDS['tcheck'] = 'tests.test_core_cli:tcheck'; main(sys.argv[1:])"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, "-i", str(inv), "tcheck", "ct200"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert r.returncode == 2, r.stderr
-    assert r.stderr == f"gpubox: error: pve1: cannot reach 127.0.0.1:{port}: Connection refused " \
-                       "(check ansible_host/ansible_port and that sshd runs there)\n"
+    assert (
+        r.stderr == f"gpubox: error: pve1: cannot reach 127.0.0.1:{port}: Connection refused "
+        "(check ansible_host/ansible_port and that sshd runs there)\n"
+    )
 
 
 # ------------------------------------------------------------------------------ sim
@@ -171,7 +203,9 @@ def test_sim_create_and_faults(tmp_path, capsys):
     assert rc == 0 and doc["faults"] == ["numa_balancing"] and Path(doc["inventory"]).is_file()
     inv = Inventory(doc["inventory"])
     box = inv.box("ct200")
-    assert box.host.root == str(dest.resolve() / "pve1") and box.container.root == str(dest.resolve() / "ct200")
+    assert box.host.root == str(dest.resolve() / "pve1") and box.container.root == str(
+        dest.resolve() / "ct200"
+    )
     host, ct = connect_box(box)
     assert host.read_text("/proc/sys/kernel/numa_balancing") == "1\n"
     assert host.path("/etc/hostname").startswith(str(dest.resolve()))
@@ -180,6 +214,7 @@ def test_sim_create_and_faults(tmp_path, capsys):
     r = host.run(["systemctl", "daemon-reload"])
     assert r.rc == 0, r.stderr
     from gpubox.simbox import SimBox
+
     assert SimBox.load(dest).calls("systemctl")[-1]["argv"] == ["daemon-reload"]
     rc, out, _ = gpubox(capsys, "sim", "create", tmp_path / "human")
     assert rc == 0 and "simulated box in" in out and "faults: none" in out
@@ -198,6 +233,7 @@ def test_sim_create_bad_input(tmp_path, capsys):
 
 def test_healthy_sim_is_seen_healthy_and_inventory_round_trips(tmp_path, capsys):
     from gpubox.simbox import build
+
     sim = build(tmp_path / "ok", [])
     assert sim.hpath("/proc/sys/kernel/numa_balancing").read_text() == "0\n"
     rc, out, _ = gpubox(capsys, "-i", sim.inventory_path, "inventory", "show", "ct200", "--json")
@@ -209,6 +245,7 @@ def test_healthy_sim_is_seen_healthy_and_inventory_round_trips(tmp_path, capsys)
 def test_inventory_option_may_follow_the_subcommand(capsys):
     """`gpubox inventory list -i FILE` works like `gpubox -i FILE inventory list` (issue 2's spelling)."""
     from tests.clirun import gpubox
+
     inv = str(Path(__file__).resolve().parent.parent / "inventory" / "example.yml")
     a = gpubox(capsys, "inventory", "list", "-i", inv, "--json")
     b = gpubox(capsys, "-i", inv, "inventory", "list", "--json")
@@ -217,5 +254,12 @@ def test_inventory_option_may_follow_the_subcommand(capsys):
 
 def test_hoist_keeps_everything_after_double_dash():
     from gpubox.cli import hoist_global_options
-    assert hoist_global_options(["doctor", "ct200", "-i", "x.yml", "-v"]) == ["-i", "x.yml", "-v", "doctor", "ct200"]
+
+    assert hoist_global_options(["doctor", "ct200", "-i", "x.yml", "-v"]) == [
+        "-i",
+        "x.yml",
+        "-v",
+        "doctor",
+        "ct200",
+    ]
     assert hoist_global_options(["stage", "--", "-i", "y"]) == ["stage", "--", "-i", "y"]

@@ -24,8 +24,9 @@ EXAMPLE = ROOT / "inventory" / "example.yml"
 def ansible_inventory(path: Path) -> dict:
     exe = shutil.which("ansible-inventory")
     argv = [exe] if exe else [sys.executable, "-m", "ansible.cli.inventory"]
-    out = subprocess.run([*argv, "-i", str(path), "--list"], capture_output=True, text=True, timeout=120,
-                         check=True)
+    out = subprocess.run(
+        [*argv, "-i", str(path), "--list"], capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -128,10 +129,10 @@ def test_directory_inventory_resolves_with_ansible_precedence(tmp_path):
     inv = Inventory(d)
     _same_as_ansible(inv, d, templated={"model_path"})
     ct200, ct201, pve1 = inv.host("ct200"), inv.host("ct201"), inv.host("pve1")
-    assert ct200.get("level") == "big_inline"          # child group beats its parent
+    assert ct200.get("level") == "big_inline"  # child group beats its parent
     assert ct200.get("gpubox_gpus") == 8
-    assert ct200.get("nccl") == "from_gv_big"          # child's group_vars/ beat the parent's
-    assert ct201.get("level") == "host_vars_file"      # host_vars/ beat inline host vars
+    assert ct200.get("nccl") == "from_gv_big"  # child's group_vars/ beat the parent's
+    assert ct201.get("level") == "host_vars_file"  # host_vars/ beat inline host vars
     assert ct201.get("model_path") == "/dev/shm/ct201"  # templated like Ansible does at run time
     assert pve1.get("nccl") is None and pve1.get("from_gv_all") == 1
     assert ct200.groups == ["big_boxes", "gpu_containers"]
@@ -175,7 +176,7 @@ def test_wrong_structure_is_an_error_not_an_empty_inventory(tmp_path, capsys):
     f.write_text("all:\n  hosts:\n    - pve1\n    - ct200\n")
     rc, out, err = gpubox(capsys, "-i", f, "inventory", "list")
     assert rc == 2 and out == "" and err.count("\n") == 1
-    assert err.startswith(f"gpubox: error: cannot read inventory {f}: Invalid \"hosts\" entry for \"all\" group")
+    assert err.startswith(f'gpubox: error: cannot read inventory {f}: Invalid "hosts" entry for "all" group')
     assert "requires a dictionary, found list" in err and "WARNING" not in err
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -185,7 +186,8 @@ def test_wrong_structure_is_an_error_not_an_empty_inventory(tmp_path, capsys):
 
 def test_templates_resolve_or_stay_as_ansible_would(tmp_path):
     f = tmp_path / "inv.yml"
-    f.write_text(textwrap.dedent("""\
+    f.write_text(
+        textwrap.dedent("""\
         all:
           vars: {models: /mnt/models}
           hosts:
@@ -195,12 +197,15 @@ def test_templates_resolve_or_stay_as_ansible_would(tmp_path):
               gpubox_proxmox_host: pve1
               gpubox_model: {source: "{{ models }}/Q", dest: "/dev/shm/{{ inventory_hostname }}"}
               play_only: "{{ ansible_default_ipv4.address }}"
-        """))
+        """)
+    )
     ct = Inventory(f).host("ct200")
     assert ct.get("gpubox_model") == {"source": "/mnt/models/Q", "dest": "/dev/shm/ct200"}
     assert ct.get("play_only") == "{{ ansible_default_ipv4.address }}"  # facts exist only in a play
     f.write_text(f.read_text().replace("pve1: {}", "pve1: {ansible_host: '{{ nowhere }}'}"))
-    with pytest.raises(InventoryError, match="pve1: variable ansible_host cannot be resolved: 'nowhere' is undefined"):
+    with pytest.raises(
+        InventoryError, match="pve1: variable ansible_host cannot be resolved: 'nowhere' is undefined"
+    ):
         Inventory(f)
 
 
@@ -225,8 +230,10 @@ def test_box_without_proxmox_host(tmp_path, capsys):
     f.write_text("all:\n  hosts:\n    ct200: {gpubox_vmid: 200}\n")
     rc, _, err = gpubox(capsys, "-i", str(f), "inventory", "show", "ct200")
     assert rc == 2
-    assert err == ("gpubox: error: box ct200 has no gpubox_proxmox_host "
-                   "(set gpubox_proxmox_host to the inventory name of its Proxmox host)\n")
+    assert err == (
+        "gpubox: error: box ct200 has no gpubox_proxmox_host "
+        "(set gpubox_proxmox_host to the inventory name of its Proxmox host)\n"
+    )
     f.write_text("all:\n  hosts:\n    pve7: {}\n    ct200: {gpubox_vmid: 200, gpubox_proxmox_host: pve1}\n")
     with pytest.raises(InventoryError, match="'pve1' is not in the inventory.*name one of: pve7"):
         Inventory(f).box("ct200")
@@ -246,8 +253,17 @@ def test_inventory_list_json(capsys):
     doc = json.loads(out)
     assert rc == 0
     assert doc["hosts"] == ["pve1"]
-    assert doc["boxes"] == [{"box": "ct200", "vmid": 200, "proxmox_host": "pve1", "connection": "ssh",
-                             "root": "/", "host_root": "/", "groups": ["gpu_containers"]}]
+    assert doc["boxes"] == [
+        {
+            "box": "ct200",
+            "vmid": 200,
+            "proxmox_host": "pve1",
+            "connection": "ssh",
+            "root": "/",
+            "host_root": "/",
+            "groups": ["gpu_containers"],
+        }
+    ]
 
 
 def test_inventory_show_json_matches_ansible(capsys):

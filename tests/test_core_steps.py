@@ -15,9 +15,9 @@ from gpubox.clihelp import emit
 from gpubox.context import Context
 from gpubox.errors import GpuboxError, TransportError
 from gpubox.inventory import Box, HostEntry
-from gpubox.output import render_report, console
-from gpubox.steps import MODES, Finding, Plan, RunReport, Step
+from gpubox.output import console, render_report
 from gpubox.pipeline import run_steps
+from gpubox.steps import MODES, Finding, Plan, RunReport, Step
 
 KNOB = "/proc/sys/kernel/numa_balancing"
 
@@ -39,14 +39,22 @@ class KnobStep(Step):
         have = ctx.host.read_text(KNOB).strip()
         if have == self.want:
             return Finding.ok(f"{KNOB} = {have}", value=have)
-        return Finding.drift(f"{KNOB} = {have}, want {self.want}", cause="reset by the reboot",
-                             repair=f"write {self.want}", value=have)
+        return Finding.drift(
+            f"{KNOB} = {have}, want {self.want}",
+            cause="reset by the reboot",
+            repair=f"write {self.want}",
+            value=have,
+        )
 
     def plan(self, ctx, finding):
         old = ctx.host.read_text(KNOB)
         diff = "".join(difflib.unified_diff(old.splitlines(True), [self.want + "\n"], KNOB, KNOB))
-        return Plan(f"set {KNOB} to {self.want}", diff=diff,
-                    commands=[["sysctl", "-w", f"kernel.numa_balancing={self.want}"]], data=self.want)
+        return Plan(
+            f"set {KNOB} to {self.want}",
+            diff=diff,
+            commands=[["sysctl", "-w", f"kernel.numa_balancing={self.want}"]],
+            data=self.want,
+        )
 
     def apply(self, ctx, plan):
         ctx.host.write(KNOB, ("7" if self.sabotage else plan.data) + "\n")
@@ -73,8 +81,15 @@ def ctx(tmp_path):
     (root / "proc/sys/kernel").mkdir(parents=True)
     (root / KNOB.lstrip("/")).write_text("1\n")
     host = HostEntry("pve1", {"ansible_connection": "local", "gpubox_root": str(root)})
-    ct = HostEntry("ct200", {"ansible_connection": "local", "gpubox_root": str(tmp_path / "ct200"),
-                             "gpubox_vmid": 200, "gpubox_proxmox_host": "pve1"})
+    ct = HostEntry(
+        "ct200",
+        {
+            "ansible_connection": "local",
+            "gpubox_root": str(tmp_path / "ct200"),
+            "gpubox_vmid": 200,
+            "gpubox_proxmox_host": "pve1",
+        },
+    )
     c = Context(box=Box(container=ct, host=host))
     c.knob = root / KNOB.lstrip("/")
     yield c
@@ -183,6 +198,7 @@ def test_report_json_shape_matches_the_issue(ctx):
 def test_skipped_without_block_is_ok():
     r = RunReport("ct200", "apply")
     from gpubox.steps import StepResult
+
     r.steps.append(StepResult("bench", "ct200", "skipped", detail="--no-bench"))
     assert r.ok and r.exit_code == 0
 

@@ -27,15 +27,34 @@ from gpubox.transport.pct import PctTransport
 from gpubox.transport.ssh import SSHTransport
 
 # Arguments a shell would mangle: they must arrive byte for byte as separate argv elements.
-NASTY = ["a b", "$(id -u)", "`id`", "; rm -rf /tmp/nothing", "'single'", '"double"', "back\\slash",
-         "*", "~", "", "new\nline", "tab\there", "ümlaut €", "--", "-n", "$HOME", "a|b&c>d<e"]
+NASTY = [
+    "a b",
+    "$(id -u)",
+    "`id`",
+    "; rm -rf /tmp/nothing",
+    "'single'",
+    '"double"',
+    "back\\slash",
+    "*",
+    "~",
+    "",
+    "new\nline",
+    "tab\there",
+    "ümlaut €",
+    "--",
+    "-n",
+    "$HOME",
+    "a|b&c>d<e",
+]
 
 
 def _echo_args(t, extra_env=None):
     """Run a Python that prints its argv as JSON: proves each element arrived intact."""
     import json
-    r = t.run([sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *NASTY],
-              env=extra_env)
+
+    r = t.run(
+        [sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *NASTY], env=extra_env
+    )
     assert r.rc == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -109,7 +128,7 @@ def test_local_timeout_is_one_line_error_naming_host(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     t0 = time.monotonic()
     with pytest.raises(TransportError) as ei:
-        t.run(["sh", "-c", f'sleep 30 & echo $! > {pidfile}; wait'], timeout=0.5)
+        t.run(["sh", "-c", f"sleep 30 & echo $! > {pidfile}; wait"], timeout=0.5)
     assert time.monotonic() - t0 < 5
     assert "timed out after 0.5 s on slowbox" in str(ei.value) and "\n" not in str(ei.value)
     pid = int(pidfile.read_text())
@@ -246,7 +265,9 @@ def test_ssh_missing_key_file(sshd, tmp_path):
 def test_ssh_unauthorized_key(sshd, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True
+    )
     with pytest.raises(TransportError, match=f"authentication failed for {sshd.user}@127.0.0.1"):
         sshd.transport("pve1", key_filename=str(tmp_path / "stranger")).run(["true"])
 
@@ -269,7 +290,9 @@ def test_ssh_silent_host_times_out_naming_host(sshd):
         port = srv.getsockname()[1]
         t0 = time.monotonic()
         with pytest.raises(TransportError) as ei:
-            SSHTransport("pve9", "127.0.0.1", port, key_filename=str(sshd.key), connect_timeout=1).run(["true"])
+            SSHTransport("pve9", "127.0.0.1", port, key_filename=str(sshd.key), connect_timeout=1).run(
+                ["true"]
+            )
         took = time.monotonic() - t0
     assert f"pve9: cannot reach 127.0.0.1:{port}" in str(ei.value) and "1 s" in str(ei.value)
     assert 0.9 <= took < 4
@@ -339,6 +362,7 @@ def fake_pct(tmp_path):
 
 def _pct_calls(log: Path):
     import json
+
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -407,7 +431,7 @@ def test_host_write_is_atomic_with_backup_in_state_dir(tmp_path):
 def test_host_bin_dirs_come_first_on_path(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "nvidia-smi").write_text("#!/bin/sh\necho simulated-smi \"$GPUBOX_SIM_SIDE\"\n")
+    (bindir / "nvidia-smi").write_text('#!/bin/sh\necho simulated-smi "$GPUBOX_SIM_SIDE"\n')
     (bindir / "nvidia-smi").chmod(0o755)
     entry = HostEntry("pve1", {"gpubox_bin_dirs": [str(bindir)], "gpubox_env": {"GPUBOX_SIM_SIDE": "host"}})
     h = Host(entry, LocalTransport("pve1"))
@@ -439,8 +463,12 @@ def test_sshd_fixture_inventory_works_for_ansible(sshd, tmp_path):
     inv = sshd.write_inventory(tmp_path / "inv.yml", name="pve1")
     exe = shutil.which("ansible")
     argv = [exe] if exe else [sys.executable, "-m", "ansible.cli.adhoc"]
-    r = subprocess.run([*argv, "-i", str(inv), "pve1", "-m", "command", "-a", "printf %s pong"],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True"})
+    r = subprocess.run(
+        [*argv, "-i", str(inv), "pve1", "-m", "command", "-a", "printf %s pong"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "pve1 | CHANGED | rc=0 >>\npong" in r.stdout

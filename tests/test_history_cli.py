@@ -23,10 +23,21 @@ def test_json_shows_tok_s_per_tp_and_method_over_time(capsys):
     rc, out, _ = gpubox(capsys, "history", "ct200", "--last", "5", "--json")
     assert rc == 0
     doc = json.loads(out)
-    assert doc["keys"] == ["tp1/auto/decode/out1024", "tp1/ddtree:15/decode/out1024", "tp4/auto/decode/out1024",
-                           "tp4/ddtree:15/decode/out1024", "tp8/auto/decode/out1024", "tp8/ddtree:15/decode/out1024"]
+    assert doc["keys"] == [
+        "tp1/auto/decode/out1024",
+        "tp1/ddtree:15/decode/out1024",
+        "tp4/auto/decode/out1024",
+        "tp4/ddtree:15/decode/out1024",
+        "tp8/auto/decode/out1024",
+        "tp8/ddtree:15/decode/out1024",
+    ]
     assert [r["run_id"][-16:] for r in doc["runs"]] == [
-        "20261102T120000Z", "20261102T180000Z", "20261103T000000Z", "20261103T060000Z", "20261103T120000Z"]
+        "20261102T120000Z",
+        "20261102T180000Z",
+        "20261103T000000Z",
+        "20261103T060000Z",
+        "20261103T120000Z",
+    ]
     assert [r["status"] for r in doc["runs"]] == ["degraded", "healthy", "degraded", "degraded", "degraded"]
     assert doc["runs"][0]["values"]["tp8/ddtree:15/decode/out1024"] == pytest.approx(229.6)
     assert doc["runs"][4]["flagged"] == ["tp4/ddtree:15/decode/out1024"]
@@ -50,6 +61,7 @@ def test_no_history_is_a_clear_error(capsys):
 
 def test_on_box_reads_the_scheduled_runs_store(tmp_path, capsys, monkeypatch):
     from gpubox.simbox import build
+
     sim = build(tmp_path / "box")
     record_series(3)
     dest = sim.cpath("/var/lib/gpubox/history")

@@ -59,11 +59,14 @@ def test_torn_line_does_not_hide_other_runs():
     assert [d["run_id"] for d in history.runs("ct200")] == [load(1)["run_id"], load(2)["run_id"]]
 
 
-@pytest.mark.parametrize("bad, words", [
-    ({"schema": "other/1", "box": "ct200", "run_id": "x", "started_at": "t"}, "schema"),
-    ({"schema": "gpubox.bench/1", "box": "ct200", "started_at": "t"}, "run_id"),
-    ({"schema": "gpubox.bench/1", "box": "../etc", "run_id": "x", "started_at": "t"}, "box name"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"schema": "other/1", "box": "ct200", "run_id": "x", "started_at": "t"}, "schema"),
+        ({"schema": "gpubox.bench/1", "box": "ct200", "started_at": "t"}, "run_id"),
+        ({"schema": "gpubox.bench/1", "box": "../etc", "run_id": "x", "started_at": "t"}, "box name"),
+    ],
+)
 def test_bad_documents_are_refused(bad, words):
     with pytest.raises(GpuboxError, match=words):
         history.record(bad)
@@ -85,7 +88,8 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     for p in procs:
         p.join(30)
     assert sorted(d["run_id"] for d in history.runs("ct200", base=tmp_path)) == sorted(
-        [f"ct200-p{n:03d}" for n in range(0, 20)] + [f"ct200-p{n:03d}" for n in range(100, 120)])
+        [f"ct200-p{n:03d}" for n in range(0, 20)] + [f"ct200-p{n:03d}" for n in range(100, 120)]
+    )
 
 
 def test_baseline_is_median_of_last_healthy_runs():
@@ -125,8 +129,10 @@ def test_twelve_percent_drop_is_flagged_naming_measurement_and_size():
 def test_one_off_then_recovery_then_sustained_drop():
     verdicts = replay(11)
     assert verdicts[7]["status"] == "healthy", "run 08 recovered; the one-off drop must not linger"
-    patterns = [(v["reasons"][0]["key"], v["reasons"][0]["pattern"], v["reasons"][0]["runs_below"])
-                for v in verdicts[8:11]]
+    patterns = [
+        (v["reasons"][0]["key"], v["reasons"][0]["pattern"], v["reasons"][0]["runs_below"])
+        for v in verdicts[8:11]
+    ]
     assert patterns == [(TP4, "one-off", 1), (TP4, "one-off", 2), (TP4, "sustained", 3)]
     assert "sustained: 3 runs in a row" in verdicts[10]["reasons"][0]["message"]
     # the sustained drop did not become the new normal
@@ -169,13 +175,17 @@ def test_failed_measurement_fails_the_run():
 
 
 def test_merge_keeps_worst_status_and_does_not_repeat_a_reason():
-    bench_v = {"status": "degraded", "reasons": [{"level": "degraded", "key": TP8, "expected": 263.9,
-                                                 "message": "bench's own"}]}
+    bench_v = {
+        "status": "degraded",
+        "reasons": [{"level": "degraded", "key": TP8, "expected": 263.9, "message": "bench's own"}],
+    }
     mine = regress.evaluate(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}}))
     merged = regress.merge(bench_v, mine)
     assert merged["status"] == "degraded" and len(merged["reasons"]) == 1
-    assert regress.merge({"status": "healthy", "reasons": []},
-                         {"status": "failed", "reasons": []})["status"] == "failed"
+    assert (
+        regress.merge({"status": "healthy", "reasons": []}, {"status": "failed", "reasons": []})["status"]
+        == "failed"
+    )
 
 
 def test_simulated_runs_do_not_set_the_baseline_of_real_ones():

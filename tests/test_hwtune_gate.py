@@ -41,7 +41,7 @@ def test_real_nvswitch_pair_is_judged_against_nvlink_not_pcie(name):
     c = by_name(judge(doc))
     for key in ("p2p gpu0->gpu1", "p2p gpu1->gpu0", "allreduce 0,1"):
         assert c[key].status == "ok" and "NVSwitch 18 x 26.6 GB/s" in c[key].detail
-        assert 30 <= c[key].evidence["pct"] <= 100          # was 612% / 468% against PCIe 63 GB/s
+        assert 30 <= c[key].evidence["pct"] <= 100  # was 612% / 468% against PCIe 63 GB/s
     assert c["path gpu0-gpu1"].status == "ok"
 
 
@@ -52,7 +52,10 @@ def test_links_down_on_one_gpu_are_flagged_and_the_reference_drops():
         r["active"] = False
     g1["nvlink"]["active"] = 14
     c = by_name(judge(doc))
-    assert c["path gpu0-gpu1"].status == "drift" and "gpu1: 4 of 18 NVLinks down (links 0,1,2,3)" in c["path gpu0-gpu1"].detail
+    assert (
+        c["path gpu0-gpu1"].status == "drift"
+        and "gpu1: 4 of 18 NVLinks down (links 0,1,2,3)" in c["path gpu0-gpu1"].detail
+    )
     assert links.pair_path(doc, 0, 1).links == 14
 
 
@@ -91,7 +94,7 @@ def test_pcie_pair_across_numa_says_so():
     assert p.kind == "pcie" and p.numa == "cross" and "across NUMA nodes 0/1" in p.label
     assert links.classify(doc) == "pcie-multi-numa"
     c = by_name(judge(doc))["p2p gpu0->gpu1"]
-    assert "across NUMA nodes 0/1" in c.detail and c.evidence["pct"] > 100   # NVLink speed vs PCIe: visible
+    assert "across NUMA nodes 0/1" in c.detail and c.evidence["pct"] > 100  # NVLink speed vs PCIe: visible
 
 
 # -- the gate --------------------------------------------------------------------------------------
@@ -105,7 +108,7 @@ def test_real_pcie_2numa_is_refused_on_the_h200_pair_with_its_numbers(name):
     assert big["verdict"] == "slower" and big["ratio"] < 0.45
     assert f"{big['baseline']:.1f} -> {big['profile']:.1f} GB/s (x0.41)" in g["summary"]
     assert "is for pcie-multi-numa; this box is nvswitch" in g["summary"]
-    assert g == doc["gate"]          # the recorded verdict is what the same code says today
+    assert g == doc["gate"]  # the recorded verdict is what the same code says today
 
 
 def test_small_size_noise_comes_from_the_aa_arm():
@@ -166,37 +169,65 @@ def test_probe_input_judges_a_recorded_comparison_the_same_way(capsys):
 def fake_child(log: list):
     """Stands in for hwtune/probe.py in a child (no GPU here): records the environment it was given,
     reports busbw shaped by NCCL_PROTO like the real pair (LL: x1.0 small, x0.41 large)."""
+
     def child(argv, env, timeout):
         log.append(dict(env))
         sets = [[int(x) for x in s.split(",")] for s in argv[argv.index("--allreduce-sets") + 1].split(";")]
         sizes = [int(x) for x in argv[argv.index("--allreduce-bytes") + 1].split(",")]
         jitter = 1 + 0.003 * (len(log) % 3)
-        probes = [{"name": "allreduce", "gpus": s, "bytes": b, "status": "ok",
-                   "busbw_gbps": round((40.0 if b < 1 << 24 else 296.0)
-                                       * (0.41 if env.get("NCCL_PROTO") == "LL" and b >= 1 << 24 else 1.0) * jitter, 2)}
-                  for s in sets for b in sizes]
-        return {"env": {k: v for k, v in env.items() if k.startswith(("NCCL_", "NVSHMEM_", "TORCH_SYMM"))},
-                "bandwidth": {"probes": probes}}
+        probes = [
+            {
+                "name": "allreduce",
+                "gpus": s,
+                "bytes": b,
+                "status": "ok",
+                "busbw_gbps": round(
+                    (40.0 if b < 1 << 24 else 296.0)
+                    * (0.41 if env.get("NCCL_PROTO") == "LL" and b >= 1 << 24 else 1.0)
+                    * jitter,
+                    2,
+                ),
+            }
+            for s in sets
+            for b in sizes
+        ]
+        return {
+            "env": {k: v for k, v in env.items() if k.startswith(("NCCL_", "NVSHMEM_", "TORCH_SYMM"))},
+            "bandwidth": {"probes": probes},
+        }
+
     return child
 
 
 def test_arms_rotate_and_every_child_keeps_nvlink_multicast_off():
     log: list = []
-    envs = {"a": {"ARM": "a", "NCCL_NVLS_ENABLE": "1"}, "b": {"ARM": "b"}, "c": {"ARM": "c", "NVSHMEM_DISABLE_NVLS": "0"}}
-    nccl_compare.run_arms(envs, ["p", "--allreduce-sets", "0,1", "--allreduce-bytes", "1024"], 3, 5,
-                          child=fake_child(log))
+    envs = {
+        "a": {"ARM": "a", "NCCL_NVLS_ENABLE": "1"},
+        "b": {"ARM": "b"},
+        "c": {"ARM": "c", "NVSHMEM_DISABLE_NVLS": "0"},
+    }
+    nccl_compare.run_arms(
+        envs, ["p", "--allreduce-sets", "0,1", "--allreduce-bytes", "1024"], 3, 5, child=fake_child(log)
+    )
     assert len(log) == 9 and all(e[k] == v for e in log for k, v in nccl_compare.SAFETY_ENV.items())
     firsts = [log[i]["NCCL_NVLS_ENABLE"] for i in (0, 3, 6)]
     assert firsts == ["0", "0", "0"]
-    assert [e["ARM"] for e in log] == list("abc" "bca" "cab")     # a different arm first each round
+    assert [e["ARM"] for e in log] == list("abcbcacab")  # a different arm first each round
 
 
 def test_ablation_finds_the_variable_that_costs_and_writes_table_and_plot(tmp_path):
     from gpubox.hwtune.cli_ablate import table_md
 
     prof = load_profile("pcie-2numa")
-    res = ablate.run(prof, [{"tp": 2, "gpus": [0, 1]}], sizes=[1 << 20, 256 << 20], repeats=3, python="x",
-                     base_env={}, child=fake_child([]))
+    res = ablate.run(
+        prof,
+        [{"tp": 2, "gpus": [0, 1]}],
+        sizes=[1 << 20, 256 << 20],
+        repeats=3,
+        python="x",
+        base_env={},
+        child=fake_child([]),
+    )
     rows = {(r["metric"], r["arm"]): r for r in res["rows"]}
     big = "allreduce TP2 [0,1] 256 MiB"
     assert rows[(big, "+NCCL_PROTO")]["significant"] == "slower"
@@ -217,16 +248,22 @@ def test_real_ablation_rows_follow_from_their_runs():
         if arm == "none":
             continue
         d, ci = ablate.delta_ci(r["runs"], per[(m, "none")]["runs"])
-        assert r["delta_pct"] == pytest.approx(d, abs=0.01) and r["delta_ci95_pct"] == pytest.approx(ci, abs=0.01)
+        assert r["delta_pct"] == pytest.approx(d, abs=0.01) and r["delta_ci95_pct"] == pytest.approx(
+            ci, abs=0.01
+        )
     big = "allreduce TP2 [0,1] 256 MiB"
     assert per[(big, "+NCCL_PROTO")]["significant"] == "slower"
-    assert {a for (m, a), r in per.items() if m == big and r["significant"] == "slower"} == \
-        {"+NCCL_PROTO", "all-NCCL_ALGO", "all-NCCL_MIN_CTAS", "all"}
+    assert {a for (m, a), r in per.items() if m == big and r["significant"] == "slower"} == {
+        "+NCCL_PROTO",
+        "all-NCCL_ALGO",
+        "all-NCCL_MIN_CTAS",
+        "all",
+    }
 
 
 def test_mean_ci_uses_student_t():
     m, ci = ablate.mean_ci([1.0, 2.0, 3.0])
-    assert m == 2.0 and ci == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-3)
+    assert m == 2.0 and ci == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)
 
 
 # -- profiles fit topologies ------------------------------------------------------------------------
@@ -239,15 +276,15 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     """The simulated 8-GPU box is PCIe on 2 NUMA nodes; a profile for NVLink boxes is refused there
     and nothing is written; pcie-2numa fits and is in place."""
     from gpubox.context import Context
-    from gpubox.inventory import Inventory
-    from gpubox.simbox import build
-    from gpubox.pipeline import run_steps
     from gpubox.hwtune import steps
+    from gpubox.inventory import Inventory
+    from gpubox.pipeline import run_steps
+    from gpubox.simbox import build
 
     sim = build(tmp_path / "box", (), gpus=8)
     doc = yaml.safe_load(sim.inventory_path.read_text())
     ct = doc["all"]["children"]["gpu_containers"]["hosts"]["ct200"]
-    ct["gpubox_numa_nodes"] = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}    # no NVML on a simulated box: the hint
+    ct["gpubox_numa_nodes"] = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}  # no NVML on a simulated box: the hint
     sim.inventory_path.write_text(yaml.safe_dump(doc))
     inv = Inventory(sim.inventory_path)
     nv = tmp_path / "nvonly.yaml"
@@ -259,22 +296,35 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     assert "NCCL_PROTO=Simple" not in sim.cpath("/etc/nccl.conf").read_text()
     ctx2 = Context(box=inv.box("ct200"), inventory=inv, options={})
     assert run_steps(ctx2, steps(ctx2, ("nccl-env",)), "check").steps[0].status == "ok"
-    ct["gpubox_topology"] = "nvswitch"                     # stated in the inventory: wins
+    ct["gpubox_topology"] = "nvswitch"  # stated in the inventory: wins
     sim.inventory_path.write_text(yaml.safe_dump(doc))
     inv = Inventory(sim.inventory_path)
     ctx3 = Context(box=inv.box("ct200"), inventory=inv, options={})
     s3 = run_steps(ctx3, steps(ctx3, ("nccl-env",)), "check").steps[0]
     # refused, and an earlier run installed it: drift, the repair takes gpubox's files of it out
-    assert s3.status == "drift" and "this box is nvswitch" in s3.detail and "files of it are installed" in s3.detail
+    assert (
+        s3.status == "drift"
+        and "this box is nvswitch" in s3.detail
+        and "files of it are installed" in s3.detail
+    )
 
 
 def test_probe_script_reads_nvlink_and_numa_without_nvml_functions():
     """The probe stays standalone: its NVLink/NUMA readers survive a pynvml without those calls."""
-    r = subprocess.run([sys.executable, "-c", "import types, sys; sys.path.insert(0, 'hwtune'); import probe; "
-                        "f = probe._Fields(types.SimpleNamespace(NVMLError=Exception)); "
-                        "print(probe.nvlink_facts(types.SimpleNamespace(), 1, f), "
-                        "probe.numa_facts(types.SimpleNamespace(), 1, None, f))"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import types, sys; sys.path.insert(0, 'hwtune'); import probe; "
+            "f = probe._Fields(types.SimpleNamespace(NVMLError=Exception)); "
+            "print(probe.nvlink_facts(types.SimpleNamespace(), 1, f), "
+            "probe.numa_facts(types.SimpleNamespace(), 1, None, f))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "None {'node': None, 'source': None}"
 
 
@@ -288,7 +338,11 @@ def test_tune_nccl_measure_installs_nothing_it_could_not_measure(tmp_path, capsy
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "nccl", "ct200", "--measure", "--json")
     assert rc == 1, out + err
     step = json.loads(out)["steps"][0]
-    assert step["status"] == "failed" and "refused by the A/B gate" in step["detail"] and "not measured" in step["detail"]
+    assert (
+        step["status"] == "failed"
+        and "refused by the A/B gate" in step["detail"]
+        and "not measured" in step["detail"]
+    )
     assert sorted(p.name for p in sim.cpath("/etc").iterdir()) == before
 
 
@@ -297,7 +351,7 @@ def test_auto_picks_the_profile_written_for_the_topology_and_nothing_for_unknown
 
     assert pick_profile("pcie-multi-numa").name == "pcie-2numa"
     for cls in ("nvswitch", "nvlink", "unknown", "single-gpu"):
-        assert pick_profile(cls) is None          # NCCL's own tuning: no variables
+        assert pick_profile(cls) is None  # NCCL's own tuning: no variables
 
 
 def test_refused_profile_installed_earlier_is_removed_and_only_gpubox_files_go(tmp_path):
@@ -308,8 +362,8 @@ def test_refused_profile_installed_earlier_is_removed_and_only_gpubox_files_go(t
     from gpubox.context import Context
     from gpubox.hwtune import steps
     from gpubox.inventory import Inventory
-    from gpubox.simbox import build
     from gpubox.pipeline import run_steps
+    from gpubox.simbox import build
 
     sim = build(tmp_path / "box", (), gpus=8)
     doc = yaml.safe_load(sim.inventory_path.read_text())
@@ -320,8 +374,13 @@ def test_refused_profile_installed_earlier_is_removed_and_only_gpubox_files_go(t
     inv = Inventory(sim.inventory_path)
     conf = sim.cpath("/etc/nccl.conf")
     assert conf.read_text().startswith("# Managed by gpubox: NCCL profile pcie-2numa")
-    env_files = [p for p in sim.cpath("/etc").rglob("*") if p.is_file() and p != conf
-                 and p.read_text(errors="replace").startswith("# Managed by gpubox: NCCL profile")]
+    env_files = [
+        p
+        for p in sim.cpath("/etc").rglob("*")
+        if p.is_file()
+        and p != conf
+        and p.read_text(errors="replace").startswith("# Managed by gpubox: NCCL profile")
+    ]
     assert env_files, "the healthy simulated box has the profile's EnvironmentFile"
 
     def run(mode):
@@ -337,6 +396,6 @@ def test_refused_profile_installed_earlier_is_removed_and_only_gpubox_files_go(t
     again = run("apply")
     assert not again.changed and again.status == "failed" and "not installed" in again.detail
 
-    conf.write_text("NCCL_DEBUG=WARN\n")                    # the operator's own file: not gpubox's
+    conf.write_text("NCCL_DEBUG=WARN\n")  # the operator's own file: not gpubox's
     mine = run("apply")
     assert not mine.changed and conf.read_text() == "NCCL_DEBUG=WARN\n"

@@ -13,22 +13,31 @@ import pytest
 
 from gpubox.context import Context
 from gpubox.errors import GpuboxError
-from gpubox.inventory import Inventory
-from gpubox.simbox import build
-from gpubox.pipeline import run_steps
 from gpubox.hwtune import nccl, steps
 from gpubox.hwtune.nccl import CONF_FILE, ENV_FILE
+from gpubox.inventory import Inventory
+from gpubox.pipeline import run_steps
+from gpubox.simbox import build
 
 
 def gpubox(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "gpubox.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpubox.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def bash_env(path) -> dict[str, str]:
     """What a shell sees after `source FILE` (set -a exports plain K=V lines too)."""
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "bash", str(path)],
-                         capture_output=True, check=True, env={"PATH": os.environ["PATH"]}).stdout.decode()
+    out = subprocess.run(
+        ["bash", "-c", 'set -a; source "$1"; env -0', "bash", str(path)],
+        capture_output=True,
+        check=True,
+        env={"PATH": os.environ["PATH"]},
+    ).stdout.decode()
     pairs = (item.split("=", 1) for item in out.split("\0") if "=" in item)
     return {k: v for k, v in pairs if k.startswith("NCCL_")}
 
@@ -46,6 +55,7 @@ TRICKY = {
 @pytest.fixture
 def tricky_profile(tmp_path):
     import yaml
+
     p = tmp_path / "tricky.yaml"
     p.write_text(yaml.safe_dump({"name": "tricky", "description": "quoting torture", "env": TRICKY}))
     return p
@@ -53,35 +63,49 @@ def tricky_profile(tmp_path):
 
 # -- validation -------------------------------------------------------------------------------
 def test_typos_are_caught_with_did_you_mean():
-    issues = {(i.name, i.level): i for i in nccl.validate({"NCCL_MIN_NCHANNEL": "8", "NCCL_PROTO": "LL,Simpel"})}
+    issues = {
+        (i.name, i.level): i for i in nccl.validate({"NCCL_MIN_NCHANNEL": "8", "NCCL_PROTO": "LL,Simpel"})
+    }
     name = issues[("NCCL_MIN_NCHANNEL", "error")]
     assert name.suggestion == "NCCL_MIN_NCHANNELS" and "ignores it silently" in name.message
     proto = issues[("NCCL_PROTO", "error")]
     assert proto.suggestion == "Simple" and "'Simpel'" in proto.message
 
 
-@pytest.mark.parametrize("name,value,fragment", [
-    ("NCCL_ALGO", "Ring,Tre", "unknown algorithm 'Tre'"),
-    ("NCCL_ALGO", "allreduc:tree", "unknown collective 'allreduc'"),
-    ("NCCL_P2P_LEVEL", "NVLINK", "silently ignore"),
-    ("NCCL_NTHREADS", "100", "not one of 64, 128, 256, 512"),
-    ("NCCL_MIN_CTAS", "65", "outside 1..64"),
-    ("NCCL_IB_DISABLE", "yes", "not 0 or 1"),
-    ("NCCL_DEBUG", "VERBOSE", "not one of"),
-    ("NCCL_DEBUG_SUBSYS", "INIT,GRAPHS", "unknown entry 'GRAPHS'"),
-    ("NCCL_BUFFSIZE", "4M", "not an integer"),
-])
+@pytest.mark.parametrize(
+    "name,value,fragment",
+    [
+        ("NCCL_ALGO", "Ring,Tre", "unknown algorithm 'Tre'"),
+        ("NCCL_ALGO", "allreduc:tree", "unknown collective 'allreduc'"),
+        ("NCCL_P2P_LEVEL", "NVLINK", "silently ignore"),
+        ("NCCL_NTHREADS", "100", "not one of 64, 128, 256, 512"),
+        ("NCCL_MIN_CTAS", "65", "outside 1..64"),
+        ("NCCL_IB_DISABLE", "yes", "not 0 or 1"),
+        ("NCCL_DEBUG", "VERBOSE", "not one of"),
+        ("NCCL_DEBUG_SUBSYS", "INIT,GRAPHS", "unknown entry 'GRAPHS'"),
+        ("NCCL_BUFFSIZE", "4M", "not an integer"),
+    ],
+)
 def test_bad_values_are_errors(name, value, fragment):
     errs = nccl.errors(nccl.validate({name: value}))
     assert errs and any(fragment in e.message for e in errs), [str(e) for e in errs]
 
 
-@pytest.mark.parametrize("name,value", [
-    ("NCCL_ALGO", "ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring"),
-    ("NCCL_ALGO", "allreduce:^tree"), ("NCCL_PROTO", "^LL128"), ("NCCL_P2P_LEVEL", "sys"),
-    ("NCCL_BUFFSIZE", "0x400000"), ("NCCL_DEBUG", "warn"), ("NCCL_DEBUG_SUBSYS", "^INIT,COLL"),
-    ("NCCL_CTA_POLICY", "EFFICIENCY|ZERO"), ("NCCL_NETDEVS_POLICY", "MAX:2"), ("NCCL_SOCKET_IFNAME", "=eth0"),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("NCCL_ALGO", "ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring"),
+        ("NCCL_ALGO", "allreduce:^tree"),
+        ("NCCL_PROTO", "^LL128"),
+        ("NCCL_P2P_LEVEL", "sys"),
+        ("NCCL_BUFFSIZE", "0x400000"),
+        ("NCCL_DEBUG", "warn"),
+        ("NCCL_DEBUG_SUBSYS", "^INIT,COLL"),
+        ("NCCL_CTA_POLICY", "EFFICIENCY|ZERO"),
+        ("NCCL_NETDEVS_POLICY", "MAX:2"),
+        ("NCCL_SOCKET_IFNAME", "=eth0"),
+    ],
+)
 def test_documented_values_pass(name, value):
     assert nccl.errors(nccl.validate({name: value})) == []
 
@@ -91,14 +115,16 @@ def test_deprecated_and_debug_class_warn():
     msgs = [str(i) for i in issues if i.level == "warning"]
     assert any("deprecated since NCCL 2.17; use NCCL_MIN_CTAS" in m for m in msgs)
     assert any("debugging knob" in m and m.startswith("NCCL_MIN_NCHANNELS") for m in msgs)
-    assert not any(m.startswith("NCCL_SOCKET_IFNAME") for m in msgs)      # system-class: no warning
+    assert not any(m.startswith("NCCL_SOCKET_IFNAME") for m in msgs)  # system-class: no warning
     assert not nccl.errors(issues)
 
 
 def test_undocumented_source_names_warn_and_unknown_names_error():
     issues = nccl.validate({"NCCL_NVLS_NCHANNELS": "8", "NCCL_FOO": "1", " NCCL_DEBUG": "WARN"})
     by = {i.name: i for i in issues}
-    assert by["NCCL_NVLS_NCHANNELS"].level == "warning" and "not documented" in by["NCCL_NVLS_NCHANNELS"].message
+    assert (
+        by["NCCL_NVLS_NCHANNELS"].level == "warning" and "not documented" in by["NCCL_NVLS_NCHANNELS"].message
+    )
     assert by["NCCL_FOO"].level == "error" and by["NCCL_FOO"].suggestion is None
     assert by[" NCCL_DEBUG"].level == "error" and "spaces" in by[" NCCL_DEBUG"].message
 
@@ -124,10 +150,16 @@ def test_envfile_strict_parser_agrees(tmp_path):
     text = nccl.render(TRICKY, "envfile", header="x")
     assert nccl.parse_envfile(text) == TRICKY
     # systemd rules the parser follows: comments, whitespace trimming, quotes, escapes, continuation
-    sample = ("# c\n; c2\n  NCCL_A = spaced value  \nNCCL_B='a $b \\n'\nNCCL_C=\"q \\\" \\$x \\\\\"\n"
-              "NCCL_D=one\\\ntwo\nnot a line\n1BAD=x\n")
-    assert nccl.parse_envfile(sample) == {"NCCL_A": "spaced value", "NCCL_B": "a $b \\n", "NCCL_C": 'q " $x \\',
-                                          "NCCL_D": "onetwo"}
+    sample = (
+        '# c\n; c2\n  NCCL_A = spaced value  \nNCCL_B=\'a $b \\n\'\nNCCL_C="q \\" \\$x \\\\"\n'
+        "NCCL_D=one\\\ntwo\nnot a line\n1BAD=x\n"
+    )
+    assert nccl.parse_envfile(sample) == {
+        "NCCL_A": "spaced value",
+        "NCCL_B": "a $b \\n",
+        "NCCL_C": 'q " $x \\',
+        "NCCL_D": "onetwo",
+    }
 
 
 def test_docker_and_ncclconf_are_literal(tmp_path):
@@ -161,7 +193,7 @@ def test_cli_profiles_show_export(tmp_path, tricky_profile):
     assert r.returncode == 0
     profiles = json.loads(r.stdout)
     assert profiles["pcie-2numa"]["env"]["NCCL_PROTO"] == "LL"
-    assert "NCCL_MIN_NCHANNELS" not in profiles["pcie-2numa"]["env"]        # deprecated: MIN_CTAS instead
+    assert "NCCL_MIN_NCHANNELS" not in profiles["pcie-2numa"]["env"]  # deprecated: MIN_CTAS instead
     assert gpubox("nccl", "show", "pcie-2numa").returncode == 0
     out = tmp_path / "out.env"
     r = gpubox("nccl", "export", "--profile", str(tricky_profile), "--format", "envfile", "-o", str(out))

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 from gpubox.context import Context
-from gpubox.inventory import Inventory
-from gpubox.simbox import build
-from gpubox.pipeline import run_steps
 from gpubox.hwtune import steps
 from gpubox.hwtune.numa import CONF, KNOB
+from gpubox.inventory import Inventory
+from gpubox.pipeline import run_steps
+from gpubox.simbox import build
 
 
 def make(tmp_path, faults=(), **options):
@@ -43,8 +43,23 @@ def test_on_is_found_and_turned_off_once(tmp_path):
 
 def test_dry_run_changes_nothing(tmp_path):
     sim, _ = make(tmp_path, ["numa_balancing"])
-    r = subprocess.run([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "tune", "numa", "ct200",
-                        "--dry-run", "--persist", "--json"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpubox.cli",
+            "-i",
+            str(sim.inventory_path),
+            "tune",
+            "numa",
+            "ct200",
+            "--dry-run",
+            "--persist",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1
     st = json.loads(r.stdout)["steps"][0]
     assert "would write 0" in st["detail"] and f"+++ b{CONF}" in st["diff"]
@@ -65,7 +80,7 @@ def test_persist_when_live_already_off(tmp_path):
     chk = numa(ctx, "check").steps[0]
     assert chk.status == "drift" and "at boot: kernel default" in chk.detail
     rep = numa(ctx, "apply").steps[0]
-    assert rep.status == "fixed" and rep.commands == []       # only the file, no live write
+    assert rep.status == "fixed" and rep.commands == []  # only the file, no live write
     assert sim.hpath(CONF).exists()
 
 
@@ -88,6 +103,9 @@ def test_bad_inventory_value_is_bad_input(tmp_path):
     sim = build(tmp_path / "box", [], gpus=1)
     sim.inventory_extra["host"]["gpubox_numa_balancing"] = "off"
     sim.write_inventory()
-    r = subprocess.run([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "tune", "numa", "ct200"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "tune", "numa", "ct200"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "gpubox_numa_balancing = 'off'" in r.stderr

@@ -14,14 +14,16 @@ import pytest
 
 from gpubox.context import Context
 from gpubox.errors import GpuboxError
-from gpubox.inventory import Inventory
-from gpubox.simbox import build
-from gpubox.simbox.pci import CAP_EXP, NO_CAP_BDF
-from gpubox.pipeline import run_steps
 from gpubox.hwtune import steps
 from gpubox.hwtune.pcie import UNIT, UNIT_PATH, decode_devctl, parse_mrrs, select_functions, write_argv
+from gpubox.inventory import Inventory
+from gpubox.pipeline import run_steps
+from gpubox.simbox import build
+from gpubox.simbox.pci import CAP_EXP, NO_CAP_BDF
 
-pytestmark = pytest.mark.skipif(not shutil.which("setpci") or not shutil.which("lspci"), reason="needs pciutils")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("setpci") or not shutil.which("lspci"), reason="needs pciutils"
+)
 
 
 def make(tmp_path, faults=(), gpus=8, **options):
@@ -51,14 +53,22 @@ def devctl(cfg: bytes) -> int:
 
 
 def lspci(sim, bdf) -> str:
-    r = subprocess.run(["lspci", "-vvv", "-A", "linux-sysfs", "-O", f"sysfs.path={sim.hpath('/sys/bus/pci')}",
-                        "-s", bdf], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["lspci", "-vvv", "-A", "linux-sysfs", "-O", f"sysfs.path={sim.hpath('/sys/bus/pci')}", "-s", bdf],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return r.stdout
 
 
 def cli(sim, *args):
-    return subprocess.run([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def pcie(ctx, mode):
@@ -66,8 +76,8 @@ def pcie(ctx, mode):
 
 
 # -- every starting state ends with only bits 14:12 changed ----------------------------------------
-OTHER_BITS = [0x0000, 0x0917, 0x0F1F]      # none; ext tag + no snoop + err reporting; every low bit
-COMBOS = list(itertools.product(range(6), range(6), OTHER_BITS))   # MRRS code x MPS code x other bits
+OTHER_BITS = [0x0000, 0x0917, 0x0F1F]  # none; ext tag + no snoop + err reporting; every low bit
+COMBOS = list(itertools.product(range(6), range(6), OTHER_BITS))  # MRRS code x MPS code x other bits
 
 
 def test_masked_write_changes_only_mrrs_bits_for_every_starting_state(tmp_path):
@@ -76,20 +86,20 @@ def test_masked_write_changes_only_mrrs_bits_for_every_starting_state(tmp_path):
     assert len(gpus) == 8
     for batch in range(0, len(COMBOS), len(gpus)):
         words = {}
-        for bdf, (mrrs, mps, other) in zip(gpus, COMBOS[batch:batch + len(gpus)]):
-            words[bdf] = (mrrs << 12) | (mps << 5) | other     # bit 15 (FLR) always clear
+        for bdf, (mrrs, mps, other) in zip(gpus, COMBOS[batch : batch + len(gpus)]):
+            words[bdf] = (mrrs << 12) | (mps << 5) | other  # bit 15 (FLR) always clear
             set_devctl(sim, bdf, words[bdf])
         before = configs(sim)
         res = pcie(ctx, "apply")
         after = configs(sim)
         assert res.status in ("fixed", "ok"), res.detail
         for name, cfg in before.items():
-            if name not in words:                       # audio functions and the bridge: untouched
+            if name not in words:  # audio functions and the bridge: untouched
                 assert after[name] == cfg, name
                 continue
             old, new = devctl(cfg), devctl(after[name])
             assert new == (old & ~0x7000) | 0x5000, f"{name}: 0x{old:04x} -> 0x{new:04x}"
-            assert not new & 0x8000                     # never an FLR
+            assert not new & 0x8000  # never an FLR
             diff = [i for i in range(4096) if cfg[i] != after[name][i]]
             assert all(i in (CAP_EXP + 8, CAP_EXP + 9) for i in diff), (name, diff)
     out = lspci(sim, gpus[0])
@@ -130,8 +140,16 @@ def test_dry_run_shows_decode_and_argv_and_changes_nothing(tmp_path):
     doc = json.loads(r.stdout)
     st = {s["name"]: s for s in doc["steps"]}["pcie-mrrs"]
     assert "DevCtl 0x2936 -> 0x5936" in st["detail"] and "MaxReadReq 512 -> 4096" in st["detail"]
-    assert ["setpci", "-A", "linux-sysfs", "-O", f"sysfs.path={sim.hpath('/sys/bus/pci')}", "-s", "0000:17:00.0",
-            "CAP_EXP+8.w=5000:7000"] in st["commands"]
+    assert [
+        "setpci",
+        "-A",
+        "linux-sysfs",
+        "-O",
+        f"sysfs.path={sim.hpath('/sys/bus/pci')}",
+        "-s",
+        "0000:17:00.0",
+        "CAP_EXP+8.w=5000:7000",
+    ] in st["commands"]
     assert configs(sim) == snap and not doc["changed"]
 
 
@@ -142,7 +160,7 @@ def test_include_audio_tunes_audio_function_masked(tmp_path):
     assert res.status == "fixed"
     after = configs(sim)
     assert devctl(after["0000:17:00.1"]) == (devctl(before["0000:17:00.1"]) & ~0x7000) | 0x5000
-    assert after["0000:17:00.0"] == before["0000:17:00.0"]      # GPU was already at 4096
+    assert after["0000:17:00.0"] == before["0000:17:00.0"]  # GPU was already at 4096
 
 
 @pytest.mark.parametrize("value", ["3000", "6", "-1", "8192", "64", "abc", "7"])
@@ -164,7 +182,9 @@ def test_invalid_mrrs_in_inventory_is_bad_input(tmp_path):
     assert r.returncode == 2 and "invalid MaxReadReq '3000'" in r.stderr
 
 
-@pytest.mark.parametrize("value,code", [("4096", 5), (4096, 5), ("128", 0), ("0", 0), ("5", 5), ("0x200", 2), (1024, 3)])
+@pytest.mark.parametrize(
+    "value,code", [("4096", 5), (4096, 5), ("128", 0), ("0", 0), ("5", 5), ("0x200", 2), (1024, 3)]
+)
 def test_parse_mrrs_accepts_bytes_and_codes(value, code):
     assert parse_mrrs(value) == code
 
@@ -203,8 +223,10 @@ def test_persist_installs_enabled_boot_unit(tmp_path):
     unit = sim.hpath(UNIT_PATH).read_text()
     assert "After=systemd-udev-settle.service" in unit and "Before=pve-guests.service" in unit
     execs = re.findall(r"^ExecStart=(.*)$", unit, re.M)
-    assert execs == [f"/usr/bin/setpci -s {b} CAP_EXP+8.w=5000:7000"
-                     for b in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0", "0000:89:00.0")]
+    assert execs == [
+        f"/usr/bin/setpci -s {b} CAP_EXP+8.w=5000:7000"
+        for b in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0", "0000:89:00.0")
+    ]
     assert sim.read_state()["units"]["host"][UNIT]["enabled"] is True
     calls = [c["argv"] for c in sim.calls("systemctl")]
     assert ["daemon-reload"] in calls and ["enable", UNIT] in calls
@@ -215,6 +237,7 @@ def test_persist_installs_enabled_boot_unit(tmp_path):
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
 def test_boot_unit_passes_systemd_analyze_verify(tmp_path):
     from gpubox.hwtune.pcie import unit_text
+
     p = tmp_path / UNIT
     p.write_text(unit_text(["0000:17:00.0", "0000:2a:00.0"], 5))
     r = subprocess.run(["systemd-analyze", "verify", str(p)], capture_output=True, text=True, timeout=60)
@@ -248,11 +271,12 @@ def test_selection_excludes_audio_and_bridge(tmp_path):
 
 
 def test_decode_and_argv():
-    d = decode_devctl(0x5134)           # the H200 of FACTS: MRRS 4096, MPS 256
+    d = decode_devctl(0x5134)  # the H200 of FACTS: MRRS 4096, MPS 256
     assert (d["mrrs"], d["mps"], d["flr_bit"]) == (4096, 256, False)
     assert decode_devctl(0x2936)["mrrs"] == 512
 
     class H:
         sysfs_pci = "/sys/bus/pci"
+
     assert write_argv(H(), "0000:17:00.0", 5)[-1] == "CAP_EXP+8.w=5000:7000"
     assert write_argv(H(), "0000:17:00.0", 0)[-1] == "CAP_EXP+8.w=0000:7000"

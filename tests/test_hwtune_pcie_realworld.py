@@ -27,11 +27,13 @@ pytestmark = pytest.mark.skipif(not shutil.which("lspci"), reason="needs pciutil
 REPO = Path(__file__).resolve().parent.parent
 CASES = [p for p in sorted(STEPS.glob("pcie-*/*.json")) if "sample" in json.loads(p.read_text())]
 # The lines of `lspci -vvv` that come from DevCtl, LnkCap and LnkSta.
-LINES = [r"DevCtl:\s*CorrErr[+-] NonFatalErr[+-] FatalErr[+-] UnsupReq[+-]",
-         r"RlxdOrd[+-] ExtTag[+-] PhantFunc[+-] AuxPwr[+-] NoSnoop[+-]",
-         r"MaxPayload \d+ bytes, MaxReadReq \d+ bytes",
-         r"LnkCap:\s*Port #\d+, Speed [0-9.]+GT/s, Width x\d+",
-         r"LnkSta:\s*Speed [0-9.]+GT/s(?: \(\w+\))?, Width x\d+(?: \(\w+\))?"]
+LINES = [
+    r"DevCtl:\s*CorrErr[+-] NonFatalErr[+-] FatalErr[+-] UnsupReq[+-]",
+    r"RlxdOrd[+-] ExtTag[+-] PhantFunc[+-] AuxPwr[+-] NoSnoop[+-]",
+    r"MaxPayload \d+ bytes, MaxReadReq \d+ bytes",
+    r"LnkCap:\s*Port #\d+, Speed [0-9.]+GT/s, Width x\d+",
+    r"LnkSta:\s*Speed [0-9.]+GT/s(?: \(\w+\))?, Width x\d+(?: \(\w+\))?",
+]
 
 
 def _norm(s: str) -> str:
@@ -57,7 +59,7 @@ def test_case_registers_print_as_the_real_sample(tmp_path, path):
     sample = (REPO / case["sample"]).read_text()
     want = _lines(sample)
     assert want, f"{case['sample']} has no DevCtl/LnkCap/LnkSta line"
-    (dev,) = [DeviceRegs(**d) for d in case["facts"]["devices"]]      # one function per sample
+    (dev,) = [DeviceRegs(**d) for d in case["facts"]["devices"]]  # one function per sample
     sim = build(tmp_path / "box", (), gpus=1)
     bdf = "0000:17:00.0"
     cfg = sim.hpath(f"/sys/bus/pci/devices/{bdf}/config")
@@ -66,7 +68,12 @@ def test_case_registers_print_as_the_real_sample(tmp_path, path):
     struct.pack_into("<I", b, CAP_EXP + 0x0C, dev.lnkcap)
     struct.pack_into("<H", b, CAP_EXP + 0x12, dev.lnksta)
     cfg.write_bytes(bytes(b))
-    r = subprocess.run(["lspci", "-vvv", "-A", "linux-sysfs", "-O", f"sysfs.path={sim.hpath('/sys/bus/pci')}",
-                        "-s", bdf], capture_output=True, text=True, check=True, timeout=60)
+    r = subprocess.run(
+        ["lspci", "-vvv", "-A", "linux-sysfs", "-O", f"sysfs.path={sim.hpath('/sys/bus/pci')}", "-s", bdf],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     got = _lines(r.stdout)
     assert {k: got.get(k) for k in want} == want, r.stdout

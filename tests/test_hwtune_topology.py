@@ -12,13 +12,13 @@ import pytest
 
 from gpubox.context import Context
 from gpubox.errors import GpuboxError
+from gpubox.hwtune.topology import Gpu, Topology, discover, from_inventory, from_nvml, from_sysfs, gpus_for_tp
 from gpubox.inventory import Inventory
 from gpubox.simbox import build
-from gpubox.hwtune.topology import Gpu, Topology, discover, from_inventory, from_nvml, from_sysfs, gpus_for_tp
 
 # A pynvml-shaped module over recorded values (NVML itself cannot run without a GPU). Errors are
 # raised the way pynvml raises them: an NVMLError subclass per return code.
-FAKE_PYNVML = textwrap.dedent('''
+FAKE_PYNVML = textwrap.dedent("""
     import json, os
     NVML_FEATURE_ENABLED = 1
     NVML_NVLINK_MAX_LINKS = 18
@@ -63,24 +63,58 @@ FAKE_PYNVML = textwrap.dedent('''
     def nvmlDeviceGetNvLinkRemotePciInfo(h, link): return _O(busId=_v(h, "nvlinks")[link])
     def nvmlDeviceGetTopologyCommonAncestor(a, b):
         return _d()["common_ancestor"][f"{min(a, b)}-{max(a, b)}"]
-''')
+""")
 
 # The H200 VM of FACTS: one GPU at 0000:00:06.0, numa_node -1, Gen5 x16, driver 580.159.04.
-H200 = {"driver": "580.159.04", "common_ancestor": {}, "devices": [
-    {"name": "NVIDIA H200", "uuid": "GPU-0", "busId": "00000000:00:06.0", "memory_total": 150754820096,
-     "numa": "NotSupported", "gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "nvlinks": []}]}
+H200 = {
+    "driver": "580.159.04",
+    "common_ancestor": {},
+    "devices": [
+        {
+            "name": "NVIDIA H200",
+            "uuid": "GPU-0",
+            "busId": "00000000:00:06.0",
+            "memory_total": 150754820096,
+            "numa": "NotSupported",
+            "gen": 5,
+            "width": 16,
+            "max_gen": 5,
+            "max_width": 16,
+            "nvlinks": [],
+        }
+    ],
+}
 
 
 def eight_gpu_doc(nvlink: bool) -> dict:
     """8 GPUs, 2 NUMA nodes; with nvlink, GPU pairs (0,1),(2,3).. joined by 4 links each."""
-    buses = ["00000000:17:00.0", "00000000:3D:00.0", "00000000:63:00.0", "00000000:89:00.0",
-             "00000000:97:00.0", "00000000:BD:00.0", "00000000:E3:00.0", "00000000:E9:00.0"]
+    buses = [
+        "00000000:17:00.0",
+        "00000000:3D:00.0",
+        "00000000:63:00.0",
+        "00000000:89:00.0",
+        "00000000:97:00.0",
+        "00000000:BD:00.0",
+        "00000000:E3:00.0",
+        "00000000:E9:00.0",
+    ]
     devs = []
     for i, b in enumerate(buses):
         peer = buses[i ^ 1]
-        devs.append({"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "uuid": f"GPU-{i}", "busId": b,
-                     "memory_total": 102641958912, "numa": 0 if i < 4 else 1, "gen": 1 if i == 5 else 5,
-                     "width": 16, "max_gen": 5, "max_width": 16, "nvlinks": [peer] * 4 if nvlink else []})
+        devs.append(
+            {
+                "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                "uuid": f"GPU-{i}",
+                "busId": b,
+                "memory_total": 102641958912,
+                "numa": 0 if i < 4 else 1,
+                "gen": 1 if i == 5 else 5,
+                "width": 16,
+                "max_gen": 5,
+                "max_width": 16,
+                "nvlinks": [peer] * 4 if nvlink else [],
+            }
+        )
     anc = {f"{i}-{j}": (40 if (i < 4) == (j < 4) else 50) for i in range(8) for j in range(i + 1, 8)}
     return {"driver": "580.95.05", "common_ancestor": anc, "devices": devs}
 
@@ -98,6 +132,7 @@ def fake_nvml(tmp_path, monkeypatch):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
+
     return load
 
 
@@ -106,7 +141,7 @@ def test_nvml_h200_numa_unknown_is_not_node_zero(fake_nvml):
     g = topo.gpus[0]
     assert (g.bus_id, g.numa_node, g.link, g.memory_mib) == ("0000:00:06.0", None, "Gen5 x16", 143771)
     assert topo.driver == "580.159.04" and topo.source == "nvml"
-    assert any("numa" in n for n in topo.notes)          # NotSupported is recorded, not fatal
+    assert any("numa" in n for n in topo.notes)  # NotSupported is recorded, not fatal
     ch = gpus_for_tp(topo, 1)
     assert ch.gpus == [0] and ch.crosses_numa is None and "unknown" in ch.reason
 
@@ -122,7 +157,7 @@ def test_nvml_pairs_nvlink_and_pcie_levels(fake_nvml):
     assert topo.relation(0, 1) == {"relation": "NV4", "level": "NODE", "nvlinks": 4}
     assert topo.relation(1, 2)["relation"] == "PCIe" and topo.relation(1, 2)["level"] == "NODE"
     assert topo.relation(3, 4)["level"] == "SYS"
-    assert topo.gpus[5].link == "Gen1 x16 (max Gen5 x16)"          # idle GPU: speed down, reported as is
+    assert topo.gpus[5].link == "Gen1 x16 (max Gen5 x16)"  # idle GPU: speed down, reported as is
     pcie_only = from_nvml(fake_nvml(eight_gpu_doc(nvlink=False)))
     assert all(p["relation"] == "PCIe" for p in pcie_only.pairs.values())
 
@@ -141,7 +176,7 @@ def test_gpus_for_tp_prefers_one_numa_node(fake_nvml):
 
 def test_gpus_for_tp_uneven_nodes():
     topo = Topology("x", [Gpu(0, numa_node=0), Gpu(1, numa_node=1), Gpu(2, numa_node=1), Gpu(3, numa_node=1)])
-    assert gpus_for_tp(topo, 2).gpus == [1, 2]          # node 0 has one GPU only
+    assert gpus_for_tp(topo, 2).gpus == [1, 2]  # node 0 has one GPU only
     three = gpus_for_tp(topo, 3)
     assert three.gpus == [1, 2, 3] and three.crosses_numa is False
     four = gpus_for_tp(topo, 4)
@@ -179,6 +214,7 @@ def test_inventory_hint():
     class Box:
         def var(self, k, d=None):
             return {"gpubox_numa_nodes": {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}, "gpubox_gpus": 8}.get(k, d)
+
     topo = from_inventory(Box())
     assert [g.numa_node for g in topo.gpus] == [0, 0, 0, 0, 1, 1, 1, 1] and topo.source == "inventory"
 
@@ -190,8 +226,11 @@ def test_discover_runs_the_probe_on_the_container(tmp_path):
     fake.mkdir()
     (fake / "pynvml.py").write_text(FAKE_PYNVML)
     (fake / "doc.json").write_text(json.dumps(eight_gpu_doc(nvlink=True)))
-    sim, ctx = make(tmp_path, gpubox_simulated=False,
-                    gpubox_env={"PYTHONPATH": str(fake), "FAKE_NVML_DOC": str(fake / "doc.json")})
+    sim, ctx = make(
+        tmp_path,
+        gpubox_simulated=False,
+        gpubox_env={"PYTHONPATH": str(fake), "FAKE_NVML_DOC": str(fake / "doc.json")},
+    )
     topo = discover(ctx)
     assert topo.source == "nvml" and topo.notes[0] == "NVML on ct200"
     assert topo.relation(0, 1)["relation"] == "NV4" and len(topo.gpus) == 8
@@ -199,15 +238,37 @@ def test_discover_runs_the_probe_on_the_container(tmp_path):
 
 def test_gpus_cli_json_on_simulated_box(tmp_path):
     sim, _ = make(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "gpus", "ct200",
-                        "--tp", "4", "--tp", "8", "--json"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpubox.cli",
+            "-i",
+            str(sim.inventory_path),
+            "gpus",
+            "ct200",
+            "--tp",
+            "4",
+            "--tp",
+            "8",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["source"] == "sysfs" and len(doc["gpus"]) == 8
     assert doc["tp"][0]["gpus"] == [0, 1, 2, 3] and doc["tp"][1]["crosses_numa"] is True
-    r = subprocess.run([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "gpus", "ct200"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    r = subprocess.run(
+        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "gpus", "ct200"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert r.returncode == 0 and "TP4: 0,1,2,3" in r.stdout and "SYS" in r.stdout
 
 
@@ -216,11 +277,18 @@ def test_recorded_real_h200_probe_output():
     from pathlib import Path
 
     from gpubox.hwtune.topology import from_nvml_doc
+
     p = Path(__file__).parent / "fixtures" / "topology" / "h200_nvml_probe.json"
     if not p.exists():
         pytest.skip("recorded H200 fixture not present")
     topo = from_nvml_doc(json.loads(p.read_text()))
     g = topo.gpus[0]
-    assert (g.name, g.bus_id, g.numa_node, g.link, g.memory_mib) == ("NVIDIA H200", "0000:00:06.0", None, "Gen5 x16", 143771)
+    assert (g.name, g.bus_id, g.numa_node, g.link, g.memory_mib) == (
+        "NVIDIA H200",
+        "0000:00:06.0",
+        None,
+        "Gen5 x16",
+        143771,
+    )
     assert topo.driver == "580.159.04" and any("NotSupported" in n for n in topo.notes)
     assert gpus_for_tp(topo, 1).gpus == [0] and not gpus_for_tp(topo, 4).fits

@@ -20,8 +20,9 @@ def test_the_graph_sees_every_area_and_the_core():
 
 
 def test_core_imports_no_area():
-    bad = [f"{a} -> {b}" for a in sorted(G) if area_of(a) == "core" for b in sorted(G[a])
-           if area_of(b) != "core"]
+    bad = [
+        f"{a} -> {b}" for a in sorted(G) if area_of(a) == "core" for b in sorted(G[a]) if area_of(b) != "core"
+    ]
     assert bad == []
 
 
@@ -35,7 +36,11 @@ def test_no_import_cycles():
 
 def test_the_checks_catch_what_they_forbid():
     """The same functions on a made-up graph: a cycle and an upward import are found."""
-    g = {"gpubox.x": {"gpubox.hwtune.a"}, "gpubox.hwtune.a": {"gpubox.bench.b"},
-         "gpubox.bench.b": {"gpubox.hwtune.a"}, "gpubox.provision.c": {"gpubox.bench.b"}}
+    g = {
+        "gpubox.x": {"gpubox.hwtune.a"},
+        "gpubox.hwtune.a": {"gpubox.bench.b"},
+        "gpubox.bench.b": {"gpubox.hwtune.a"},
+        "gpubox.provision.c": {"gpubox.bench.b"},
+    }
     assert cycles(g) == [["gpubox.bench.b", "gpubox.hwtune.a"]]
     assert layer_violations(g) == ["gpubox.hwtune.a -> gpubox.bench.b", "gpubox.x -> gpubox.hwtune.a"]

@@ -21,10 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpubox.errors import GpuboxError, TransportError
+from gpubox.provision.pve import ApiControl
 from gpubox.simbox import SimBox, build
 from gpubox.simbox.cmds import pct
 from gpubox.simbox.core import StandinError
-from gpubox.provision.pve import ApiControl
 from tests.clirun import gpubox
 
 TOKEN_USER, TOKEN_NAME, SECRET = "root@pam", "gpubox", "0f1e2d3c-aaaa-bbbb-cccc-0123456789ab"
@@ -34,16 +34,27 @@ def _cert(dirpath):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pve1.test")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     crt, pem = dirpath / "pve.crt", dirpath / "pve.key"
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     return crt, pem
 
 
@@ -122,9 +133,25 @@ class FakePVE:
         if self.sim:
             d = pct.status_current(self.sim, self.vmid)
         else:
-            d = {"vmid": self.vmid, "type": "lxc", "status": self.state["status"], "name": "ct200", "cpus": 96,
-                 "maxmem": 393216 * 1024 * 1024, "maxswap": 0, "uptime": 0, "mem": 0, "swap": 0, "disk": 0,
-                 "maxdisk": 300 * 1024 ** 3, "cpu": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
+            d = {
+                "vmid": self.vmid,
+                "type": "lxc",
+                "status": self.state["status"],
+                "name": "ct200",
+                "cpus": 96,
+                "maxmem": 393216 * 1024 * 1024,
+                "maxswap": 0,
+                "uptime": 0,
+                "mem": 0,
+                "swap": 0,
+                "disk": 0,
+                "maxdisk": 300 * 1024**3,
+                "cpu": 0,
+                "netin": 0,
+                "netout": 0,
+                "diskread": 0,
+                "diskwrite": 0,
+            }
             if self.state["lock"]:
                 d["lock"] = self.state["lock"]
         d["ha"] = {"managed": 0}
@@ -152,7 +179,13 @@ class FakePVE:
         pid, pstart, starttime = 0x10000 + n, 0xA1B2C3, 0x6745F000 + n
         # PVE::UPID encode: UPID:node:%08X pid:%08X pstart:%08X starttime:type:id:user:
         upid = f"UPID:{self.node}:{pid:08X}:{pstart:08X}:{starttime:08X}:vz{action}:{self.vmid}:{TOKEN_USER}!{TOKEN_NAME}:"
-        self.tasks[upid] = {"action": action, "polls": 0, "pid": pid, "pstart": pstart, "starttime": starttime}
+        self.tasks[upid] = {
+            "action": action,
+            "polls": 0,
+            "pid": pid,
+            "pstart": pstart,
+            "starttime": starttime,
+        }
         return upid, None
 
     def task_status(self, upid):
@@ -160,9 +193,18 @@ class FakePVE:
         status running|stopped, and once stopped `exitstatus` (UPID.pm read_status)."""
         t = self.tasks[upid]
         t["polls"] += 1
-        d = {"upid": upid, "node": self.node, "pid": t["pid"], "pstart": t["pstart"], "starttime": t["starttime"],
-             "type": f"vz{t['action']}", "id": str(self.vmid), "user": TOKEN_USER, "tokenid": TOKEN_NAME,
-             "status": "running"}
+        d = {
+            "upid": upid,
+            "node": self.node,
+            "pid": t["pid"],
+            "pstart": t["pstart"],
+            "starttime": t["starttime"],
+            "type": f"vz{t['action']}",
+            "id": str(self.vmid),
+            "user": TOKEN_USER,
+            "tokenid": TOKEN_NAME,
+            "status": "running",
+        }
         if not self.finish_tasks or t["polls"] < self.polls:
             return d
         if "exitstatus" not in t:
@@ -186,8 +228,15 @@ class FakePVE:
         return [p for m, p in self.log if m == "POST"]
 
     def api(self, **kw):
-        return {"host": "127.0.0.1", "port": self.port, "user": TOKEN_USER, "token_name": TOKEN_NAME,
-                "verify_ssl": str(self.cert), "poll": 0.05, **kw}
+        return {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": TOKEN_USER,
+            "token_name": TOKEN_NAME,
+            "verify_ssl": str(self.cert),
+            "poll": 0.05,
+            **kw,
+        }
 
     def close(self):
         self.httpd.shutdown()
@@ -251,11 +300,15 @@ def test_stop_of_a_stopped_ct_and_reboot_of_a_stopped_ct(tmp_path):
 
 def test_devn_start_failure_is_the_task_exitstatus(tmp_path):
     sim = build(tmp_path / "box", ["container_stopped"], gpus=2)
-    sim.hpath("/etc/pve/lxc/200.conf").write_text("arch: amd64\ndev0: /dev/nvidia-uvm,mode=0666\nhostname: ct200\n")
+    sim.hpath("/etc/pve/lxc/200.conf").write_text(
+        "arch: amd64\ndev0: /dev/nvidia-uvm,mode=0666\nhostname: ct200\n"
+    )
     sim.hpath("/dev/nvidia-uvm").unlink()
     fake = FakePVE(tmp_path, sim)
     try:
-        with pytest.raises(GpuboxError, match=r"start CT 200 failed: Device /dev/nvidia-uvm does not exist \(look"):
+        with pytest.raises(
+            GpuboxError, match=r"start CT 200 failed: Device /dev/nvidia-uvm does not exist \(look"
+        ):
             _ctl(fake).act("start")
     finally:
         fake.close()
@@ -314,7 +367,8 @@ def _api_box(tmp_path, fake_factory, faults):
     fake = fake_factory(sim)
     inv = yaml.safe_load(sim.inventory_path.read_text())
     inv["all"]["children"]["proxmox_hosts"]["hosts"]["pve1"].update(
-        gpubox_api=fake.api(), gpubox_api_token_env="PVE_TOKEN_SECRET_TEST")
+        gpubox_api=fake.api(), gpubox_api_token_env="PVE_TOKEN_SECRET_TEST"
+    )
     sim.inventory_path.write_text(yaml.safe_dump(inv))
     return sim, fake
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gpubox.errors import GpuboxError
-from tests.lxc_fakehost import FIXTURES, fake_host
 from gpubox.provision.confedit import review
 from gpubox.provision.devices import parse_proc_devices, read_host_devices
 from gpubox.provision.lxcconf import LxcConf, digest
+from tests.lxc_fakehost import FIXTURES, fake_host
 
 INPUTS = sorted(p for p in FIXTURES.glob("*.conf") if not p.name.endswith(".expected.conf"))
 ALL = sorted(FIXTURES.glob("*.conf"))
@@ -63,7 +63,9 @@ def test_stale_major_found_and_replaced_in_place(hd):
 
 def test_uvm_not_loaded_still_names_the_stale_rule(tmp_path):
     host = fake_host(tmp_path / "pve1", uvm=None)
-    rev = review(LxcConf.parse((FIXTURES / "pve8_cgroup2_stale.conf").read_text()), read_host_devices(host, 2))
+    rev = review(
+        LxcConf.parse((FIXTURES / "pve8_cgroup2_stale.conf").read_text()), read_host_devices(host, 2)
+    )
     stale = [i.text for i in rev.issues if i.kind == "stale-rule"]
     assert stale and "not loaded" in stale[0]
 
@@ -104,9 +106,11 @@ def test_unknown_mode_is_bad_input(hd):
 
 def test_proc_devices_real_h200_layout():
     # Read off a real GPU machine (FACTS.md): two names share 195; block majors do not leak in.
-    text = ("Character devices:\n  1 mem\n195 nvidia\n195 nvidiactl\n238 nvidia-uvm\n239 nvidia-nvswitch\n"
-            "240 nvidia-nvlink\n241 nvidia-caps\n242 nvidia-caps-imex-channels\n253 tpm\n\n"
-            "Block devices:\n  8 sd\n238 nvidia-uvm-not\n253 device-mapper\n")
+    text = (
+        "Character devices:\n  1 mem\n195 nvidia\n195 nvidiactl\n238 nvidia-uvm\n239 nvidia-nvswitch\n"
+        "240 nvidia-nvlink\n241 nvidia-caps\n242 nvidia-caps-imex-channels\n253 tpm\n\n"
+        "Block devices:\n  8 sd\n238 nvidia-uvm-not\n253 device-mapper\n"
+    )
     m = parse_proc_devices(text)
     assert m["nvidia"] == 195 and m["nvidiactl"] == 195 and m["nvidia-uvm"] == 238
     assert m["nvidia-caps"] == 241 and m["tpm"] == 253 and "device-mapper" not in m and "sd" not in m

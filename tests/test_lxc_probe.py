@@ -11,17 +11,23 @@ import sys
 import pytest
 import yaml
 
+from gpubox.provision import cuda_probe
 from gpubox.simbox import build
 from gpubox.simbox.lxc import mknod
-from gpubox.provision import cuda_probe
 from tests.clirun import gpubox
 
 PROBE = cuda_probe.__file__
 
 
 def _run_probe(env, *nodes):
-    r = subprocess.run([sys.executable, "-", *nodes], input=open(PROBE).read(), capture_output=True, text=True,
-                       env=env, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-", *nodes],
+        input=open(PROBE).read(),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -30,8 +36,10 @@ def _sim_env(sim):
     return dict(os.environ, GPUBOX_SIM=str(sim.dest), GPUBOX_SIM_SIDE="container")
 
 
-@pytest.mark.skipif(os.path.exists("/dev/nvidia-uvm") or os.path.exists("/dev/nvidiactl"),
-                    reason="this machine has NVIDIA nodes")
+@pytest.mark.skipif(
+    os.path.exists("/dev/nvidia-uvm") or os.path.exists("/dev/nvidiactl"),
+    reason="this machine has NVIDIA nodes",
+)
 def test_real_branch_on_a_machine_without_gpu():
     env = {k: v for k, v in os.environ.items() if k != "GPUBOX_SIM"}
     res = _run_probe(env)
@@ -51,8 +59,13 @@ def test_sim_classifies_enxio_eperm_enoent(tmp_path):
     mknod(sim.cpath("/dev/nvidia-uvm-tools"), 509, 1)  # no rule for 509
     os.unlink(sim.cpath("/dev/nvidia-modeset"))
     res = _run_probe(_sim_env(sim), "/dev/nvidia-modeset")
-    assert res["nodes"] == {"/dev/nvidiactl": "ok", "/dev/nvidia0": "ok", "/dev/nvidia-uvm": "ENXIO",
-                            "/dev/nvidia-uvm-tools": "EPERM", "/dev/nvidia-modeset": "ENOENT"}
+    assert res["nodes"] == {
+        "/dev/nvidiactl": "ok",
+        "/dev/nvidia0": "ok",
+        "/dev/nvidia-uvm": "ENXIO",
+        "/dev/nvidia-uvm-tools": "EPERM",
+        "/dev/nvidia-modeset": "ENOENT",
+    }
     assert res["cuinit"] == 999 and res["cuinit_name"] == "CUDA_ERROR_UNKNOWN"
     found = {c: (why, fix) for c, why, fix in cuda_probe.diagnose(res, "ct200")}
     assert "--restart always" in found["ENXIO"][1]
@@ -78,7 +91,10 @@ def test_diagnose_maps_each_cuinit_code():
     base = {"nodes": {"/dev/nvidia0": "ok"}, "kernel_driver": "580.95.05", "user_driver": "580.95.05"}
     assert cuda_probe.diagnose({**base, "cuinit": 0}) == []
     assert cuda_probe.diagnose({**base, "cuinit": 100})[0][0] == "cuInit-100"
-    assert cuda_probe.diagnose({**base, "cuinit": None, "cuda_error": "libcuda.so.1 not found"})[0][0] == "no-libcuda"
+    assert (
+        cuda_probe.diagnose({**base, "cuinit": None, "cuda_error": "libcuda.so.1 not found"})[0][0]
+        == "no-libcuda"
+    )
     assert cuda_probe.diagnose({"error": "probe exited 127: python3: not found"})[0][0] == "probe-failed"
 
 

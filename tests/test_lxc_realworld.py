@@ -9,20 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.simbox.cmds import pct
-from gpubox.simbox.lxc import mknod
 from gpubox.provision.confedit import _is_nvidia_path, review
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxcconf import LxcConf
 from gpubox.provision.lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, host_rdev_under, parse_rule
+from gpubox.simbox.cmds import pct
+from gpubox.simbox.lxc import mknod
 from tests.lxc_fakehost import fake_host
 
 REAL = Path(__file__).parent / "fixtures" / "lxc" / "realworld"
 CONFS = sorted(REAL.glob("*.conf"))
 # Nodes the hosts of these configs have besides the NVIDIA ones (major:minor as on a stock kernel).
-OTHER_NODES = {"/dev/dri/card0": (226, 0), "/dev/dri/renderD128": (226, 128), "/dev/uinput": (10, 223),
-               "/dev/uhid": (10, 239), "/dev/net/tun": (10, 200), "/dev/ppp": (108, 0),
-               "/dev/apex_0": (120, 0)}
+OTHER_NODES = {
+    "/dev/dri/card0": (226, 0),
+    "/dev/dri/renderD128": (226, 128),
+    "/dev/uinput": (10, 223),
+    "/dev/uhid": (10, 239),
+    "/dev/net/tun": (10, 200),
+    "/dev/ppp": (108, 0),
+    "/dev/apex_0": (120, 0),
+}
 
 
 def test_corpus_has_twenty_real_configs_each_with_provenance():
@@ -76,10 +82,14 @@ def test_real_config(path, host):
     assert not [i for i in rev.issues if not i.fixable], rev.issues
     new = rev.new
     # every non-NVIDIA line unchanged, in order; other sections byte-identical
-    keep = [l.raw.rstrip("\r\n") for l in conf.main.lines
-            if not (l.key and _nv_line(l.key, l.value or "", hd))]
-    got = [l.raw.rstrip("\r\n") for l in LxcConf.parse(new).main.lines
-           if not (l.key and _nv_line(l.key, l.value or "", hd))]
+    keep = [
+        l.raw.rstrip("\r\n") for l in conf.main.lines if not (l.key and _nv_line(l.key, l.value or "", hd))
+    ]
+    got = [
+        l.raw.rstrip("\r\n")
+        for l in LxcConf.parse(new).main.lines
+        if not (l.key and _nv_line(l.key, l.value or "", hd))
+    ]
     assert got == keep
     assert [s.render() for s in LxcConf.parse(new).sections[1:]] == [s.render() for s in conf.sections[1:]]
     if "\r\n" in raw:
@@ -110,7 +120,9 @@ def test_foreign_stale_rules_and_allow_all_stay(host):
     rev = review(LxcConf.parse(a), hd, None, rdev)
     # under `a` the uvm mount needs no rule, so it vouches for nothing: the stale 508 stays and is
     # reported (a second run would otherwise drop what the first kept, see test_lxcconf_fuzz)
-    assert "lxc.cgroup2.devices.allow: a\n" in rev.new and "lxc.cgroup2.devices.allow: c 508:* rwm\n" in rev.new
+    assert (
+        "lxc.cgroup2.devices.allow: a\n" in rev.new and "lxc.cgroup2.devices.allow: c 508:* rwm\n" in rev.new
+    )
     assert any("major 508" in w and "left as it is" in w for w in rev.warnings)
     assert any("every device" in w for w in rev.warnings)
 
@@ -125,8 +137,10 @@ def test_rule_syntax_follows_lxc():
 def test_devn_plus_mount_is_a_start_failure_and_fix_drops_the_mount(host):
     hd = read_host_devices(host, 2)
     rdev = host_rdev_under(host.path("/"))
-    text = ("arch: amd64\ndev0: /dev/nvidia0,mode=0666\n"
-            "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n")
+    text = (
+        "arch: amd64\ndev0: /dev/nvidia0,mode=0666\n"
+        "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n"
+    )
     conf = LxcConf.parse(text)
     entries = [(i, l.key, l.value) for i, l in enumerate(conf.main.lines) if l.key]
     errs = StartModel.build(entries, rdev).errors

@@ -62,7 +62,10 @@ def test_done_when_stale_major_and_missing_uvm(tmp_path, capsys):
     st = _steps(doc)
     # with -u, -c N is a uvm base minor (nvidia-modprobe.c), so uvm takes exactly `-u -c0`
     assert st["host-devices"]["commands"] == [["nvidia-modprobe", "-u", "-c0"]]
-    assert "-lxc.cgroup2.devices.allow: c 508:* rwm\n+lxc.cgroup2.devices.allow: c 511:* rwm" in st["container-config"]["diff"]
+    assert (
+        "-lxc.cgroup2.devices.allow: c 508:* rwm\n+lxc.cgroup2.devices.allow: c 511:* rwm"
+        in st["container-config"]["diff"]
+    )
     assert st["container"]["commands"] == [["pct", "reboot", "200"]] and st["cuda"]["status"] == "ok"
     assert _conf(sim).split(b"\n[pre-driver-580]")[1] == snapshot_before  # snapshot untouched
     assert os.stat(sim.hpath("/dev/nvidia-uvm")).st_rdev == os.makedev(511, 0)
@@ -75,8 +78,11 @@ def test_done_when_stale_major_and_missing_uvm(tmp_path, capsys):
     assert rc == 0 and doc["changed"] is False
     assert all(s["status"] == "ok" for s in doc["steps"])
     assert _conf(sim) == conf_after
-    assert not [c for c in sim.calls()[calls_after:] if c["argv"][:1] in (["start"], ["reboot"], ["stop"])
-                or c["cmd"] in ("nvidia-modprobe", "lxc-cgroup")]
+    assert not [
+        c
+        for c in sim.calls()[calls_after:]
+        if c["argv"][:1] in (["start"], ["reboot"], ["stop"]) or c["cmd"] in ("nvidia-modprobe", "lxc-cgroup")
+    ]
 
 
 def test_healthy_box_passes_every_check(tmp_path, capsys):
@@ -93,7 +99,9 @@ def test_stale_major_alone_is_live_applied_without_restart(tmp_path, capsys):
     assert _steps(doc)["cuda"]["evidence"]["cuinit"] == 999
     rc, doc = _json(capsys, sim, "fix", "ct200", "--restart", "never")
     assert rc == 0, doc
-    assert _steps(doc)["container"]["commands"] == [["lxc-cgroup", "-n", "200", "devices.allow", "c 511:* rwm"]]
+    assert _steps(doc)["container"]["commands"] == [
+        ["lxc-cgroup", "-n", "200", "devices.allow", "c 511:* rwm"]
+    ]
     assert _boots(sim) == 0 and "c 511:* rwm" in sim.read_state()["containers"]["200"]["cgroup_allow"]
 
 
@@ -117,8 +125,11 @@ def test_dry_run_changes_nothing_and_shows_diff_and_argv(tmp_path, capsys):
     assert "-lxc.cgroup2.devices.allow: c 508:* rwm" in out
     assert _conf(sim) == before and not sim.hpath("/dev/nvidia-uvm").exists()
     assert not sim.hpath("/etc/modules-load.d/nvidia-uvm.conf").exists()
-    assert not [c for c in sim.calls() if c["cmd"] in ("nvidia-modprobe", "lxc-cgroup")
-                or c["argv"][:1] in (["start"], ["reboot"])]
+    assert not [
+        c
+        for c in sim.calls()
+        if c["cmd"] in ("nvidia-modprobe", "lxc-cgroup") or c["argv"][:1] in (["start"], ["reboot"])
+    ]
 
 
 def test_stopped_container_is_started(tmp_path, capsys):
@@ -136,7 +147,9 @@ def test_locked_config_is_not_touched(tmp_path, capsys):
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
     assert rc == 1
     st = _steps(doc)
-    assert st["container-config"]["status"] == "failed" and "locked (backup)" in st["container-config"]["detail"]
+    assert (
+        st["container-config"]["status"] == "failed" and "locked (backup)" in st["container-config"]["detail"]
+    )
     assert st["container"]["status"] == "skipped"
     assert _conf(sim) == before and _boots(sim) == 0
 
@@ -269,8 +282,8 @@ def test_pct_config_and_rewrites_are_proxmox_shaped(tmp_path):
 def test_pct_status_warnings_do_not_confuse_gpubox(tmp_path):
     from gpubox.host import Host
     from gpubox.inventory import HostEntry
-    from gpubox.transport.local import LocalTransport
     from gpubox.provision.pve import PctControl
+    from gpubox.transport.local import LocalTransport
 
     sim = _box(tmp_path, "conf_v1")
     r = _bin(sim, "pct", "status", "200")
@@ -294,12 +307,16 @@ def test_nvidia_modprobe_and_lxc_cgroup_standins_follow_their_sources(tmp_path):
     assert r.returncode == 1 and r.stderr.startswith('nvidia-modprobe: unrecognized option: "-x"')
     # lxc_cgroup.c + log.c stderr format; exit 1
     r = _bin(sim, "lxc-cgroup", "-n", "200", "devices.list")  # no such file on cgroup v2
-    assert r.returncode == 1 and "Failed to retrieve value of 'devices.list' for '/var/lib/lxc:200'" in r.stderr
+    assert (
+        r.returncode == 1 and "Failed to retrieve value of 'devices.list' for '/var/lib/lxc:200'" in r.stderr
+    )
     pct.stop(SimBox.load(sim.dest), 200)
     r = _bin(sim, "lxc-cgroup", "-n", "200", "devices.allow", "c 511:* rw")
     assert r.returncode == 1
-    assert r.stderr == ("lxc-cgroup: 200: ../src/lxc/tools/lxc_cgroup.c: lxc_cgroup_main: 103 "
-                        "'/var/lib/lxc:200' is not running\n")
+    assert r.stderr == (
+        "lxc-cgroup: 200: ../src/lxc/tools/lxc_cgroup.c: lxc_cgroup_main: 103 "
+        "'/var/lib/lxc:200' is not running\n"
+    )
 
 
 def test_unknown_device_mode_is_bad_input(tmp_path, capsys):
@@ -348,7 +365,9 @@ def test_rule_with_inline_comment_counts_in_config_and_in_the_started_container(
     sim = _box(tmp_path, "container_stopped")
     p = sim.hpath("/etc/pve/lxc/200.conf")
     main, sep, rest = p.read_text().partition("\n[")
-    main = main.replace("lxc.cgroup2.devices.allow: c 511:* rwm\n", "lxc.cgroup2.devices.allow: c 511:* rwm # uvm\n")
+    main = main.replace(
+        "lxc.cgroup2.devices.allow: c 511:* rwm\n", "lxc.cgroup2.devices.allow: c 511:* rwm # uvm\n"
+    )
     p.write_text(main + sep + rest)
     before = _conf(sim)
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")

@@ -4,7 +4,6 @@ so the decision from facts equals review() with a live stat of the host, on ever
 
 from __future__ import annotations
 
-
 import pytest
 
 from gpubox.provision.confedit import review
@@ -17,9 +16,14 @@ from gpubox.simbox.lxc import mknod
 from tests.lxc_fakehost import FIXTURES, fake_host
 
 CONFS = sorted((FIXTURES / "realworld").glob("*.conf")) + sorted(
-    p for p in FIXTURES.glob("*.conf") if not p.name.endswith(".expected.conf"))
-OTHER = {"/dev/dri/card0": (226, 0), "/dev/dri/renderD128": (226, 128), "/dev/net/tun": (10, 200),
-         "/dev/apex_0": (120, 0)}
+    p for p in FIXTURES.glob("*.conf") if not p.name.endswith(".expected.conf")
+)
+OTHER = {
+    "/dev/dri/card0": (226, 0),
+    "/dev/dri/renderD128": (226, 128),
+    "/dev/net/tun": (10, 200),
+    "/dev/apex_0": (120, 0),
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +49,7 @@ def test_decision_from_facts_equals_live_review(path, mode, host):
         return
     assert [(i["kind"], i["text"]) for i in f.evidence.issues] == [(i.kind, i.text) for i in live.issues]
     assert f.evidence.warnings == live.warnings
-    if f.status == "failed":            # refused: nothing is written, whatever review would edit
+    if f.status == "failed":  # refused: nothing is written, whatever review would edit
         assert any(not i.fixable for i in live.issues)
         return
     got = f.plan.data.text if f.plan is not None and f.plan.data is not None else text

@@ -11,10 +11,10 @@ import pytest
 
 from gpubox.errors import GpuboxError
 from gpubox.host import Host
-from gpubox.transport.local import LocalTransport
-from tests.lxc_fakehost import STALE_NEW, STALE_OLD, host_with_stale_conf
 from gpubox.provision import lxcconf
 from gpubox.provision.lxcconf import conf_path, digest, read_conf, write_conf
+from gpubox.transport.local import LocalTransport
+from tests.lxc_fakehost import STALE_NEW, STALE_OLD, host_with_stale_conf
 
 OLD, NEW = STALE_OLD, STALE_NEW
 
@@ -106,7 +106,9 @@ def _crash_before_rename(root, old_digest):
 
 
 def test_crash_between_tmp_write_and_rename_leaves_the_original(host):
-    p = multiprocessing.get_context("fork").Process(target=_crash_before_rename, args=(host.root, digest(OLD)))
+    p = multiprocessing.get_context("fork").Process(
+        target=_crash_before_rename, args=(host.root, digest(OLD))
+    )
     p.start()
     p.join(30)
     assert p.exitcode == 9

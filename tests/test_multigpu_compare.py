@@ -27,7 +27,9 @@ def child_doc(scale: float, sizes=(268435456,)) -> dict:
         if p["name"] == "allreduce":
             for nb in sizes:
                 q = copy.deepcopy(p)
-                q.update(bytes=nb, busbw_gbps=round(p["busbw_gbps"] * scale * (0.1 if nb < 1 << 24 else 1), 2))
+                q.update(
+                    bytes=nb, busbw_gbps=round(p["busbw_gbps"] * scale * (0.1 if nb < 1 << 24 else 1), 2)
+                )
                 ars.append(q)
     doc["bandwidth"]["probes"] = ars
     return doc
@@ -39,39 +41,57 @@ SETS = [{"tp": 2, "gpus": [0, 1]}, {"tp": 4, "gpus": [0, 1, 2, 3]}]
 def test_tp_sets_follow_gpus_for_tp():
     pcie = nccl_compare.tp_sets(from_file(str(TFIX / "synthetic_8gpu_2numa_pcie.json")))
     assert [(s["tp"], s["gpus"], s["crosses_numa"]) for s in pcie] == [
-        (2, [0, 1], False), (4, [0, 1, 2, 3], False), (8, list(range(8)), True)]
+        (2, [0, 1], False),
+        (4, [0, 1, 2, 3], False),
+        (8, list(range(8)), True),
+    ]
     hgx = nccl_compare.tp_sets(from_file(str(TFIX / "synthetic_8gpu_h200_hgx.json")), sizes=(1, 2, 4, 8, 16))
-    assert [s["tp"] for s in hgx] == [2, 4, 8]          # TP1 moves no bus traffic; TP16 does not fit
+    assert [s["tp"] for s in hgx] == [2, 4, 8]  # TP1 moves no bus traffic; TP16 does not fit
 
 
 def test_rows_median_over_rounds_and_ratio():
-    arms = {"baseline": [child_doc(1.0), child_doc(0.9), child_doc(1.1)],
-            "profile": [child_doc(0.5), child_doc(0.52), child_doc(0.48)]}
+    arms = {
+        "baseline": [child_doc(1.0), child_doc(0.9), child_doc(1.1)],
+        "profile": [child_doc(0.5), child_doc(0.52), child_doc(0.48)],
+    }
     rows = nccl_compare.compare_rows(SETS, [268435456], arms)
     assert [(r["tp"], r["baseline"], r["profile"]) for r in rows] == [(2, 338.5, 169.25), (4, 352.7, 176.35)]
     assert rows[0]["ratio"] == 0.5 and len(rows[0]["baseline_runs"]) == 3
-    assert rows[0]["baseline_runs"] == [338.5, 304.65, 372.35]          # kept in run order
+    assert rows[0]["baseline_runs"] == [338.5, 304.65, 372.35]  # kept in run order
 
 
 def test_rows_per_size_and_missing_measurements():
-    arms = {"baseline": [child_doc(1.0, sizes=(1 << 20, 268435456))],
-            "profile": [{"error": "rc 1, no probe JSON: Segmentation fault"}]}
+    arms = {
+        "baseline": [child_doc(1.0, sizes=(1 << 20, 268435456))],
+        "profile": [{"error": "rc 1, no probe JSON: Segmentation fault"}],
+    }
     rows = nccl_compare.compare_rows(SETS, [1 << 20, 268435456], arms)
-    assert [(r["gpus"], r["bytes"]) for r in rows] == [([0, 1], 1 << 20), ([0, 1], 268435456),
-                                                       ([0, 1, 2, 3], 1 << 20), ([0, 1, 2, 3], 268435456)]
+    assert [(r["gpus"], r["bytes"]) for r in rows] == [
+        ([0, 1], 1 << 20),
+        ([0, 1], 268435456),
+        ([0, 1, 2, 3], 1 << 20),
+        ([0, 1, 2, 3], 268435456),
+    ]
     assert rows[0]["baseline"] == 33.85 and rows[1]["baseline"] == 338.5
     assert all(r["profile"] is None and r["ratio"] is None for r in rows)
     assert rows[0]["profile_reason"] == "rc 1, no probe JSON: Segmentation fault"
     failed = child_doc(1.0)
     failed["bandwidth"]["probes"][0].update(status="failed", reason="RuntimeError: NCCL error: invalid usage")
-    rows = nccl_compare.compare_rows(SETS[:1], [268435456], {"baseline": [failed], "profile": [child_doc(1.0)]})
+    rows = nccl_compare.compare_rows(
+        SETS[:1], [268435456], {"baseline": [failed], "profile": [child_doc(1.0)]}
+    )
     assert rows[0]["baseline"] is None and "invalid usage" in rows[0]["baseline_reason"]
 
 
 def test_exit_code_and_table():
-    ok = {"rows": nccl_compare.compare_rows(SETS, [268435456], {"baseline": [child_doc(1.0)],
-                                                                  "profile": [child_doc(1.08)]}),
-          "profile": "pcie-2numa", "errors": [], "notes": ["safety kept"]}
+    ok = {
+        "rows": nccl_compare.compare_rows(
+            SETS, [268435456], {"baseline": [child_doc(1.0)], "profile": [child_doc(1.08)]}
+        ),
+        "profile": "pcie-2numa",
+        "errors": [],
+        "notes": ["safety kept"],
+    }
     assert nccl_compare.exit_code(ok) == 0
     buf = io.StringIO()
     nccl_compare.render(ok, Console(file=buf, width=140, color_system=None))
@@ -83,16 +103,35 @@ def test_exit_code_and_table():
 
 
 def test_probe_argv_is_an_argv_list():
-    argv = nccl_compare.probe_argv("/venv/bin/python3", [[0, 1], [0, 1, 2, 3]], [1 << 20, 256 << 20], quick=True)
+    argv = nccl_compare.probe_argv(
+        "/venv/bin/python3", [[0, 1], [0, 1, 2, 3]], [1 << 20, 256 << 20], quick=True
+    )
     assert argv[0] == "/venv/bin/python3" and argv[1].endswith("hwtune/probe.py")
-    assert argv[2:] == ["--no-copies", "--no-p2p", "--allreduce-sets", "0,1;0,1,2,3",
-                        "--allreduce-bytes", "1048576,268435456", "--quick"]
+    assert argv[2:] == [
+        "--no-copies",
+        "--no-p2p",
+        "--allreduce-sets",
+        "0,1;0,1,2,3",
+        "--allreduce-bytes",
+        "1048576,268435456",
+        "--quick",
+    ]
 
 
 def test_cli_end_to_end_without_gpus(capsys):
     """Both arms really run (two child processes); without a GPU each row says why, exit 1."""
-    rc, out, _ = gpubox(capsys, "probe", "--local", "--nccl-compare", "pcie-2numa", "--allreduce-sets", "0,1;0,1,2,3",
-                        "--sizes", "1M", "--json")
+    rc, out, _ = gpubox(
+        capsys,
+        "probe",
+        "--local",
+        "--nccl-compare",
+        "pcie-2numa",
+        "--allreduce-sets",
+        "0,1;0,1,2,3",
+        "--sizes",
+        "1M",
+        "--json",
+    )
     res = json.loads(out)
     assert rc == 1 and res["schema"] == "gpubox.nccl-compare/1" and res["errors"] == []
     assert [r["gpus"] for r in res["rows"]] == [[0, 1], [0, 1, 2, 3]] and res["sizes"] == [1 << 20]
@@ -103,6 +142,7 @@ def test_cli_end_to_end_without_gpus(capsys):
 
 def test_cli_without_gpus_and_without_sets_compares_nothing(capsys):
     from gpubox.hwtune.topology import discover_local
+
     if discover_local().gpus:
         pytest.skip("this machine has GPUs")
     rc, out, _ = gpubox(capsys, "probe", "--local", "--nccl-compare", "nccl-defaults")

@@ -33,11 +33,14 @@ def by_name(checks):
     return {c.name: c for c in checks}
 
 
-@pytest.mark.parametrize("name,gpus,pairs,sets", [
-    ("synthetic_2gpu_h200_nvlink.json", 2, 2, 1),
-    ("synthetic_4gpu_h200_nvlink.json", 4, 12, 3),
-    ("synthetic_8gpu_pcie.json", 8, 56, 7),
-])
+@pytest.mark.parametrize(
+    "name,gpus,pairs,sets",
+    [
+        ("synthetic_2gpu_h200_nvlink.json", 2, 2, 1),
+        ("synthetic_4gpu_h200_nvlink.json", 4, 12, 3),
+        ("synthetic_8gpu_pcie.json", 8, 56, 7),
+    ],
+)
 def test_synthetic_documents_are_marked_and_judged_healthy(name, gpus, pairs, sets):
     doc = load(name)
     assert doc["synthetic"] is True and "SYNTHETIC" in doc["note"]
@@ -57,13 +60,13 @@ def test_cross_numa_pair_without_peer_access_is_drift():
     assert c["p2p gpu0->gpu4"].status == "drift" and "without peer access" in c["p2p gpu0->gpu4"].detail
     assert "ACS" in c["p2p gpu0->gpu4"].repair
     assert c["p2p gpu0->gpu1"].status == "ok"
-    assert sum(x.status == "drift" for x in c.values()) == 32       # 4 x 4 pairs, both directions
+    assert sum(x.status == "drift" for x in c.values()) == 32  # 4 x 4 pairs, both directions
 
 
 def test_slow_tp8_allreduce_is_drift_and_its_floor_is_the_slowest_link():
     doc = load("synthetic_8gpu_pcie.json")
     ar = next(p for p in doc["bandwidth"]["probes"] if p["name"] == "allreduce" and len(p["gpus"]) == 8)
-    ar["busbw_gbps"] = 15.0                     # 24% of Gen5 x16 (63 GB/s), limit 30%
+    ar["busbw_gbps"] = 15.0  # 24% of Gen5 x16 (63 GB/s), limit 30%
     c = by_name(judge(doc))["allreduce 0,1,2,3,4,5,6,7"]
     assert c.status == "drift" and "24% of slowest hop" in c.detail and "PCIe 63.0 GB/s" in c.detail
     # the same busbw over a set with one GPU at Gen4 is judged against Gen4 x16 (31.5 GB/s): 48%, ok
@@ -112,20 +115,44 @@ def test_probe_args_pass_pairs_to_the_remote_script():
 
 
 def test_allreduce_sizes_and_iterations():
-    assert probe_script.parse_bytes("1048576, 1M,256MiB,1G,64k") == [1 << 20, 1 << 20, 256 << 20, 1 << 30, 64 << 10]
+    assert probe_script.parse_bytes("1048576, 1M,256MiB,1G,64k") == [
+        1 << 20,
+        1 << 20,
+        256 << 20,
+        1 << 30,
+        64 << 10,
+    ]
     sz = probe_script.SIZES["full"]
-    assert probe_script._ar_iters(sz, 256 << 20) == sz["ar_iters"]          # the default size: default count
-    assert probe_script._ar_iters(sz, 1 << 30) == sz["ar_iters"]            # never fewer
-    assert probe_script._ar_iters(sz, 16 << 20) == 160 and probe_script._ar_iters(sz, 1 << 20) == 200  # capped
-    r = subprocess.run([sys.executable, str(ROOT / "hwtune" / "probe.py"), "--allreduce-bytes", "1Q"],
-                       capture_output=True, text=True, timeout=60)
+    assert probe_script._ar_iters(sz, 256 << 20) == sz["ar_iters"]  # the default size: default count
+    assert probe_script._ar_iters(sz, 1 << 30) == sz["ar_iters"]  # never fewer
+    assert (
+        probe_script._ar_iters(sz, 16 << 20) == 160 and probe_script._ar_iters(sz, 1 << 20) == 200
+    )  # capped
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "hwtune" / "probe.py"), "--allreduce-bytes", "1Q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "give sizes like" in r.stderr
 
 
 def test_probe_script_records_the_collective_environment():
     env = {**os.environ, "NCCL_PROTO": "LL", "NVSHMEM_DISABLE_NVLS": "1", "UNRELATED": "x"}
-    r = subprocess.run([sys.executable, str(ROOT / "hwtune" / "probe.py"), "--no-copies", "--no-p2p",
-                        "--allreduce-bytes", "1M"], capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "hwtune" / "probe.py"),
+            "--no-copies",
+            "--no-p2p",
+            "--allreduce-bytes",
+            "1M",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     doc = json.loads(r.stdout)
     assert doc["env"]["NCCL_PROTO"] == "LL" and doc["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
     assert "UNRELATED" not in doc["env"]
@@ -147,6 +174,7 @@ def test_gpus_for_tp_when_node_0_is_short():
     for g in doc["gpus"]:
         g["numa_node"] = 0 if g["index"] < 3 else 1
     from gpubox.hwtune.topology import from_nvml_doc
+
     topo = from_nvml_doc(doc)
     assert gpus_for_tp(topo, 4).gpus == [3, 4, 5, 6] and gpus_for_tp(topo, 4).crosses_numa is False
     assert gpus_for_tp(topo, 2).gpus == [0, 1]
@@ -201,8 +229,13 @@ def test_gpus_local_reads_nvml_in_process(tmp_path):
     module of the topology tests (NVML cannot run without a GPU): NVLink pairs, NUMA, TP picks."""
     d = _fake_pynvml_dir(tmp_path, None)
     env = {**os.environ, "PYTHONPATH": f"{d}:{ROOT}", "FAKE_NVML_DOC": str(d / "doc.json")}
-    r = subprocess.run([sys.executable, "-m", "gpubox.cli", "gpus", "--local", "--json"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "gpubox.cli", "gpus", "--local", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["source"] == "nvml" and len(doc["gpus"]) == 8 and "(local)" in doc["notes"][0]
@@ -215,6 +248,7 @@ def test_gpus_local_reads_nvml_in_process(tmp_path):
 def test_gpus_local_without_nvml_says_why(capsys):
     pytest.importorskip("pynvml")
     from gpubox.hwtune.topology import discover_local
+
     if discover_local().gpus:
         pytest.skip("this machine has GPUs")
     rc, out, _ = gpubox(capsys, "gpus", "--local", "--json")
@@ -229,13 +263,24 @@ def test_multigpu_run_script_end_to_end_without_gpus(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "ROUNDS": "1", "PROFILES": "pcie-2numa"}
     env.pop("NCCL_NVLS_ENABLE", None)
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "multigpu_run.sh")], env=env,
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "multigpu_run.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["nccl_compare_pcie-2numa.json", "probe.json", "probe_report.json", "run.log",
-                     "system.txt", "topology.json"]
-    assert len(names) <= 8                      # the device returns at most 8 files
+    assert names == [
+        "nccl_compare_pcie-2numa.json",
+        "probe.json",
+        "probe_report.json",
+        "run.log",
+        "system.txt",
+        "topology.json",
+    ]
+    assert len(names) <= 8  # the device returns at most 8 files
     for n in names:
         if n.endswith(".json"):
             json.loads((out / n).read_text())
@@ -256,15 +301,16 @@ def test_nvswitch_links_make_every_pair_nvlink(tmp_path, monkeypatch):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     doc = mod.eight_gpu_doc(nvlink=False)
-    switches = [f"00000000:{0x05 + k:02X}:00.0" for k in range(4)]       # 4 NVSwitch chips
+    switches = [f"00000000:{0x05 + k:02X}:00.0" for k in range(4)]  # 4 NVSwitch chips
     for i, d in enumerate(doc["devices"]):
         d.update(name="NVIDIA H200", numa="NotSupported", nvlinks=[switches[k % 4] for k in range(18)])
-    doc["p2p_nvlink_ok"] = [0, 1, 2, 3, 4, 5]                              # GPUs 6, 7: fabric not up
+    doc["p2p_nvlink_ok"] = [0, 1, 2, 3, 4, 5]  # GPUs 6, 7: fabric not up
     src = mod.FAKE_PYNVML + (
         "\nNVML_P2P_CAPS_INDEX_NVLINK = 2\nNVML_P2P_STATUS_OK = 0\n"
         "def nvmlDeviceGetP2PStatus(a, b, idx):\n"
         "    ok = _d()['p2p_nvlink_ok']\n"
-        "    return 0 if idx == 2 and a in ok and b in ok else 5\n")
+        "    return 0 if idx == 2 and a in ok and b in ok else 5\n"
+    )
     (tmp_path / "doc.json").write_text(json.dumps(doc))
     (tmp_path / "pynvml_sw.py").write_text(src)
     monkeypatch.setenv("FAKE_NVML_DOC", str(tmp_path / "doc.json"))
@@ -272,7 +318,8 @@ def test_nvswitch_links_make_every_pair_nvlink(tmp_path, monkeypatch):
     nv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nv)
     from gpubox.hwtune.topology import from_nvml
+
     topo = from_nvml(nv, read_numa=lambda bus: None)
     assert topo.relation(0, 5) == {"relation": "NV18", "level": "SYS", "nvlinks": 18, "via": "NVSwitch"}
     assert topo.relation(5, 6)["relation"] == "PCIe" and topo.relation(6, 7)["nvlinks"] == 0
-    assert sum(p["nvlinks"] > 0 for p in topo.pairs.values()) == 15      # C(6, 2)
+    assert sum(p["nvlinks"] > 0 for p in topo.pairs.values()) == 15  # C(6, 2)

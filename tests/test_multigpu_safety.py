@@ -34,18 +34,21 @@ def test_caller_environment_cannot_turn_it_on_either():
     env, forced = child_env(base)
     assert {k: env[k] for k in SAFETY_ENV} == SAFETY_ENV
     assert sorted(forced) == ["NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"]
-    assert base["NCCL_NVLS_ENABLE"] == "2"          # the caller's mapping is not modified
+    assert base["NCCL_NVLS_ENABLE"] == "2"  # the caller's mapping is not modified
 
 
-@pytest.mark.parametrize("env,bad", [
-    ({"NCCL_NVLS_ENABLE": "1"}, "NCCL_NVLS_ENABLE=1"),
-    ({"TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"}, "TORCH_SYMM_MEM_DISABLE_MULTICAST=0"),
-    ({"NVSHMEM_DISABLE_NVLS": "0"}, "NVSHMEM_DISABLE_NVLS=0"),
-    ({"NCCL_ALGO": "Ring,NVLS"}, "NCCL_ALGO=Ring,NVLS"),
-    ({"NCCL_ALGO": "allreduce:nvlstree;broadcast:ring"}, "NCCL_ALGO=allreduce:nvlstree"),
-    ({"NCCL_ALGO": "^NVLS,NVLSTree"}, None),            # an exclusion keeps NVLS out: fine
-    ({"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}, None),
-])
+@pytest.mark.parametrize(
+    "env,bad",
+    [
+        ({"NCCL_NVLS_ENABLE": "1"}, "NCCL_NVLS_ENABLE=1"),
+        ({"TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"}, "TORCH_SYMM_MEM_DISABLE_MULTICAST=0"),
+        ({"NVSHMEM_DISABLE_NVLS": "0"}, "NVSHMEM_DISABLE_NVLS=0"),
+        ({"NCCL_ALGO": "Ring,NVLS"}, "NCCL_ALGO=Ring,NVLS"),
+        ({"NCCL_ALGO": "allreduce:nvlstree;broadcast:ring"}, "NCCL_ALGO=allreduce:nvlstree"),
+        ({"NCCL_ALGO": "^NVLS,NVLSTree"}, None),  # an exclusion keeps NVLS out: fine
+        ({"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}, None),
+    ],
+)
 def test_profile_conflicts(env, bad):
     got = profile_conflicts(env)
     if bad is None:
@@ -74,27 +77,42 @@ def test_real_children_see_the_safety_values_even_when_forced(tmp_path):
     f.write_text(BAD_PROFILE)
     prof = load_profile(str(f))
     base = {**os.environ, "NCCL_NVLS_ENABLE": "1", "NVSHMEM_DISABLE_NVLS": "0"}
-    res = nccl_compare.run(prof, [{"tp": 2, "gpus": [0, 1], "crosses_numa": None, "reason": "test"}],
-                           sizes=[1 << 20], base_env=base, allow_conflicts=True, timeout=120)
+    res = nccl_compare.run(
+        prof,
+        [{"tp": 2, "gpus": [0, 1], "crosses_numa": None, "reason": "test"}],
+        sizes=[1 << 20],
+        base_env=base,
+        allow_conflicts=True,
+        timeout=120,
+    )
     assert res["errors"] == []
     for arm in ("baseline", "profile"):
         (seen,) = res["child_env"][arm]
         assert {k: seen.get(k) for k in SAFETY_ENV} == SAFETY_ENV, arm
-    assert res["child_env"]["profile"][0]["NCCL_PROTO"] == "Simple"        # the rest of the profile applies
+    assert res["child_env"]["profile"][0]["NCCL_PROTO"] == "Simple"  # the rest of the profile applies
     assert "NCCL_PROTO" not in res["child_env"]["baseline"][0]
     assert any("overridden by the safety" in n for n in res["notes"])
-    assert "NCCL_NVLS_ENABLE" in res["forced"]["profile"] and "NVSHMEM_DISABLE_NVLS" in res["forced"]["baseline"]
+    assert (
+        "NCCL_NVLS_ENABLE" in res["forced"]["profile"] and "NVSHMEM_DISABLE_NVLS" in res["forced"]["baseline"]
+    )
 
 
 def test_a_child_that_did_not_get_the_safety_is_an_error_not_a_figure(tmp_path):
     """A launcher that tampers with the environment (here: a wrapper re-enabling NVLS) is caught
     from the child's own report."""
     wrapper = tmp_path / "python-tamper"
-    wrapper.write_text(f"#!/bin/sh\nNCCL_NVLS_ENABLE=1 exec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nNCCL_NVLS_ENABLE=1 exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
-    res = nccl_compare.run(load_profile("pcie-2numa"), [{"tp": 2, "gpus": [0, 1], "crosses_numa": None, "reason": "t"}],
-                           sizes=[1 << 20], python=str(wrapper), timeout=120)
-    assert len(res["errors"]) == 2 and all("without the NVLS safety: NCCL_NVLS_ENABLE='1'" in e for e in res["errors"])
+    res = nccl_compare.run(
+        load_profile("pcie-2numa"),
+        [{"tp": 2, "gpus": [0, 1], "crosses_numa": None, "reason": "t"}],
+        sizes=[1 << 20],
+        python=str(wrapper),
+        timeout=120,
+    )
+    assert len(res["errors"]) == 2 and all(
+        "without the NVLS safety: NCCL_NVLS_ENABLE='1'" in e for e in res["errors"]
+    )
     assert res["rows"][0]["baseline"] is None and nccl_compare.exit_code(res) == 1
 
 
@@ -116,10 +134,19 @@ def test_run_script_exports_the_safety_and_refuses_without(tmp_path):
     assert "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1" in text
     broken = tmp_path / "benchmarks" / "multigpu_run.sh"
     broken.parent.mkdir()
-    broken.write_text(text.replace("export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1",
-                                   "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"))
+    broken.write_text(
+        text.replace(
+            "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1",
+            "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1",
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k != "NCCL_NVLS_ENABLE"}
-    r = subprocess.run(["bash", str(broken)], env={**env, "OUT": str(tmp_path / "out")},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(broken)],
+        env={**env, "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "NCCL_NVLS_ENABLE is not 0: stop" in r.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["run.log"]

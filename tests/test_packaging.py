@@ -20,11 +20,32 @@ def wheel(tmp_path_factory):
     checkout (symlinks kept, as a clone has them), with this interpreter's setuptools."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "results", ".whl"))
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "--disable-pip-version-check", "-w", str(tmp / "out"), str(src)],
-                       capture_output=True, text=True, timeout=300)
+    shutil.copytree(
+        ROOT,
+        src,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "results", ".whl"
+        ),
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(tmp / "out"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     (whl,) = (tmp / "out").glob("gpubox-*.whl")
     return whl
@@ -32,8 +53,11 @@ def wheel(tmp_path_factory):
 
 def _tracked(folder: str) -> list[str]:
     out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--", folder], capture_output=True, text=True)
-    files = out.stdout.split() if out.returncode == 0 else [str(p.relative_to(ROOT)) for p in
-                                                              (ROOT / folder).rglob("*") if p.is_file()]
+    files = (
+        out.stdout.split()
+        if out.returncode == 0
+        else [str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob("*") if p.is_file()]
+    )
     return [f for f in files if not (ROOT / f).is_symlink()]
 
 
@@ -51,23 +75,46 @@ def test_every_module_and_data_file_is_in_it_under_gpubox(wheel):
         for f in _tracked(folder):
             want = f if folder == "gpubox" else f"gpubox/{f}"
             assert want in names, f"{f} missing from the wheel (as {want})"
-    assert not any(n.startswith(("gpubox/benchmarks", "gpubox/tests", "tests/", "benchmarks/")) for n in names)
+    assert not any(
+        n.startswith(("gpubox/benchmarks", "gpubox/tests", "tests/", "benchmarks/")) for n in names
+    )
 
 
 def test_installed_wheel_imports_as_gpubox_only(wheel, tmp_path):
     target = tmp_path / "site"
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                        "--disable-pip-version-check", "--target", str(target), str(wheel)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     # -I -S: no site-packages (this machine's editable installs), no cwd, only the installed wheel.
     code = (
         "import sys, importlib.util as u; sys.path.insert(0, sys.argv[1])\n"
         "import gpubox.bench.remote, gpubox.provision.stage, gpubox.progress\n"
         "assert gpubox.bench.remote.__file__.startswith(sys.argv[1]), gpubox.bench.remote.__file__\n"
-        "print([n for n in ('bench', 'provision', 'hwtune', 'benchmarks', 'tests') if u.find_spec(n)])\n")
-    r = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(target)], capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
+        "print([n for n in ('bench', 'provision', 'hwtune', 'benchmarks', 'tests') if u.find_spec(n)])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
 
@@ -75,12 +122,20 @@ def test_installed_wheel_imports_as_gpubox_only(wheel, tmp_path):
 def test_no_module_in_the_wheel_imports_the_old_top_level_names(wheel):
     """After the folders became gpubox.*, an `import` of the old names would only work from a checkout."""
     import re
+
     old = "|".join(("bench", "provision", "hwtune"))
-    pat = re.compile(r"^\s*(?:from|import)\s+(?:" + old + r")\b|['\"]-m['\"],\s*['\"](?:" + old + r")\.|"
-                     r"['\"](?:" + old + r")\.[a-z_]+:", re.M)
+    pat = re.compile(
+        r"^\s*(?:from|import)\s+(?:" + old + r")\b|['\"]-m['\"],\s*['\"](?:" + old + r")\.|"
+        r"['\"](?:" + old + r")\.[a-z_]+:",
+        re.M,
+    )
     z = zipfile.ZipFile(wheel)
-    bad = [f"{n}: {m.group(0).strip()}" for n in z.namelist() if n.endswith(".py")
-           for m in pat.finditer(z.read(n).decode())]
+    bad = [
+        f"{n}: {m.group(0).strip()}"
+        for n in z.namelist()
+        if n.endswith(".py")
+        for m in pat.finditer(z.read(n).decode())
+    ]
     assert bad == []
 
 
@@ -88,9 +143,24 @@ def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, 
     """A checkout masks a forgotten old name (the folders are importable from it); an installed wheel
     does not. Every PROVIDERS entry of recover must import from the wheel with the old names blocked."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                    "--disable-pip-version-check", "--target", str(target), str(wheel)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     code = (
         "import sys, importlib, importlib.abc\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
@@ -101,7 +171,13 @@ def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, 
         "import gpubox.provision.recover as r, gpubox.cli as c\n"
         "for m in r.PROVIDERS: importlib.import_module(m)\n"
         "for t in c.COMMANDS.values(): importlib.import_module(t.split(':')[0])\n"
-        "print(len(r.PROVIDERS), len(c.COMMANDS))\n")
-    r = subprocess.run([sys.executable, "-I", "-c", code, str(target)], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path)
+        "print(len(r.PROVIDERS), len(c.COMMANDS))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]

@@ -63,7 +63,9 @@ def test_apply_blocks_dependents_of_unfixable_step():
     a = Rec("a", "host", world, log, broken=True, unfixable=True)
     b = Rec("b", "container", world, log, broken=True)
     c = Rec("c", "container", world, log, broken=True)
-    rep = run_pipeline(Ctx(), [Node(a, (), "host"), Node(b, ("a",), "container"), Node(c, (), "container")], "apply")
+    rep = run_pipeline(
+        Ctx(), [Node(a, (), "host"), Node(b, ("a",), "container"), Node(c, (), "container")], "apply"
+    )
     st = {s.name: s for s in rep.steps}
     assert st["a"].status == "failed"
     assert st["b"].status == "skipped" and st["b"].evidence["blocked_by"] == ["a"]
@@ -74,8 +76,10 @@ def test_apply_blocks_dependents_of_unfixable_step():
 
 def test_second_apply_changes_nothing():
     world, log = {}, []
-    mk = lambda: [Node(Rec("a", "host", world, log, broken=True), (), "host"),
-                  Node(Rec("b", "container", world, log, broken=True), ("a",), "container")]
+    mk = lambda: [
+        Node(Rec("a", "host", world, log, broken=True), (), "host"),
+        Node(Rec("b", "container", world, log, broken=True), ("a",), "container"),
+    ]
     first = run_pipeline(Ctx(), mk(), "apply")
     assert first.changed and first.ok
     second = run_pipeline(Ctx(), mk(), "apply")
@@ -109,13 +113,34 @@ def test_transport_error_aborts_the_run():
 
     world, log = {}, []
     with pytest.raises(TransportError):
-        run_pipeline(Ctx(), [Node(Down(), (), "host"), Node(Rec("b", "container", world, log), (), "container")], "check")
+        run_pipeline(
+            Ctx(),
+            [Node(Down(), (), "host"), Node(Rec("b", "container", world, log), (), "container")],
+            "check",
+        )
 
 
 def test_bench_headline_quotes_decode_figures_per_tp():
     from gpubox.provision.recover import headline
-    ms = [{"workload": "decode", "status": "ok", "output_len": 1024, "tp": tp, "label": lab, "tok_s": v}
-          for tp, lab, v in [(1, "auto", 26.6), (4, "auto", 37.8), (1, "ddtree:15", 173.4), (4, "ddtree:15", 281.1)]]
-    ms.append({"workload": "decode", "status": "failed", "output_len": 1024, "tp": 8, "label": "auto", "tok_s": None})
+
+    ms = [
+        {"workload": "decode", "status": "ok", "output_len": 1024, "tp": tp, "label": lab, "tok_s": v}
+        for tp, lab, v in [
+            (1, "auto", 26.6),
+            (4, "auto", 37.8),
+            (1, "ddtree:15", 173.4),
+            (4, "ddtree:15", 281.1),
+        ]
+    ]
+    ms.append(
+        {
+            "workload": "decode",
+            "status": "failed",
+            "output_len": 1024,
+            "tp": 8,
+            "label": "auto",
+            "tok_s": None,
+        }
+    )
     assert headline({"measurements": ms}) == "decode@1024 tok/s TP1/4: auto 26.6/37.8, ddtree:15 173.4/281.1"
     assert headline({"measurements": []}) == "no decode measurement"

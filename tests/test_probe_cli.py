@@ -10,10 +10,10 @@ import yaml
 
 from gpubox import simbox
 from gpubox.context import Context
-from gpubox.inventory import Inventory
-from gpubox.steps import SKIPPED
-from gpubox.pipeline import run_steps
 from gpubox.hwtune import probe_step
+from gpubox.inventory import Inventory
+from gpubox.pipeline import run_steps
+from gpubox.steps import SKIPPED
 from tests.clirun import gpubox
 
 FIX = Path(__file__).parent / "fixtures" / "probe"
@@ -75,16 +75,27 @@ def test_sim_box_without_gpu_is_skipped_not_failed(capsys, sim):
 
 def test_sim_box_limits_from_inventory_judge_a_recorded_run(capsys, sim):
     set_ct_vars(sim, gpubox_probe={"h2d_min_pct": 95})
-    rc, out, _ = gpubox(capsys, "-i", str(sim.inventory_path), "probe", sim.box, "--json",
-                        "--input", str(FIX / "h200_real.json"))
+    rc, out, _ = gpubox(
+        capsys,
+        "-i",
+        str(sim.inventory_path),
+        "probe",
+        sim.box,
+        "--json",
+        "--input",
+        str(FIX / "h200_real.json"),
+    )
     rep = json.loads(out)
     assert rc == 1 and [s["name"] for s in rep["steps"] if s["status"] == "drift"] == ["gpu0 h2d"]
 
 
-@pytest.mark.parametrize("value,words", [
-    ({"h2d_min_pct": 700}, "not a percentage"),
-    ({"python": "/nonexistent/python3"}, "not found on"),
-])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ({"h2d_min_pct": 700}, "not a percentage"),
+        ({"python": "/nonexistent/python3"}, "not found on"),
+    ],
+)
 def test_sim_box_bad_settings_exit_2(capsys, sim, value, words):
     set_ct_vars(sim, gpubox_probe=value)
     rc, _, err = gpubox(capsys, "-i", str(sim.inventory_path), "probe", sim.box)

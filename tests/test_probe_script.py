@@ -43,7 +43,9 @@ def test_no_bandwidth_flag():
 
 
 def test_bad_option_is_an_argparse_error():
-    r = subprocess.run([sys.executable, "-", "--bogus"], input=SCRIPT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-", "--bogus"], input=SCRIPT, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "--bogus" in r.stderr
 
 

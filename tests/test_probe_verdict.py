@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpubox.errors import GpuboxError
-from gpubox.steps import DRIFT, FAILED, OK, SKIPPED
 from gpubox.hwtune import probe_verdict as pv
+from gpubox.steps import DRIFT, FAILED, OK, SKIPPED
 
 FIX = Path(__file__).parent / "fixtures" / "probe"
 
@@ -30,13 +30,22 @@ def probe_of(doc, name):
 def test_real_h200_is_healthy_and_figures_match_the_recording(real):
     checks = by_name(pv.judge(real))
     assert {n: c.status for n, c in checks.items()} == {
-        "nvml": OK, "gpu0 state": OK, "gpu0 link": OK, "gpu0 memory": OK, "gpu0 clocks": OK,
-        "gpu0 h2d": OK, "gpu0 d2h": OK, "gpu0 d2d": OK, "allreduce 0": SKIPPED, "xid": OK}
+        "nvml": OK,
+        "gpu0 state": OK,
+        "gpu0 link": OK,
+        "gpu0 memory": OK,
+        "gpu0 clocks": OK,
+        "gpu0 h2d": OK,
+        "gpu0 d2h": OK,
+        "gpu0 d2d": OK,
+        "allreduce 0": SKIPPED,
+        "xid": OK,
+    }
     h2d = probe_of(real, "h2d")["gbps"]
-    assert checks["gpu0 h2d"].evidence["reference"] == 63.0          # Gen5 x16
+    assert checks["gpu0 h2d"].evidence["reference"] == 63.0  # Gen5 x16
     assert checks["gpu0 h2d"].evidence["pct"] == round(100 * h2d / 63.0, 1)
     d2d = probe_of(real, "d2d")["gbps"]
-    assert checks["gpu0 d2d"].evidence["reference"] == 4800.0         # H200 spec 4.8 TB/s
+    assert checks["gpu0 d2d"].evidence["reference"] == 4800.0  # H200 spec 4.8 TB/s
     assert checks["gpu0 d2d"].evidence["pct"] == round(100 * d2d / 4800.0, 1)
     assert "under load" in checks["gpu0 link"].detail
     rep = pv.report(real, box="h200", host="h200")
@@ -86,7 +95,7 @@ def test_idle_downtrained_link_without_load_reading_is_ok(real):
     g["clock_event_reasons"] = {"mask": 1, "active": ["gpu_idle"]}
     c = by_name(pv.judge(doc))["gpu0 link"]
     assert c.status == OK and "power" in c.detail
-    g["clock_event_reasons"] = {"mask": 0, "active": []}   # busy and still at Gen1: a finding
+    g["clock_event_reasons"] = {"mask": 0, "active": []}  # busy and still at Gen1: a finding
     assert by_name(pv.judge(doc))["gpu0 link"].status == DRIFT
 
 
@@ -97,12 +106,38 @@ def test_pcie_replays_over_the_limit(real):
     assert by_name(pv.judge(doc, pv.limits({"pcie_replay_max": 10000})))["gpu0 link"].status == OK
 
 
-@pytest.mark.parametrize("change,status,words", [
-    ({"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}}, DRIFT, "row remap pending"),
-    ({"remapped_rows": {"correctable": 0, "uncorrectable": 9, "pending": False, "failure": True}}, FAILED, "no spare rows"),
-    ({"ecc": {"enabled": True, "volatile_uncorrected": 2, "aggregate_uncorrected": 2, "volatile_corrected": 0}}, DRIFT, "2 uncorrectable"),
-    ({"remapped_rows": None, "retired_pages": {"sbe": 1, "dbe": 1, "pending": True}}, DRIFT, "page retirement pending"),
-])
+@pytest.mark.parametrize(
+    "change,status,words",
+    [
+        (
+            {"remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}},
+            DRIFT,
+            "row remap pending",
+        ),
+        (
+            {"remapped_rows": {"correctable": 0, "uncorrectable": 9, "pending": False, "failure": True}},
+            FAILED,
+            "no spare rows",
+        ),
+        (
+            {
+                "ecc": {
+                    "enabled": True,
+                    "volatile_uncorrected": 2,
+                    "aggregate_uncorrected": 2,
+                    "volatile_corrected": 0,
+                }
+            },
+            DRIFT,
+            "2 uncorrectable",
+        ),
+        (
+            {"remapped_rows": None, "retired_pages": {"sbe": 1, "dbe": 1, "pending": True}},
+            DRIFT,
+            "page retirement pending",
+        ),
+    ],
+)
 def test_memory_health(real, change, status, words):
     doc = copy.deepcopy(real)
     doc["nvml"]["gpus"][0].update(change)
@@ -112,7 +147,10 @@ def test_memory_health(real, change, status, words):
 
 def test_thermal_slowdown_under_load_is_drift(real):
     doc = copy.deepcopy(real)
-    probe_of(doc, "d2d")["clock_event_reasons_under_load"] = {"mask": 0x44, "active": ["sw_power_cap", "hw_thermal_slowdown"]}
+    probe_of(doc, "d2d")["clock_event_reasons_under_load"] = {
+        "mask": 0x44,
+        "active": ["sw_power_cap", "hw_thermal_slowdown"],
+    }
     c = by_name(pv.judge(doc))["gpu0 clocks"]
     assert c.status == DRIFT and "hw_thermal_slowdown" in c.detail and "sw_power_cap" not in c.detail
 
@@ -137,7 +175,7 @@ def test_slow_copies_against_thresholds(real):
 
 
 def test_d2d_reference_by_gpu_name(real):
-    assert pv.mem_spec_tbs("NVIDIA GH200 480GB") == 4.0            # not read as an H200
+    assert pv.mem_spec_tbs("NVIDIA GH200 480GB") == 4.0  # not read as an H200
     assert pv.mem_spec_tbs("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 1.792
     assert pv.mem_spec_tbs("NVIDIA H100 80GB HBM3") == 3.35
     assert pv.mem_spec_tbs("NVIDIA H100 PCIe") == 2.0
@@ -145,14 +183,16 @@ def test_d2d_reference_by_gpu_name(real):
     doc = copy.deepcopy(real)
     doc["nvml"]["gpus"][0]["name"] = "Some Future GPU"
     assert by_name(pv.judge(doc))["gpu0 d2d"].status == SKIPPED
-    assert by_name(pv.judge(doc, pv.limits({"mem_bw_tbs": 8.0})))["gpu0 d2d"].status == DRIFT   # 4.28 of 8
+    assert by_name(pv.judge(doc, pv.limits({"mem_bw_tbs": 8.0})))["gpu0 d2d"].status == DRIFT  # 4.28 of 8
 
 
 def _eight_gpus(real, peer=True, busbw=40.0):
     """The real H200 record widened to 8 GPUs (bus ids 0x10..0x17) with pair and all-reduce figures."""
     doc = copy.deepcopy(real)
     g0 = doc["nvml"]["gpus"][0]
-    doc["nvml"]["gpus"] = [dict(copy.deepcopy(g0), index=i, bus_id=f"0000:{0x10 + i:02x}:00.0") for i in range(8)]
+    doc["nvml"]["gpus"] = [
+        dict(copy.deepcopy(g0), index=i, bus_id=f"0000:{0x10 + i:02x}:00.0") for i in range(8)
+    ]
     doc["bandwidth"]["gpu_bus_ids"] = [f"0000:{0x10 + i:02x}:00.0" for i in range(8)]
     probes = []
     for i in range(8):
@@ -160,9 +200,19 @@ def _eight_gpus(real, peer=True, busbw=40.0):
             probes.append(dict(copy.deepcopy(p), gpu=i, bus_id=f"0000:{0x10 + i:02x}:00.0"))
     probes.append({"name": "p2p", "src": 0, "dst": 1, "status": "ok", "peer_access": peer, "gbps": 50.0})
     probes.append({"name": "p2p", "src": 0, "dst": 4, "status": "ok", "peer_access": True, "gbps": 12.0})
-    probes.append({"name": "allreduce", "gpus": [0, 1, 2, 3], "status": "ok", "algbw_gbps": busbw / 1.5,
-                   "busbw_gbps": busbw, "busbw_factor": 1.5})
-    probes.append({"name": "allreduce", "gpus": [4, 5, 6, 7], "status": "failed", "reason": "RuntimeError: NCCL error"})
+    probes.append(
+        {
+            "name": "allreduce",
+            "gpus": [0, 1, 2, 3],
+            "status": "ok",
+            "algbw_gbps": busbw / 1.5,
+            "busbw_gbps": busbw,
+            "busbw_factor": 1.5,
+        }
+    )
+    probes.append(
+        {"name": "allreduce", "gpus": [4, 5, 6, 7], "status": "failed", "reason": "RuntimeError: NCCL error"}
+    )
     doc["bandwidth"]["probes"] = probes
     return doc
 
@@ -170,9 +220,9 @@ def _eight_gpus(real, peer=True, busbw=40.0):
 def test_multi_gpu_pairs_and_allreduce(real):
     checks = by_name(pv.judge(_eight_gpus(real), expect_gpus=8))
     assert checks["nvml"].status == OK
-    assert checks["p2p gpu0->gpu1"].status == OK                  # 50 of 63 GB/s
-    assert checks["p2p gpu0->gpu4"].status == DRIFT               # 12 of 63 = 19% < 40%
-    assert checks["allreduce 0,1,2,3"].status == OK                # 40 of 63 = 63% >= 30%
+    assert checks["p2p gpu0->gpu1"].status == OK  # 50 of 63 GB/s
+    assert checks["p2p gpu0->gpu4"].status == DRIFT  # 12 of 63 = 19% < 40%
+    assert checks["allreduce 0,1,2,3"].status == OK  # 40 of 63 = 63% >= 30%
     assert checks["allreduce 0,1,2,3"].evidence["pct"] == round(100 * 40 / 63.0, 1)
     assert checks["allreduce 4,5,6,7"].status == FAILED
     no_peer = by_name(pv.judge(_eight_gpus(real, peer=False)))["p2p gpu0->gpu1"]
@@ -199,10 +249,13 @@ def test_xid_during_probe_fails(real):
 
 
 def test_no_gpu_document_is_all_skipped():
-    doc = {"schema": pv.PROBE_SCHEMA, "nvml": {"status": "skipped", "reason": "no NVML: libnvidia-ml.so not found"},
-           "torch": {"status": "skipped", "reason": "torch not importable"},
-           "bandwidth": {"status": "skipped", "reason": "torch not importable"},
-           "xid": {"status": "skipped", "reason": "no NVML GPU to watch"}}
+    doc = {
+        "schema": pv.PROBE_SCHEMA,
+        "nvml": {"status": "skipped", "reason": "no NVML: libnvidia-ml.so not found"},
+        "torch": {"status": "skipped", "reason": "torch not importable"},
+        "bandwidth": {"status": "skipped", "reason": "torch not importable"},
+        "xid": {"status": "skipped", "reason": "no NVML GPU to watch"},
+    }
     checks = pv.judge(doc)
     assert {c.status for c in checks} == {SKIPPED}
     st, detail, _ = pv.summarize(checks)
@@ -219,16 +272,19 @@ def test_summarize_worst_wins(real):
     assert pv.summarize(pv.judge(real))[0] == OK
 
 
-@pytest.mark.parametrize("raw,words", [
-    ({"h2d_min": 70}, "unknown key"),
-    ({"h2d_min_pct": 150}, "not a percentage"),
-    ({"d2d_min_pct": "70"}, "not a percentage"),
-    ({"min_link_width": 12}, "not a PCIe width"),
-    ({"min_link_gen": 7}, "not a PCIe generation"),
-    ({"mem_bw_tbs": -1}, "positive"),
-    ({"allreduce_sets": [[0, 1], "2,3"]}, "list of GPU index lists"),
-    ([70], "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "raw,words",
+    [
+        ({"h2d_min": 70}, "unknown key"),
+        ({"h2d_min_pct": 150}, "not a percentage"),
+        ({"d2d_min_pct": "70"}, "not a percentage"),
+        ({"min_link_width": 12}, "not a PCIe width"),
+        ({"min_link_gen": 7}, "not a PCIe generation"),
+        ({"mem_bw_tbs": -1}, "positive"),
+        ({"allreduce_sets": [[0, 1], "2,3"]}, "list of GPU index lists"),
+        ([70], "must be a mapping"),
+    ],
+)
 def test_bad_limits_are_one_line_errors(raw, words):
     with pytest.raises(GpuboxError) as ei:
         pv.limits(raw)
@@ -250,8 +306,9 @@ def test_recorded_cli_report_is_reproduced_from_its_probe_document():
     """`gpubox probe --local --json` on the H200: judging its raw document again gives the same rows."""
     rec = json.loads((FIX / "h200_real_cli_report.json").read_text())
     again = pv.report(rec["probe"], pv.limits(), box=rec["box"], host=rec["box"]).to_dict()
-    assert [(s["name"], s["status"], s["detail"]) for s in again["steps"]] == \
-        [(s["name"], s["status"], s["detail"]) for s in rec["steps"]]
+    assert [(s["name"], s["status"], s["detail"]) for s in again["steps"]] == [
+        (s["name"], s["status"], s["detail"]) for s in rec["steps"]
+    ]
     assert again["gpus"] == rec["gpus"] and rec["ok"] is True
 
 

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpubox.bench import prom, regress
 from gpubox.host import Host
 from gpubox.inventory import HostEntry
-from gpubox.steps import Finding, Step
 from gpubox.pipeline import run_steps
+from gpubox.steps import Finding, Step
 from gpubox.transport.local import LocalTransport
 
 FIX = Path(__file__).parent / "fixtures" / "history"
@@ -43,8 +43,14 @@ def test_healthy_run_metrics():
     assert f["gpubox_last_run_timestamp_seconds"].samples[0].value == 1793491452  # 2026-11-01T00:04:12Z
     assert f["gpubox_last_run_duration_seconds"].samples[0].value == 252
     tok = {(s.labels["tp"], s.labels["label"]): s.value for s in f["gpubox_bench_tokens_per_second"].samples}
-    assert tok == {("1", "auto"): 26.6, ("1", "ddtree:15"): 173.4, ("4", "auto"): 37.8,
-                   ("4", "ddtree:15"): 281.1, ("8", "auto"): 37.6, ("8", "ddtree:15"): 263.9}
+    assert tok == {
+        ("1", "auto"): 26.6,
+        ("1", "ddtree:15"): 173.4,
+        ("4", "auto"): 37.8,
+        ("4", "ddtree:15"): 281.1,
+        ("8", "auto"): 37.6,
+        ("8", "ddtree:15"): 263.9,
+    }
     s = f["gpubox_bench_tokens_per_second"].samples[0]
     assert set(s.labels) == set(prom.M_LABELS) and s.labels["workload"] == "decode"
     acc = {s.labels["label"] for s in f["gpubox_acceptance_length"].samples}
@@ -53,7 +59,9 @@ def test_healthy_run_metrics():
 
 
 def test_degraded_and_failed_levels_and_no_zero_for_failed_measurements():
-    f = families(prom.render(regress.judge(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}}))))
+    f = families(
+        prom.render(regress.judge(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}})))
+    )
     assert f["gpubox_health"].samples[0].value == 1
     f = families(prom.render(regress.judge(load(12))))
     assert f["gpubox_health"].samples[0].value == 2
@@ -65,10 +73,22 @@ def test_degraded_and_failed_levels_and_no_zero_for_failed_measurements():
 
 def test_concurrency_measurement_exports_aggregate():
     doc = load(1)
-    doc["measurements"].append({"key": "tp4/ddtree:15/concurrency/c8", "tp": 4, "method": "ddtree", "budget": 15,
-                                "label": "ddtree:15", "workload": "concurrency", "output_len": 1024,
-                                "concurrency": 8, "status": "ok", "tok_s": 158.8, "aggregate_tok_s": 1270.8,
-                                "acceptance": None})
+    doc["measurements"].append(
+        {
+            "key": "tp4/ddtree:15/concurrency/c8",
+            "tp": 4,
+            "method": "ddtree",
+            "budget": 15,
+            "label": "ddtree:15",
+            "workload": "concurrency",
+            "output_len": 1024,
+            "concurrency": 8,
+            "status": "ok",
+            "tok_s": 158.8,
+            "aggregate_tok_s": 1270.8,
+            "acceptance": None,
+        }
+    )
     text = prom.render(doc)
     assert_one_help_type_each(text)
     agg = families(text)["gpubox_bench_aggregate_tokens_per_second"].samples
@@ -85,12 +105,19 @@ class _Probe(Step):
 
 def test_doctor_step_findings_from_a_run_report():
     class Ctx:
-        box = type("B", (), {"name": "ct200", "container": HostEntry("ct200", {}), "host": HostEntry("pve1", {})})()
-    report = run_steps(Ctx(), [
-        _Probe("cuda", Finding.ok("cuInit 0")),
-        _Probe("nccl-env", Finding.drift("NCCL_PROTO misspelled")),
-        _Probe("model-stage", Finding.failed("source missing")),
-    ], "check")
+        box = type(
+            "B", (), {"name": "ct200", "container": HostEntry("ct200", {}), "host": HostEntry("pve1", {})}
+        )()
+
+    report = run_steps(
+        Ctx(),
+        [
+            _Probe("cuda", Finding.ok("cuInit 0")),
+            _Probe("nccl-env", Finding.drift("NCCL_PROTO misspelled")),
+            _Probe("model-stage", Finding.failed("source missing")),
+        ],
+        "check",
+    )
     text = prom.render(regress.judge(load(1)), report.to_dict())
     assert_one_help_type_each(text)
     steps = {s.labels["step"]: s.value for s in families(text)["gpubox_step_ok"].samples}

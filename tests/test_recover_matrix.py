@@ -80,22 +80,26 @@ def test_healthy_box_doctor_ok_and_recover_noop(tmp_path, capsys):
     assert rc == 0, _problems(doc)
     rc, rec = _recover(capsys, str(sim.inventory_path), "--no-bench")
     assert rc == 0 and not rec["changed"]
-    assert sim.calls("pct") == [] or all(c["argv"][0] in ("status", "config", "exec") for c in sim.calls("pct"))
+    assert sim.calls("pct") == [] or all(
+        c["argv"][0] in ("status", "config", "exec") for c in sim.calls("pct")
+    )
 
 
 def test_snapshot_and_pending_sections_survive_the_fix(tmp_path, capsys):
     sim = build(tmp_path / "box", ["uvm_stale_major", "conf_pending"])
     conf = sim.hpath("/etc/pve/lxc/200.conf")
     before = conf.read_text()
-    tail_before = before[before.index("\n["):]  # everything from the first section header
+    tail_before = before[before.index("\n[") :]  # everything from the first section header
     _run_matrix(capsys, str(sim.inventory_path), {"container-config"})
     after = conf.read_text()
-    assert after[after.index("\n["):] == tail_before
+    assert after[after.index("\n[") :] == tail_before
     assert "c 511:* rwm" in after.split("\n[")[0] and "c 511:* rwm" not in tail_before
 
 
 def test_all_faults_together_with_benchmark(tmp_path, capsys):
-    faults = sorted(set(MATRIX) - {"nccl_misspelled", "truncated_shard"})  # these overlap nccl_missing / shm_empty
+    faults = sorted(
+        set(MATRIX) - {"nccl_misspelled", "truncated_shard"}
+    )  # these overlap nccl_missing / shm_empty
     sim = build(tmp_path / "box", faults)
     inv = str(sim.inventory_path)
     rc, before = _doctor(capsys, inv)
@@ -157,8 +161,10 @@ def test_skip_and_only_select_steps(tmp_path, capsys):
 
 def test_matrix_over_ssh(sshd, tmp_path, capsys):
     """The same fault run with both hosts reached over real SSH (host keys pinned)."""
-    sim = build(tmp_path / "box", ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing",
-                                   "nccl_missing", "shm_empty"])
+    sim = build(
+        tmp_path / "box",
+        ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing", "shm_empty"],
+    )
     inv = yaml.safe_load(sim.inventory_path.read_text())
     for group in ("proxmox_hosts", "gpu_containers"):
         for name, hv in inv["all"]["children"][group]["hosts"].items():

@@ -19,22 +19,26 @@ from gpubox.simbox import build
 from gpubox.simbox.model import MODEL_DEST, MODEL_SRC
 from gpubox.transport.local import LocalTransport
 from gpubox.transport.pct import PctTransport
-from tests.test_bench_remote import _inventory
 from tests.clirun import gpubox
 from tests.sshd import container_over_ssh
+from tests.test_bench_remote import _inventory
 
 # Three lines 0.6 s apart, then exit: a transport that buffers until the end delivers all at once.
-TICKER = ("import sys, time\n"
-          "for i in range(3):\n"
-          "    print('gpubox-progress {\"ev\":\"step\",\"desc\":\"p%d\",\"advance\":true}' % i, file=sys.stderr, flush=True)\n"
-          "    time.sleep(0.6)\n"
-          "print('done')\n")
+TICKER = (
+    "import sys, time\n"
+    "for i in range(3):\n"
+    '    print(\'gpubox-progress {"ev":"step","desc":"p%d","advance":true}\' % i, file=sys.stderr, flush=True)\n'
+    "    time.sleep(0.6)\n"
+    "print('done')\n"
+)
 
 
 def _assert_live(transport):
     seen: list[tuple[float, str]] = []
     t0 = time.monotonic()
-    r = transport.run([sys.executable, "-c", TICKER], timeout=30, on_stderr=lambda l: seen.append((time.monotonic(), l)))
+    r = transport.run(
+        [sys.executable, "-c", TICKER], timeout=30, on_stderr=lambda l: seen.append((time.monotonic(), l))
+    )
     end = time.monotonic()
     assert r.rc == 0 and r.stdout.strip() == "done"
     assert [gp.parse(l)["desc"] for _, l in seen] == ["p0", "p1", "p2"]
@@ -57,8 +61,9 @@ def test_ssh_transport_streams_stderr_lines(sshd):
 
 def test_pct_transport_streams_through_the_host(tmp_path):
     sim = build(tmp_path / "box", [])
-    from gpubox.inventory import Inventory
     from gpubox.context import Context
+    from gpubox.inventory import Inventory
+
     ctx = Context(box=Inventory(sim.inventory_path).box(sim.box))
     host = ctx.host.transport
     pct = PctTransport("ct", host, sim.vmid, host_env=ctx.host.env)
@@ -67,6 +72,7 @@ def test_pct_transport_streams_through_the_host(tmp_path):
 
 def test_line_progress_batches_and_keeps_the_remote_audible():
     from gpubox.provision.stage import LineProgress
+
     buf = io.StringIO()
     p = LineProgress(buf, every=0.1, alive=0.3)
     p.start(1000, "staging m")
@@ -97,11 +103,11 @@ class Recorder:
 
 
 def test_remote_stage_over_ssh_shows_bytes_as_they_are_copied(tmp_path, sshd, monkeypatch):
-    from gpubox.provision import stage as engine
-    from gpubox.provision.stage_step import steps
     from gpubox.context import Context
     from gpubox.inventory import Inventory
     from gpubox.pipeline import run_steps
+    from gpubox.provision import stage as engine
+    from gpubox.provision.stage_step import steps
 
     sim = build(tmp_path / "box", ["shm_empty"])
     container_over_ssh(sim.inventory_path, sim.box, sshd)
@@ -135,6 +141,7 @@ def _this_checkout_python(tmp_path) -> str:
 
 def _slow_start_inventory(sim, tmp_path, container, host=None, startup=3.0):
     from gpubox.simbox.server import SIM_SPEED
+
     path = _inventory(sim, tmp_path, container=container, host=host, python=_this_checkout_python(tmp_path))
     inv = yaml.safe_load(open(path).read())
     b = inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]
@@ -144,8 +151,11 @@ def _slow_start_inventory(sim, tmp_path, container, host=None, startup=3.0):
 
 
 @pytest.mark.parametrize("via", ["ssh", "pct"])
-def test_remote_bench_shows_each_measurement_and_never_goes_quiet(via, tmp_path, capsys, monkeypatch, request):
+def test_remote_bench_shows_each_measurement_and_never_goes_quiet(
+    via, tmp_path, capsys, monkeypatch, request
+):
     import gpubox.bench.runner as runner
+
     steps: list[tuple[float, str, bool]] = []
 
     def fake_progress(console, total):

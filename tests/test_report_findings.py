@@ -4,7 +4,6 @@ import copy
 import json
 from pathlib import Path
 
-
 from gpubox.bench.report.data import from_doc
 from gpubox.bench.report.findings import findings
 
@@ -63,7 +62,9 @@ def test_failed_tp8_point_gives_no_scaling_claim_but_is_reported():
     d = doc("seed-after")
     for m in d["measurements"]:
         if m["key"] == "tp8/ddtree:15/decode/out1024":
-            m.update(status="failed", reason="server crashed", tok_s=None, aggregate_tok_s=None, acceptance=None)
+            m.update(
+                status="failed", reason="server crashed", tok_s=None, aggregate_tok_s=None, acceptance=None
+            )
     ids = by_id(findings([run_of(d)]))
     assert "tp_larger_slower" not in ids
     assert "tp8/ddtree:15/decode/out1024 failed: server crashed" in ids["not_measured"][0].text
@@ -111,6 +112,7 @@ def test_before_after_delta_and_what_changed():
     assert ba.numbers["n"] == 27
     # the seed's documented tuning gains are in the data: +7.5% b15 at 256 tokens, +18.5% at C=8
     from gpubox.bench.report.findings import deltas
+
     d = {m.key: round(p, 1) for _, m, p in deltas(*runs)}
     assert d["tp4/ddtree:15/decode/out256"] == 7.5
     assert d["tp4/ddtree:15/concurrency/c8/out1024"] == 18.5

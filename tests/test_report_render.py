@@ -24,12 +24,17 @@ HAVE_TEX = bool(shutil.which("pdflatex")) and bool(shutil.which("pdftotext"))
 
 # --- escaping -----------------------------------------------------------------------------------
 
+
 def test_tex_escape_leaves_no_active_character():
-    s = tex_escape(HOSTILE + " <x> | \"q\"")
+    s = tex_escape(HOSTILE + ' <x> | "q"')
     # remove every escape sequence we emit; what is left must hold no LaTeX-special character
-    rest = re.sub(r"\\(textbackslash|textasciicircum|textasciitilde|textless|textgreater|textbar|"
-                  r"textquotedbl)\{\}|\\[{}$&#_%]", "", s)
-    assert not set(rest) & set("\\{}$&#^_~%<>|\"")
+    rest = re.sub(
+        r"\\(textbackslash|textasciicircum|textasciitilde|textless|textgreater|textbar|"
+        r"textquotedbl)\{\}|\\[{}$&#_%]",
+        "",
+        s,
+    )
+    assert not set(rest) & set('\\{}$&#^_~%<>|"')
 
 
 def test_md_escape_escapes_every_markdown_special():
@@ -42,16 +47,24 @@ def test_md_escape_escapes_every_markdown_special():
 def test_hostile_string_typesets_verbatim(tmp_path):
     """The escaped string, compiled and read back from the PDF, is the string itself."""
     tex = tmp_path / "t.tex"  # the report's font encoding and typewriter font
-    tex.write_text("\\documentclass{article}\\usepackage[T1]{fontenc}\\usepackage{courier}"
-                   "\\pagestyle{empty}\\begin{document}\n"
-                   f"\\texttt{{{tex_escape(HOSTILE)}}}\n\\end{{document}}\n")
-    subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"], cwd=tmp_path,
-                   check=True, capture_output=True, timeout=120)
+    tex.write_text(
+        "\\documentclass{article}\\usepackage[T1]{fontenc}\\usepackage{courier}"
+        "\\pagestyle{empty}\\begin{document}\n"
+        f"\\texttt{{{tex_escape(HOSTILE)}}}\n\\end{{document}}\n"
+    )
+    subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     text = subprocess.run(["pdftotext", "t.pdf", "-"], cwd=tmp_path, capture_output=True, text=True).stdout
     assert text.strip() == HOSTILE
 
 
 # --- formats ------------------------------------------------------------------------------------
+
 
 def test_markdown_report_with_plots(tmp_path, capsys):
     out = tmp_path / "md"
@@ -91,9 +104,12 @@ def test_missing_measurements_are_marked(tmp_path, capsys):
     assert all(c.text not in ("0", "0.0") for r in tp.rows for c in r)
     assert any("box has 4 GPUs; TP8 needs 8" in n for n in tp.notes)
     nm = T.not_measured(runs)
-    assert [r[0].text for r in nm.rows] == ["tp1/ddtree:15/decode/out2048", "tp4/ddtree:15/decode/out1024",
-                                            "tp1/ddtree:15/long_context/ctx25000/out256",
-                                            "tp8/ddtree:15/decode/out1024"]
+    assert [r[0].text for r in nm.rows] == [
+        "tp1/ddtree:15/decode/out2048",
+        "tp4/ddtree:15/decode/out1024",
+        "tp1/ddtree:15/long_context/ctx25000/out256",
+        "tp8/ddtree:15/decode/out1024",
+    ]
     out = tmp_path / "p"
     rc, _, _ = gpubox(capsys, "report", PARTIAL, "--format", "md", "-o", str(out))
     md = (out / "report.md").read_text()
@@ -104,8 +120,22 @@ def test_missing_measurements_are_marked(tmp_path, capsys):
 
 def test_compare_mode_side_by_side(tmp_path, capsys):
     out = tmp_path / "c"
-    rc, stdout, _ = gpubox(capsys, "report", BEFORE, AFTER, "--compare", "--name", "before", "--name", "after",
-                           "--format", "md", "-o", str(out), "--json")
+    rc, stdout, _ = gpubox(
+        capsys,
+        "report",
+        BEFORE,
+        AFTER,
+        "--compare",
+        "--name",
+        "before",
+        "--name",
+        "after",
+        "--format",
+        "md",
+        "-o",
+        str(out),
+        "--json",
+    )
     assert rc == 0
     doc = json.loads(stdout)
     comp = doc["comparisons"][0]
@@ -121,7 +151,9 @@ def test_latex_structure_with_hostile_strings(tmp_path, capsys):
     rc, _, _ = gpubox(capsys, "report", AFTER, PARTIAL, "-o", str(out))
     assert rc == 0
     tex = (out / "report.tex").read_text()
-    assert r"ct\_200 \#1 \{lab\} 50\% \& \$HOME \textasciitilde{}x \textasciicircum{}y \textbackslash{}z" in tex
+    assert (
+        r"ct\_200 \#1 \{lab\} 50\% \& \$HOME \textasciitilde{}x \textasciicircum{}y \textbackslash{}z" in tex
+    )
     assert HOSTILE_BOX not in tex
     assert r"\VAR{" not in tex and r"\BLOCK{" not in tex
     assert tex.count(r"\begin{longtable}") == tex.count(r"\end{longtable}")
@@ -136,7 +168,9 @@ def test_pdf_compiles_and_shows_hostile_strings(tmp_path, capsys):
     out = tmp_path / "pdf"
     rc, stdout, _ = gpubox(capsys, "report", BEFORE, AFTER, PARTIAL, "--compare", "--pdf", "-o", str(out))
     assert rc == 0 and "report.pdf" in stdout
-    text = subprocess.run(["pdftotext", "-raw", str(out / "report.pdf"), "-"], capture_output=True, text=True).stdout
+    text = subprocess.run(
+        ["pdftotext", "-raw", str(out / "report.pdf"), "-"], capture_output=True, text=True
+    ).stdout
     flat = " ".join(text.split())
     assert HOSTILE_BOX in flat
     assert "TP8 is 6.1% slower than TP4" in flat
@@ -145,14 +179,21 @@ def test_pdf_compiles_and_shows_hostile_strings(tmp_path, capsys):
 
 # --- bad input ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content,needle", [
-    (None, "no such file"),
-    ("{not json", "not valid JSON (line 1"),
-    ('{"schema": "other/1", "measurements": []}', "schema is 'other/1'"),
-    ('{"schema": "gpubox.bench/1", "measurements": [{"key": "k", "tp": 0, "label": "a", '
-     '"workload": "decode", "status": "ok"}]}', "tp 0 is not a positive integer"),
-    ('[1, 2]', "top level is not a JSON object"),
-])
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (None, "no such file"),
+        ("{not json", "not valid JSON (line 1"),
+        ('{"schema": "other/1", "measurements": []}', "schema is 'other/1'"),
+        (
+            '{"schema": "gpubox.bench/1", "measurements": [{"key": "k", "tp": 0, "label": "a", '
+            '"workload": "decode", "status": "ok"}]}',
+            "tp 0 is not a positive integer",
+        ),
+        ("[1, 2]", "top level is not a JSON object"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, content, needle):
     f = tmp_path / "r.json"
     if content is not None:

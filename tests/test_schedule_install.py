@@ -49,7 +49,9 @@ def test_install_enables_and_second_run_changes_nothing(sim, capsys):
     assert sim.cpath(f"/{UNIT}.service").read_text() == rep["files"][f"/{UNIT}.service"]
     assert "OnUnitActiveSec=6h" in sim.cpath(f"/{UNIT}.timer").read_text()
     assert systemctl_calls(sim, "daemon-reload", "enable") == [
-        ["daemon-reload"], ["enable", "--now", "gpubox-health-ct200.timer"]]
+        ["daemon-reload"],
+        ["enable", "--now", "gpubox-health-ct200.timer"],
+    ]
     st = sim.read_state()["units"]["container"]["gpubox-health-ct200.timer"]
     assert st["enabled"] and st["active"]
     assert not sim.hpath(f"/{UNIT}.timer").exists(), "container mode must not touch the host"
@@ -66,9 +68,13 @@ def test_changed_interval_rewrites_with_backup(sim, capsys):
     rc, out, _ = cli(capsys, sim, "schedule", "install", "ct200", "--on-calendar", "*-*-* 03:00:00", "--json")
     assert rc == 0
     rep = json.loads(out)
-    assert "-OnUnitActiveSec=6h" in rep["steps"][0]["diff"] and "+OnCalendar=*-*-* 03:00:00" in rep["steps"][0]["diff"]
+    assert (
+        "-OnUnitActiveSec=6h" in rep["steps"][0]["diff"]
+        and "+OnCalendar=*-*-* 03:00:00" in rep["steps"][0]["diff"]
+    )
     assert "OnCalendar=*-*-* 03:00:00" in sim.cpath(f"/{UNIT}.timer").read_text()
     from gpubox.state import state_dir
+
     (backup,) = (state_dir() / "backups" / "ct200").glob("etc__systemd__system__gpubox-health-ct200.timer.*")
     assert "OnUnitActiveSec=6h" in backup.read_text()
 
@@ -95,9 +101,22 @@ def test_status_and_remove(sim, capsys):
     # a run recorded on the box (its state dir, as the unit sets it)
     hist = sim.cpath("/var/lib/gpubox/history/ct200.jsonl")
     hist.parent.mkdir(parents=True)
-    hist.write_text(json.dumps({"history": "gpubox.history/1", "doc": {
-        "run_id": "ct200-20261129T060000Z", "started_at": "2026-11-29T06:00:00Z",
-        "verdict": {"status": "degraded", "reasons": [{"message": "TP8 ddtree:15 decode 12.1% below"}]}}}) + "\n")
+    hist.write_text(
+        json.dumps(
+            {
+                "history": "gpubox.history/1",
+                "doc": {
+                    "run_id": "ct200-20261129T060000Z",
+                    "started_at": "2026-11-29T06:00:00Z",
+                    "verdict": {
+                        "status": "degraded",
+                        "reasons": [{"message": "TP8 ddtree:15 decode 12.1% below"}],
+                    },
+                },
+            }
+        )
+        + "\n"
+    )
     rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200", "--json")
     st = json.loads(out)
     assert rc == 0 and st["installed"] and st["enabled"] == "enabled" and st["active"] == "active"
@@ -134,8 +153,10 @@ def test_host_mode_units_on_the_proxmox_host(sim, capsys):
     rc, out, _ = cli(capsys, sim, "schedule", "install", "ct200", "--on", "host", "--json")
     assert rc == 0, out
     svc = sim.hpath(f"/{UNIT}.service").read_text()
-    assert "ExecStart=/usr/sbin/pct exec 200 -- /usr/bin/env GPUBOX_STATE_DIR=/var/lib/gpubox " \
-           "/usr/local/bin/gpubox" in svc
+    assert (
+        "ExecStart=/usr/sbin/pct exec 200 -- /usr/bin/env GPUBOX_STATE_DIR=/var/lib/gpubox "
+        "/usr/local/bin/gpubox" in svc
+    )
     assert sim.read_state()["units"]["host"]["gpubox-health-ct200.timer"]["enabled"]
     assert not sim.cpath(f"/{UNIT}.service").exists()
 
@@ -144,6 +165,7 @@ def test_steps_for_the_recover_pipeline(sim):
     from gpubox.bench.schedule_step import ScheduleStep, steps
     from gpubox.context import Context
     from gpubox.inventory import Inventory
+
     inv = Inventory(sim.inventory_path)
     assert steps(Context(box=inv.box("ct200"), inventory=inv)) == [], "no gpubox_schedule: no step"
     sim.inventory_extra["container"]["gpubox_schedule"] = {"every": "8h"}

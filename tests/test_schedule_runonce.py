@@ -17,9 +17,14 @@ from gpubox.simbox import build
 FIX = Path(__file__).parent / "fixtures" / "history"
 PROM = "/var/lib/prometheus/node-exporter/gpubox_ct200.prom"
 # The seed's reference figures (FACTS.md), as a real box's inventory would expect them.
-EXPECT = {"tolerance": 0.10, "tok_s": {"tp1": {"auto": 26.6, "ddtree:15": 173.4},
-                                      "tp4": {"auto": 37.8, "ddtree:15": 281.1},
-                                      "tp8": {"auto": 37.6, "ddtree:15": 263.9}}}
+EXPECT = {
+    "tolerance": 0.10,
+    "tok_s": {
+        "tp1": {"auto": 26.6, "ddtree:15": 173.4},
+        "tp4": {"auto": 37.8, "ddtree:15": 281.1},
+        "tp8": {"auto": 37.6, "ddtree:15": 263.9},
+    },
+}
 
 
 def hook(tmp_path, name, body):
@@ -43,16 +48,34 @@ def make_sim(tmp_path, alert=None, alert_timeout=None):
 
 def run_once(capsys, sim, n, *extra):
     with pytest.raises(SystemExit) as ei:
-        main(["-i", str(sim.inventory_path), "schedule", "run-once", "ct200", "--no-doctor",
-              "--from-json", str(FIX / f"run{n:02d}.json"), "--json", *extra])
+        main(
+            [
+                "-i",
+                str(sim.inventory_path),
+                "schedule",
+                "run-once",
+                "ct200",
+                "--no-doctor",
+                "--from-json",
+                str(FIX / f"run{n:02d}.json"),
+                "--json",
+                *extra,
+            ]
+        )
     out, err = capsys.readouterr()
     return ei.value.code, (json.loads(out) if out.strip() else None), err
 
 
 def test_series_records_history_writes_metrics_and_alerts_once(tmp_path, capsys):
     got = tmp_path / "alerts.jsonl"
-    sim = make_sim(tmp_path, alert=[hook(tmp_path, "notify", f"open({str(got)!r}, 'a').write(sys.stdin.read())"),
-                                    "--team", "inference"])
+    sim = make_sim(
+        tmp_path,
+        alert=[
+            hook(tmp_path, "notify", f"open({str(got)!r}, 'a').write(sys.stdin.read())"),
+            "--team",
+            "inference",
+        ],
+    )
     for n in range(1, 7):
         rc, res, _ = run_once(capsys, sim, n)
         assert rc == 0 and res["status"] == "healthy", res
@@ -61,7 +84,10 @@ def test_series_records_history_writes_metrics_and_alerts_once(tmp_path, capsys)
     rc, res, _ = run_once(capsys, sim, 7)
     assert rc == 1 and res["status"] == "degraded"
     kinds = {(r["kind"], r["key"]) for r in res["reasons"]}
-    assert kinds == {("history", "tp8/ddtree:15/decode/out1024"), ("expectation", "tp8/ddtree:15/decode/out1024")}
+    assert kinds == {
+        ("history", "tp8/ddtree:15/decode/out1024"),
+        ("expectation", "tp8/ddtree:15/decode/out1024"),
+    }
     # the hook got the verdict JSON on stdin
     (payload,) = [json.loads(l) for l in got.read_text().splitlines()]
     assert payload["status"] == "degraded" and payload["run_id"] == "ct200-20261102T120000Z"
@@ -81,7 +107,9 @@ def test_series_records_history_writes_metrics_and_alerts_once(tmp_path, capsys)
 
 
 def test_failing_alert_command_is_reported_not_fatal(tmp_path, capsys):
-    sim = make_sim(tmp_path, alert=[hook(tmp_path, "broken", "sys.stderr.write('pager down\\n'); sys.exit(3)")])
+    sim = make_sim(
+        tmp_path, alert=[hook(tmp_path, "broken", "sys.stderr.write('pager down\\n'); sys.exit(3)")]
+    )
     rc, res, _ = run_once(capsys, sim, 12)
     assert rc == 1 and res["status"] == "failed"
     assert res["alert"]["fired"] and not res["alert"]["ok"] and res["alert"]["rc"] == 3
@@ -114,12 +142,24 @@ def test_result_of_another_box_is_refused(tmp_path, capsys):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(doc))
     with pytest.raises(SystemExit) as ei:
-        main(["-i", str(sim.inventory_path), "schedule", "run-once", "ct200", "--no-doctor", "--from-json", str(other)])
+        main(
+            [
+                "-i",
+                str(sim.inventory_path),
+                "schedule",
+                "run-once",
+                "ct200",
+                "--no-doctor",
+                "--from-json",
+                str(other),
+            ]
+        )
     assert ei.value.code == 2 and "result of ct201" in capsys.readouterr().err
 
 
 def test_benchmark_that_cannot_run_becomes_a_failed_run(tmp_path):
     from gpubox.bench.runonce import run_benchmark
+
     doc = run_benchmark(str(tmp_path / "no-such-inventory.yml"), "ct200", "health", 60, True)
     assert doc["verdict"]["status"] == "failed" and doc["measurements"] == []
     assert "does not exist" in doc["verdict"]["reasons"][0]["message"]
@@ -132,17 +172,31 @@ def test_overlapping_runs_are_refused(tmp_path):
     slow = hook(tmp_path, "slow-notify", f"pathlib.Path({str(started)!r}).touch(); time.sleep(6)")
     sim = make_sim(tmp_path, alert=[slow])
     env = dict(os.environ)
-    base = [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "schedule", "run-once",
-            "ct200", "--no-doctor", "--json", "--from-json"]
-    first = subprocess.Popen(base + [str(FIX / "run07.json")], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    base = [
+        sys.executable,
+        "-m",
+        "gpubox.cli",
+        "-i",
+        str(sim.inventory_path),
+        "schedule",
+        "run-once",
+        "ct200",
+        "--no-doctor",
+        "--json",
+        "--from-json",
+    ]
+    first = subprocess.Popen(
+        base + [str(FIX / "run07.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 60
         while not started.exists():
             assert first.poll() is None, first.communicate()
             assert time.monotonic() < deadline, "first run never reached its alert hook"
             time.sleep(0.05)
-        second = subprocess.run(base + [str(FIX / "run01.json")], env=env, capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            base + [str(FIX / "run01.json")], env=env, capture_output=True, text=True, timeout=60
+        )
         assert second.returncode == 2
         assert f"already running (pid {first.pid}" in second.stderr
         assert "Traceback" not in second.stderr
@@ -153,13 +207,16 @@ def test_overlapping_runs_are_refused(tmp_path):
     assert first.returncode == 1 and json.loads(out)["status"] == "degraded"
     # only the first run was recorded; the lock is free again afterwards
     assert [r["run_id"] for r in history.runs("ct200")] == ["ct200-20261102T120000Z"]
-    third = subprocess.run(base + [str(FIX / "run01.json")], env=env, capture_output=True, text=True, timeout=60)
+    third = subprocess.run(
+        base + [str(FIX / "run01.json")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert third.returncode == 0, third.stderr
 
 
 def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, capsys):
     """run-once runs `gpubox bench` (child process) against the simulated vLLM server, TP1 only."""
     import yaml
+
     sim = build(tmp_path / "box")
     inv = yaml.safe_load(sim.inventory_path.read_text())
     inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]["tp"] = [1]

@@ -25,14 +25,17 @@ KNOWN = {
 
 
 def make_box(**sched):
-    ct = HostEntry("ct200", {"gpubox_vmid": 200, "gpubox_proxmox_host": "pve1",
-                             **({"gpubox_schedule": sched} if sched else {})})
+    ct = HostEntry(
+        "ct200",
+        {"gpubox_vmid": 200, "gpubox_proxmox_host": "pve1", **({"gpubox_schedule": sched} if sched else {})},
+    )
     return Box(container=ct, host=HostEntry("pve1", {}))
 
 
 def strict_parse(text: str) -> dict[str, dict[str, str]]:
-    cp = configparser.ConfigParser(strict=True, interpolation=None, delimiters=("=",),
-                                   comment_prefixes=("#", ";"))
+    cp = configparser.ConfigParser(
+        strict=True, interpolation=None, delimiters=("=",), comment_prefixes=("#", ";")
+    )
     cp.optionxform = str
     cp.read_string(text)
     out = {}
@@ -51,15 +54,19 @@ def verify(tmp_path, files: dict[str, str]):
         p.write_text(text)
         paths.append(str(p))
     env = dict(os.environ, SYSTEMD_LOG_LEVEL="notice")
-    return subprocess.run([ANALYZE, "verify", "--man=no", *paths], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [ANALYZE, "verify", "--man=no", *paths], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
-@pytest.mark.parametrize("sched", [
-    {"every": "6h"},
-    {"on_calendar": "*-*-* 00/6:00:00"},
-    {"every": "30min", "timeout": "20min", "profile": "full"},
-])
+@pytest.mark.parametrize(
+    "sched",
+    [
+        {"every": "6h"},
+        {"on_calendar": "*-*-* 00/6:00:00"},
+        {"every": "30min", "timeout": "20min", "profile": "full"},
+    ],
+)
 def test_units_pass_systemd_analyze_verify(tmp_path, sched):
     if ANALYZE is None or GPUBOX is None:
         pytest.skip("systemd-analyze or gpubox not on PATH")
@@ -77,7 +84,9 @@ def test_verify_catches_a_broken_unit(tmp_path):
     if ANALYZE is None:
         pytest.skip("systemd-analyze not on PATH")
     spec = schedule.spec_from(make_box(gpubox="/nonexistent/gpubox"))
-    r = verify(tmp_path, {spec.service: schedule.render_service(spec), spec.timer: schedule.render_timer(spec)})
+    r = verify(
+        tmp_path, {spec.service: schedule.render_service(spec), spec.timer: schedule.render_timer(spec)}
+    )
     assert r.returncode != 0 and "/nonexistent/gpubox" in r.stderr
 
 
@@ -88,8 +97,15 @@ def test_service_and_timer_content_is_strictly_valid():
     assert svc["Service"]["TimeoutStartSec"] == "5400"
     assert svc["Service"]["Environment"] == "GPUBOX_STATE_DIR=/var/lib/gpubox"
     assert svc["Service"]["ExecStart"].split() == [
-        "/usr/local/bin/gpubox", "-i", "/etc/gpubox/inventory.yml", "schedule", "run-once", "ct200",
-        "--profile", "health"]
+        "/usr/local/bin/gpubox",
+        "-i",
+        "/etc/gpubox/inventory.yml",
+        "schedule",
+        "run-once",
+        "ct200",
+        "--profile",
+        "health",
+    ]
     tim = strict_parse(schedule.render_timer(spec))
     assert tim["Timer"]["OnUnitActiveSec"] == "6h" and tim["Timer"]["OnActiveSec"] == "6h"
     assert tim["Timer"]["Unit"] == "gpubox-health-ct200.service"
@@ -105,7 +121,13 @@ def test_host_mode_runs_through_pct_exec_with_state_dir_inside():
     svc = strict_parse(schedule.render_service(spec))
     assert "Environment" not in svc["Service"]
     assert svc["Service"]["ExecStart"].split()[:6] == [
-        "/usr/sbin/pct", "exec", "200", "--", "/usr/bin/env", "GPUBOX_STATE_DIR=/var/lib/gpubox"]
+        "/usr/sbin/pct",
+        "exec",
+        "200",
+        "--",
+        "/usr/bin/env",
+        "GPUBOX_STATE_DIR=/var/lib/gpubox",
+    ]
 
 
 def test_cli_options_override_inventory_and_every_defaults_to_6h():
@@ -114,10 +136,16 @@ def test_cli_options_override_inventory_and_every_defaults_to_6h():
     assert schedule.spec_from(make_box()).every == 6 * 3600
 
 
-@pytest.mark.parametrize("every, cron", [
-    ("6h", "0 */6 * * *"), ("1h", "0 * * * *"), ("30min", "*/30 * * * *"), ("1d", "0 0 * * *"),
-    ("12h", "0 */12 * * *"),
-])
+@pytest.mark.parametrize(
+    "every, cron",
+    [
+        ("6h", "0 */6 * * *"),
+        ("1h", "0 * * * *"),
+        ("30min", "*/30 * * * *"),
+        ("1d", "0 0 * * *"),
+        ("12h", "0 */12 * * *"),
+    ],
+)
 def test_cron_line(every, cron):
     spec = schedule.spec_from(make_box(), every=every, timeout="1h")
     text = schedule.render_cron(spec)
@@ -128,25 +156,31 @@ def test_cron_line(every, cron):
     assert "GPUBOX_STATE_DIR=/var/lib/gpubox" in text.splitlines()
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"every": "5h"}, "cron schedule"),
-    ({"on_calendar": "daily"}, "needs systemd"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"every": "5h"}, "cron schedule"),
+        ({"on_calendar": "daily"}, "needs systemd"),
+    ],
+)
 def test_cron_refuses_what_it_cannot_express(kw, words):
     spec = schedule.spec_from(make_box(), **kw)
     with pytest.raises(GpuboxError, match=words):
         schedule.render_cron(spec)
 
 
-@pytest.mark.parametrize("sched, cli, words", [
-    ({}, {"every": "6h", "on_calendar": "daily"}, "either --every or --on-calendar"),
-    ({}, {"every": "six hours"}, "not a time span"),
-    ({}, {"every": "1min"}, "shorter than"),
-    ({"gpubox": "/usr/bin/gpubox; rm -rf /"}, {}, "cannot carry safely"),
-    ({"inventory": "relative/inv.yml"}, {}, "absolute path"),
-    ({"on": "moon"}, {}, "not a place"),
-    ({}, {"profile": "health $(id)"}, "cannot carry safely"),
-])
+@pytest.mark.parametrize(
+    "sched, cli, words",
+    [
+        ({}, {"every": "6h", "on_calendar": "daily"}, "either --every or --on-calendar"),
+        ({}, {"every": "six hours"}, "not a time span"),
+        ({}, {"every": "1min"}, "shorter than"),
+        ({"gpubox": "/usr/bin/gpubox; rm -rf /"}, {}, "cannot carry safely"),
+        ({"inventory": "relative/inv.yml"}, {}, "absolute path"),
+        ({"on": "moon"}, {}, "not a place"),
+        ({}, {"profile": "health $(id)"}, "cannot carry safely"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(sched, cli, words):
     with pytest.raises(GpuboxError, match=words) as ei:
         schedule.spec_from(make_box(**sched), **cli)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.simbox.model import make_model
 from gpubox.provision import safetensors_check as stc
 from gpubox.provision import stage as st
+from gpubox.simbox.model import make_model
 from tests.pagecache import evict
 
 SHARDS = [300_000, 200_000, 120_000]
@@ -53,7 +53,7 @@ def test_stage_copies_everything_and_writes_manifest_last(model, tmp_path):
 @pytest.mark.parametrize("name", [None, "crc32", "sha256"])
 def test_tree_hash_is_sha256_over_chunk_hashes(tmp_path, monkeypatch, name):
     """crc32 (the default): 4 big-endian bytes per chunk; sha256: the chunk digests; file = sha256 of them."""
-    monkeypatch.setattr(st, "CHUNK", 64 << 10)   # several chunks in a small file
+    monkeypatch.setattr(st, "CHUNK", 64 << 10)  # several chunks in a small file
     src = tmp_path / "s"
     make_model(src, [400_000], seed=3)
     dest = tmp_path / "d"
@@ -62,7 +62,7 @@ def test_tree_hash_is_sha256_over_chunk_hashes(tmp_path, monkeypatch, name):
     man = json.loads((dest / st.MANIFEST).read_text())
     assert out["hash"] == man["hash"] == algo
     data = (src / "model.safetensors").read_bytes()
-    parts = [data[i:i + st.CHUNK] for i in range(0, len(data), st.CHUNK)]
+    parts = [data[i : i + st.CHUNK] for i in range(0, len(data), st.CHUNK)]
     if algo.startswith("crc32"):
         chunks = [zlib.crc32(p).to_bytes(4, "big") for p in parts]
     else:
@@ -88,7 +88,7 @@ def test_manifest_absent_means_not_staged(model, tmp_path):
     (dest / st.MANIFEST).unlink()
     c = st.check(str(model), str(dest))
     assert c["staged"] is False and c["problems"][0] == "manifest absent: not staged"
-    out = _stage(model, dest)   # without manifest or journal nothing is trusted
+    out = _stage(model, dest)  # without manifest or journal nothing is trusted
     assert out["copied"] == len(_files(model))
     assert st.check(str(model), str(dest))["staged"]
 
@@ -110,7 +110,9 @@ def test_truncated_source_shard_refused_before_copying(model, tmp_path):
     shard = model / "model-00001-of-00003.safetensors"
     os.truncate(shard, shard.stat().st_size - 10)
     dest = tmp_path / "d"
-    with pytest.raises(st.StageError, match="not a complete model: model-00001-of-00003.safetensors: truncated"):
+    with pytest.raises(
+        st.StageError, match="not a complete model: model-00001-of-00003.safetensors: truncated"
+    ):
         _stage(model, dest)
     assert not dest.exists()
 
@@ -118,7 +120,8 @@ def test_truncated_source_shard_refused_before_copying(model, tmp_path):
 def test_missing_shard_named_in_index(model, tmp_path):
     (model / "model-00003-of-00003.safetensors").unlink()
     assert stc.check_model(str(model)) == [
-        "shard model-00003-of-00003.safetensors named in model.safetensors.index.json is missing"]
+        "shard model-00003-of-00003.safetensors named in model.safetensors.index.json is missing"
+    ]
     with pytest.raises(st.StageError, match="model-00003-of-00003.safetensors named in"):
         _stage(model, tmp_path / "d")
 
@@ -137,13 +140,13 @@ def test_corrupted_byte_found_only_by_verify(model, tmp_path):
     _stage(model, dest)
     shard = dest / "model-00001-of-00003.safetensors"
     st0 = shard.stat()
-    with open(shard, "r+b") as f:   # flip one tensor byte, keep size and mtime
+    with open(shard, "r+b") as f:  # flip one tensor byte, keep size and mtime
         f.seek(st0.st_size - 5)
         b = f.read(1)
         f.seek(st0.st_size - 5)
         f.write(bytes([b[0] ^ 0xFF]))
     os.utime(shard, ns=(st0.st_atime_ns, st0.st_mtime_ns))
-    assert st.check(str(model), str(dest))["staged"] is True       # stat and headers cannot see it
+    assert st.check(str(model), str(dest))["staged"] is True  # stat and headers cannot see it
     v = st.check(str(model), str(dest), verify=True)
     assert v["staged"] is False and v["mismatched"] == [shard.name]
     assert v["verified"] == len(_files(model)) - 1
@@ -167,7 +170,7 @@ def test_interrupted_copy_resumes(model, tmp_path):
 
     with pytest.raises(Interrupt):
         _stage(model, dest, on_file=boom, workers=1)
-    assert not (dest / st.MANIFEST).exists()          # never looks complete
+    assert not (dest / st.MANIFEST).exists()  # never looks complete
     journal = [json.loads(x) for x in (dest / st.JOURNAL).read_text().splitlines()]
     assert [e["rel"] for e in journal] == landed
     (dest / "model-00003-of-00003.safetensors.partial").write_bytes(b"half a file")
@@ -175,7 +178,10 @@ def test_interrupted_copy_resumes(model, tmp_path):
     # a worker may land one more queued file before the cancel reaches it; all landed are journaled
     n = len(landed)
     assert 2 <= n < len(_files(model))
-    assert c["problems"][0] == f"manifest absent: staging was interrupted ({n} of {len(_files(model))} files done)"
+    assert (
+        c["problems"][0]
+        == f"manifest absent: staging was interrupted ({n} of {len(_files(model))} files done)"
+    )
     out = _stage(model, dest)
     assert out["copied"] == len(_files(model)) - n and out["skipped"] == n
     assert set(out["reasons"]).isdisjoint(landed)
@@ -186,16 +192,23 @@ def test_second_stager_refused(model, tmp_path):
     dest = tmp_path / "d"
     dest.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from gpubox.provision.stage import Lock\n"
-         f"with Lock({str(dest)!r}):\n print('held', flush=True); sys.stdin.readline()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpubox.provision.stage import Lock\n"
+            f"with Lock({str(dest)!r}):\n print('held', flush=True); sys.stdin.readline()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(st.StageError, match=rf"another stager \(pid {holder.pid}\) is staging into"):
             _stage(model, dest)
     finally:
         holder.communicate("go\n", timeout=10)
-    assert _stage(model, dest)["copied"] == len(_files(model))   # free again once it is gone
+    assert _stage(model, dest)["copied"] == len(_files(model))  # free again once it is gone
 
 
 def test_too_small_refused_with_figures(model, tmp_path):
@@ -204,7 +217,7 @@ def test_too_small_refused_with_figures(model, tmp_path):
         _stage(model, dest, free_space=lambda p: 2 << 30, margin=(2 << 30) - 100_000)
     assert "needs 0.6 MB but its filesystem has 2.1 GB free (keeping a 2.1 GB margin)" in ei.value.problem
     assert "--force" in ei.value.fix
-    assert not dest.exists()                        # nothing half-written
+    assert not dest.exists()  # nothing half-written
     out = _stage(model, dest, free_space=lambda p: 2 << 30, margin=(2 << 30) - 100_000, force=True)
     assert out["copied"] == len(_files(model))
 
@@ -214,8 +227,11 @@ def test_container_memory_limit_refused_with_figures(model, tmp_path):
     cg.mkdir()
     (cg / "memory.max").write_text(f"{64 << 30}\n")
     (cg / "memory.current").write_text(f"{62 << 30}\n")
-    with pytest.raises(st.StageError, match=r"limit 68.7 GB, 66.6 GB in use, 2.1 GB left; staging 0.6 MB "
-                       r"would leave 2.1 GB \(< 4.3 GB margin\)"):
+    with pytest.raises(
+        st.StageError,
+        match=r"limit 68.7 GB, 66.6 GB in use, 2.1 GB left; staging 0.6 MB "
+        r"would leave 2.1 GB \(< 4.3 GB margin\)",
+    ):
         _stage(model, tmp_path / "d", tmpfs=True, cgroup_dir=str(cg))
     # not tmpfs: the memory cgroup does not pay for the pages
     assert _stage(model, tmp_path / "d", tmpfs=False, cgroup_dir=str(cg))["copied"] > 0
@@ -256,7 +272,9 @@ def test_hf_cache_sha256_checked(tmp_path):
     snap.mkdir(parents=True)
     for p in plain.iterdir():
         data = p.read_bytes()
-        blob = hashlib.sha256(data).hexdigest() if p.suffix == ".safetensors" else hashlib.sha1(data).hexdigest()
+        blob = (
+            hashlib.sha256(data).hexdigest() if p.suffix == ".safetensors" else hashlib.sha1(data).hexdigest()
+        )
         (repo / "blobs" / blob).write_bytes(data)
         (snap / p.name).symlink_to(f"../../blobs/{blob}")
     dest = tmp_path / "d"
@@ -264,7 +282,7 @@ def test_hf_cache_sha256_checked(tmp_path):
     man = json.loads((dest / st.MANIFEST).read_text())
     shard = "model-00001-of-00002.safetensors"
     assert man["files"][shard]["sha256"] == hashlib.sha256((plain / shard).read_bytes()).hexdigest()
-    assert "sha256" not in man["files"]["config.json"]          # git sha1 blobs are not content sha256
+    assert "sha256" not in man["files"]["config.json"]  # git sha1 blobs are not content sha256
     # a blob whose content no longer matches its name is refused
     target = (snap / shard).resolve()
     with open(target, "r+b") as f:
@@ -281,22 +299,41 @@ def test_payload_runs_with_stdlib_only(model, tmp_path):
     """What travels into a container without gpubox: `python3 - --request JSON`, no site-packages."""
     dest = tmp_path / "d"
     req = {"op": "stage", "src": str(model), "dest": str(dest), "workers": 2}
-    r = subprocess.run([sys.executable, "-I", "-S", "-", "--request", json.dumps(req)], input=st.payload(),
-                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-", "--request", json.dumps(req)],
+        input=st.payload(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["copied"] == len(_files(model))
-    r = subprocess.run([sys.executable, "-I", "-S", "-", "--request", json.dumps({**req, "op": "check"})],
-                       input=st.payload(), capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-", "--request", json.dumps({**req, "op": "check"})],
+        input=st.payload(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["staged"] is True
     req["src"] = str(tmp_path / "nope")
-    r = subprocess.run([sys.executable, "-I", "-S", "-", "--request", json.dumps(req)], input=st.payload(),
-                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-", "--request", json.dumps(req)],
+        input=st.payload(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert r.returncode == 2 and "is not a directory" in json.loads(r.stdout)["error"]
 
 
 def test_written_shards_are_real_safetensors(model):
     from safetensors import safe_open
+
     idx = json.loads((model / "model.safetensors.index.json").read_text())
     for shard in sorted(set(idx["weight_map"].values())):
         with safe_open(str(model / shard), framework="numpy") as f:
@@ -342,7 +379,9 @@ def test_crc32_default_finds_a_flipped_bit_with_verify(model, tmp_path):
     v = st.check(str(model), str(dest), verify=True)
     assert v["staged"] is False and v["mismatched"] == [shard.name] and v["hashes"] == ["crc32-tree-64MiB"]
     out = _stage(model, dest, verify=True)
-    assert out["copied"] == 1 and out["reasons"] == {shard.name: "hash mismatch (corrupted in the destination)"}
+    assert out["copied"] == 1 and out["reasons"] == {
+        shard.name: "hash mismatch (corrupted in the destination)"
+    }
     assert shard.read_bytes() == (model / shard.name).read_bytes()
 
 
@@ -352,9 +391,9 @@ def test_sha256_staged_dir_stays_staged_and_verifies_under_crc32_default(model, 
     n = len(_files(model))
     c = st.check(str(model), str(dest), verify=True)
     assert c["staged"] and c["verified"] == n and c["hashes"] == ["sha256-tree-64MiB"]
-    out = _stage(model, dest)                      # default crc32 requested: nothing to re-copy
+    out = _stage(model, dest)  # default crc32 requested: nothing to re-copy
     assert out["copied"] == 0 and out["skipped"] == n
-    out = _stage(model, dest, verify=True)         # verified with the manifest's own sha256
+    out = _stage(model, dest, verify=True)  # verified with the manifest's own sha256
     assert out["copied"] == 0 and out["verified"] == n
     _flip_byte(dest / "model-00001-of-00003.safetensors")
     v = st.check(str(model), str(dest), verify=True)
@@ -381,7 +420,7 @@ def test_manifest_from_before_the_hash_choice_still_verifies(model, tmp_path):
     mpath.write_text(json.dumps(man))
     c = st.check(str(model), str(dest), verify=True)
     assert c["staged"] and c["verified"] == len(_files(model))
-    man["hash"] = "md5-tree-64MiB"                  # an algorithm this copier does not know
+    man["hash"] = "md5-tree-64MiB"  # an algorithm this copier does not know
     mpath.write_text(json.dumps(man))
     c = st.check(str(model), str(dest), verify=True)
     assert not c["staged"] and "config.json: staged with an unknown hash 'md5-tree-64MiB'" in c["problems"]
@@ -419,7 +458,7 @@ def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
     cold = _stage(src, tmp_path / "cold")
     assert cold["read_direct_bytes"] >= sum(p.stat().st_size for p in shards) - (1 << 20)
     for p in src.iterdir():
-        p.read_bytes()                                   # now cached
+        p.read_bytes()  # now cached
     warm = _stage(src, tmp_path / "warm")
     assert warm["read_direct_bytes"] == 0
     for d in ("cold", "warm"):
@@ -440,6 +479,7 @@ def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypa
         if os.O_DIRECT & __import__("fcntl").fcntl(fd, __import__("fcntl").F_GETFL):
             raise OSError(22, "Invalid argument")
         return real(fd, bufs, off, *a)
+
     monkeypatch.setattr(st.os, "preadv", preadv)
     out = _stage(src, tmp_path / "d")
     for rel in _files(src):

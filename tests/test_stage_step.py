@@ -8,11 +8,11 @@ import yaml
 
 from gpubox.context import Context
 from gpubox.inventory import Inventory
-from gpubox.simbox import build
-from gpubox.simbox.model import DRAFTER_DEST, MODEL_DEST, MODEL_SRC, make_model
 from gpubox.pipeline import run_steps
 from gpubox.provision import stage as engine
 from gpubox.provision.stage_step import steps
+from gpubox.simbox import build
+from gpubox.simbox.model import DRAFTER_DEST, MODEL_DEST, MODEL_SRC, make_model
 from tests.clirun import gpubox
 from tests.sshd import container_over_ssh
 
@@ -43,7 +43,7 @@ def test_shm_empty_found_then_restaged_then_nothing_to_do(tmp_path):
         assert s.status == "drift" and "manifest absent: not staged" in s.detail
         assert s.cause == "tmpfs is empty after a reboot, or a copy was interrupted"
     plan = run_steps(ctx, steps(ctx), "plan")
-    assert not sim.cpath(MODEL_DEST).exists()          # a dry run writes nothing
+    assert not sim.cpath(MODEL_DEST).exists()  # a dry run writes nothing
     m = _by_name(plan)["model-stage"]
     assert m.commands == [["gpubox", "stage", MODEL_SRC, MODEL_DEST]]
     assert "+ model-00001-of-00003.safetensors  (not staged)" in m.diff
@@ -91,13 +91,17 @@ def test_cli_verify_finds_and_repairs_corrupted_byte(tmp_path, capsys):
     shard.write_bytes(bytes(data))
     os.utime(shard, ns=(s0.st_atime_ns, s0.st_mtime_ns))
     code, out, _ = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--dry-run", "--json")
-    assert code == 0                                    # stat + headers cannot see a flipped byte
-    code, out, _ = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--dry-run", "--verify", "--json")
+    assert code == 0  # stat + headers cannot see a flipped byte
+    code, out, _ = gpubox(
+        capsys, "-i", sim.inventory_path, "stage", sim.box, "--dry-run", "--verify", "--json"
+    )
     d = {s["name"]: s for s in json.loads(out)["steps"]}["drafter-stage"]
     assert code == 1 and d["status"] == "drift"
     assert "hash mismatch" in d["detail"] and d["cause"] == "the staged copy was damaged or modified"
     code, out, _ = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--verify", "--json")
-    assert code == 0 and {s["name"]: s["status"] for s in json.loads(out)["steps"]}["drafter-stage"] == "fixed"
+    assert (
+        code == 0 and {s["name"]: s["status"] for s in json.loads(out)["steps"]}["drafter-stage"] == "fixed"
+    )
 
 
 def test_container_memory_limit_refuses_then_force(tmp_path, capsys):
@@ -108,7 +112,10 @@ def test_container_memory_limit_refuses_then_force(tmp_path, capsys):
     code, out, err = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--json")
     m = json.loads(out)["steps"][0]
     assert code == 1 and m["status"] == "failed"
-    assert "limit 8.6 GB, 5.4 GB in use, 3.2 GB left; staging 3.1 MB would leave 3.2 GB (< 4.3 GB margin)" in m["detail"]
+    assert (
+        "limit 8.6 GB, 5.4 GB in use, 3.2 GB left; staging 3.1 MB would leave 3.2 GB (< 4.3 GB margin)"
+        in m["detail"]
+    )
     assert "--force" in m["detail"]
     assert not (sim.cpath(MODEL_DEST) / engine.MANIFEST).exists()
     code, out, err = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--force", "--json")
@@ -174,8 +181,14 @@ def test_hf_repo_id_source_from_offline_cache(tmp_path, monkeypatch):
     [s] = rep.steps
     assert s.status == "fixed", s.detail
     man = json.loads((sim.cpath("/dev/shm/Tiny") / engine.MANIFEST).read_text())
-    assert man["source"]["repo"] == "org/Tiny" and man["source"]["path"] == f"/mnt/hf/models--org--Tiny/snapshots/{rev}"
-    assert man["files"]["model.safetensors"]["sha256"] == hashlib.sha256((plain / "model.safetensors").read_bytes()).hexdigest()
+    assert (
+        man["source"]["repo"] == "org/Tiny"
+        and man["source"]["path"] == f"/mnt/hf/models--org--Tiny/snapshots/{rev}"
+    )
+    assert (
+        man["files"]["model.safetensors"]["sha256"]
+        == hashlib.sha256((plain / "model.safetensors").read_bytes()).hexdigest()
+    )
     ct["gpubox_model"] = {"source": "org/Absent", "cache_dir": "/mnt/hf", "offline": True}
     sim.inventory_path.write_text(yaml.safe_dump(inv))
     ctx = _ctx(sim)
@@ -214,7 +227,9 @@ def test_hash_sha256_on_request_then_default_keeps_it(tmp_path, capsys):
     assert code == 0, err
     assert {s["hash"] for s in json.loads(out)["staged"]} == {"sha256-tree-64MiB"}
     man = json.loads((sim.cpath(MODEL_DEST) / engine.MANIFEST).read_text())
-    assert man["hash"] == "sha256-tree-64MiB" and {e["algo"] for e in man["files"].values()} == {"sha256-tree-64MiB"}
+    assert man["hash"] == "sha256-tree-64MiB" and {e["algo"] for e in man["files"].values()} == {
+        "sha256-tree-64MiB"
+    }
     # the default (crc32) neither re-stages nor distrusts a sha256-staged directory
     code, out, _ = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--verify", "--json")
     doc = json.loads(out)
@@ -233,7 +248,10 @@ def test_gpubox_stage_hash_inventory_setting(tmp_path, capsys):
     assert json.loads((sim.cpath(DRAFTER_DEST) / engine.MANIFEST).read_text())["hash"] == "sha256-tree-64MiB"
     _set_ct(sim, gpubox_stage_hash="md5")
     code, _, err = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box)
-    assert code == 2 and "gpubox_stage_hash 'md5' is not a hash the stager knows (use one of: crc32, sha256" in err
+    assert (
+        code == 2
+        and "gpubox_stage_hash 'md5' is not a hash the stager knows (use one of: crc32, sha256" in err
+    )
 
 
 def test_local_cli_hash_option(tmp_path, capsys):

@@ -21,21 +21,30 @@ FORMATS = ("latex", "md", "html")
 
 @dataclass
 class Output:
-    report: object                      # model.Report
+    report: object  # model.Report
     files: list[Path] = field(default_factory=list)
     main: Path | None = None
     pdf: Path | None = None
 
     def to_dict(self) -> dict:
         d = self.report.to_dict()
-        d.update(files=[str(f) for f in self.files], main=str(self.main) if self.main else None,
-                 pdf=str(self.pdf) if self.pdf else None)
+        d.update(
+            files=[str(f) for f in self.files],
+            main=str(self.main) if self.main else None,
+            pdf=str(self.pdf) if self.pdf else None,
+        )
         return d
 
 
-def make_report(paths: Iterable[str | Path], fmt: str = "latex", outdir: str | Path = "report",
-                pdf: bool = False, compare: bool = False, names: Iterable[str] = (),
-                title: str | None = None) -> Output:
+def make_report(
+    paths: Iterable[str | Path],
+    fmt: str = "latex",
+    outdir: str | Path = "report",
+    pdf: bool = False,
+    compare: bool = False,
+    names: Iterable[str] = (),
+    title: str | None = None,
+) -> Output:
     """Load the runs, then write the report and its figures into outdir."""
     from . import latex
     from .data import load_runs
@@ -45,16 +54,21 @@ def make_report(paths: Iterable[str | Path], fmt: str = "latex", outdir: str | P
     if pdf and fmt != "latex":
         raise GpuboxError(f"--pdf makes a PDF from LaTeX, not from {fmt}", "use --format latex with --pdf")
     if pdf and not (shutil.which("latexmk") or shutil.which("pdflatex")):  # before writing anything
-        raise GpuboxError("--pdf needs latexmk or pdflatex, and neither is installed",
-                          f"{latex.INSTALL_HINT}, or leave out --pdf")
+        raise GpuboxError(
+            "--pdf needs latexmk or pdflatex, and neither is installed",
+            f"{latex.INSTALL_HINT}, or leave out --pdf",
+        )
     runs = load_runs(paths, names)
     if compare and len(runs) < 2:
-        raise GpuboxError("--compare needs two or more result files", "give the baseline first, then the runs to compare")
+        raise GpuboxError(
+            "--compare needs two or more result files", "give the baseline first, then the runs to compare"
+        )
     out_dir = Path(outdir)
     if out_dir.exists() and not out_dir.is_dir():
         raise GpuboxError(f"{out_dir} exists and is not a directory", "choose another -o DIR")
 
     from . import markdown, model, plots
+
     rep = model.build(runs, compare=compare, title=title)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = plots.make_all(runs, out_dir / "figures", "pdf" if fmt == "latex" else "png", compare=compare)

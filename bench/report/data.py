@@ -18,8 +18,14 @@ STATUSES = ("ok", "failed", "skipped")
 WORKLOADS = ("decode", "concurrency", "long_context", "agentic")
 
 # method -> how people name it (the seed report's words). Unknown methods print as given.
-METHOD_NAMES = {"auto": "auto", "ar": "auto", "autoregressive": "auto",
-                "dflash": "DFlash", "linear": "DFlash", "ddtree": "DDTree"}
+METHOD_NAMES = {
+    "auto": "auto",
+    "ar": "auto",
+    "autoregressive": "auto",
+    "dflash": "DFlash",
+    "linear": "DFlash",
+    "ddtree": "DDTree",
+}
 
 
 def method_name(method: str | None, budget: int | None) -> str:
@@ -42,7 +48,7 @@ class Measurement:
         try:
             return self.__dict__["raw"].get(name)
         except KeyError:  # pragma: no cover - during unpickling
-            raise AttributeError(name)
+            raise AttributeError(name) from None
 
     @property
     def ok(self) -> bool:
@@ -130,8 +136,11 @@ class Run:
         return None
 
 
-def _fail(path: str, problem: str, fix: str = "give a result JSON written by `gpubox bench` "
-          "(format: docs/result-schema.md)") -> GpuboxError:
+def _fail(
+    path: str,
+    problem: str,
+    fix: str = "give a result JSON written by `gpubox bench` (format: docs/result-schema.md)",
+) -> GpuboxError:
     return GpuboxError(f"{path}: {problem}", fix)
 
 
@@ -172,8 +181,10 @@ def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Run:
         if not isinstance(m["tp"], int) or m["tp"] < 1:
             raise _fail(path, f"measurements[{i}] ({m['key']}): tp {m['tp']!r} is not a positive integer")
         if m["status"] not in STATUSES:
-            raise _fail(path, f"measurements[{i}] ({m['key']}): status {m['status']!r} is not one of "
-                        f"{', '.join(STATUSES)}")
+            raise _fail(
+                path,
+                f"measurements[{i}] ({m['key']}): status {m['status']!r} is not one of {', '.join(STATUSES)}",
+            )
         out.append(Measurement(m))
     for k in ("facts", "verdict"):
         if doc.get(k) is not None and not isinstance(doc[k], dict):
@@ -188,8 +199,10 @@ def load_runs(paths: Iterable[str | Path], names: Iterable[str] = ()) -> list[Ru
     if not paths:
         raise GpuboxError("no result file given", "name one or more result JSON files")
     if names and len(names) != len(paths):
-        raise GpuboxError(f"{len(names)} --name for {len(paths)} result files",
-                          "give one --name per result file, in the same order")
+        raise GpuboxError(
+            f"{len(names)} --name for {len(paths)} result files",
+            "give one --name per result file, in the same order",
+        )
     runs = [load_run(p, names[i] if names else None) for i, p in enumerate(paths)]
     seen: dict[str, int] = {}
     for r in runs:  # two files with the same stem in different folders still need distinct names

@@ -13,24 +13,29 @@ from typing import Any
 
 from .data import Measurement, Run, method_name, method_order
 
-FLAT_PCT = 5.0       # auto within this spread across TP is "flat"
-TP_DIFF_PCT = 2.0    # a larger TP this much slower/faster than a smaller one is worth saying
-DRIFT_PCT = 5.0      # acceptance length spread across TP above this is a drift (a red flag, FACTS)
-LONG_CTX_X = 1.05    # ratio between TPs at long context worth saying
+FLAT_PCT = 5.0  # auto within this spread across TP is "flat"
+TP_DIFF_PCT = 2.0  # a larger TP this much slower/faster than a smaller one is worth saying
+DRIFT_PCT = 5.0  # acceptance length spread across TP above this is a drift (a red flag, FACTS)
+LONG_CTX_X = 1.05  # ratio between TPs at long context worth saying
 PREFERRED_LEN = 1024  # the seed compared methods and TPs at 1024 output tokens
 
 
 @dataclass
 class Finding:
     id: str
-    level: str          # good | info | warn
+    level: str  # good | info | warn
     text: str
     run: str | None = None
     numbers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "level": self.level, "text": self.text, "run": self.run,
-                "numbers": self.numbers}
+        return {
+            "id": self.id,
+            "level": self.level,
+            "text": self.text,
+            "run": self.run,
+            "numbers": self.numbers,
+        }
 
 
 def f1(x: float) -> str:
@@ -79,6 +84,7 @@ def tps(run: Run, workload: str | None = None) -> list[int]:
 
 # --- single-run findings ------------------------------------------------------------------------
 
+
 def spec_speedup(run: Run) -> list[Finding]:
     """Speculative decoding over auto at TP1 (where one GPU isolates the method's own gain)."""
     L, auto = ref_len(run), auto_label(run)
@@ -98,11 +104,25 @@ def spec_speedup(run: Run) -> list[Finding]:
     x = top.value / base.value
     others = "; ".join(f"{m.method_name} {f1(m.value)} ({m.value / base.value:.1f}x)" for m in order[1:])
     verb = "=" if x >= 1 else "is slower than auto:"
-    text = (f"{top.method_name} at TP1: {f1(top.value)} tok/s {verb} {x:.1f}x auto "
-            f"({f1(base.value)} tok/s) at {L}-token outputs" + (f"; {others}" if others else ""))
-    return [Finding("spec_speedup_tp1", "good" if x > 1 else "warn", text, run.name,
-                    {"tok_s": top.value, "auto_tok_s": base.value, "speedup": round(x, 2),
-                     "label": top.label, "output_len": L})]
+    text = (
+        f"{top.method_name} at TP1: {f1(top.value)} tok/s {verb} {x:.1f}x auto "
+        f"({f1(base.value)} tok/s) at {L}-token outputs" + (f"; {others}" if others else "")
+    )
+    return [
+        Finding(
+            "spec_speedup_tp1",
+            "good" if x > 1 else "warn",
+            text,
+            run.name,
+            {
+                "tok_s": top.value,
+                "auto_tok_s": base.value,
+                "speedup": round(x, 2),
+                "label": top.label,
+                "output_len": L,
+            },
+        )
+    ]
 
 
 def _numa_nodes(run: Run, tp: int, label: str) -> set[int] | None:
@@ -131,28 +151,57 @@ def tp_scaling(run: Run) -> list[Finding]:
             ma, mb = decode_ok(run, a, lab, L), decode_ok(run, b, lab, L)
             d = pct(ma.value, mb.value)
             name = ma.method_name
-            nums = {"label": lab, "tp_small": a, "tp_large": b, "tok_s_small": ma.value,
-                    "tok_s_large": mb.value, "pct": round(d, 1), "output_len": L}
+            nums = {
+                "label": lab,
+                "tp_small": a,
+                "tp_large": b,
+                "tok_s_small": ma.value,
+                "tok_s_large": mb.value,
+                "pct": round(d, 1),
+                "output_len": L,
+            }
             if d <= -TP_DIFF_PCT:
                 why = ""
                 na, nb = _numa_nodes(run, a, lab), _numa_nodes(run, b, lab)
                 if na is not None and nb is not None and len(nb) > 1 and len(na) == 1:
                     link = " over PCIe" if _over_pcie(run) else ""
-                    why = (f": TP{b} spans NUMA nodes {' and '.join(map(str, sorted(nb)))}{link}, "
-                           f"TP{a} stays on node {next(iter(na))}")
+                    why = (
+                        f": TP{b} spans NUMA nodes {' and '.join(map(str, sorted(nb)))}{link}, "
+                        f"TP{a} stays on node {next(iter(na))}"
+                    )
                     nums["numa_nodes_large"] = sorted(nb)
-                out.append(Finding("tp_larger_slower", "warn",
-                                   f"TP{b} is {abs(d):.1f}% slower than TP{a} for {name} "
-                                   f"({f1(mb.value)} vs {f1(ma.value)} tok/s){why}", run.name, nums))
+                out.append(
+                    Finding(
+                        "tp_larger_slower",
+                        "warn",
+                        f"TP{b} is {abs(d):.1f}% slower than TP{a} for {name} "
+                        f"({f1(mb.value)} vs {f1(ma.value)} tok/s){why}",
+                        run.name,
+                        nums,
+                    )
+                )
             elif d >= TP_DIFF_PCT:
-                out.append(Finding("tp_larger_faster", "info",
-                                   f"TP{b} is {d:.1f}% faster than TP{a} for {name} "
-                                   f"({f1(mb.value)} vs {f1(ma.value)} tok/s)", run.name, nums))
+                out.append(
+                    Finding(
+                        "tp_larger_faster",
+                        "info",
+                        f"TP{b} is {d:.1f}% faster than TP{a} for {name} "
+                        f"({f1(mb.value)} vs {f1(ma.value)} tok/s)",
+                        run.name,
+                        nums,
+                    )
+                )
             else:
-                out.append(Finding("tp_larger_same", "info",
-                                   f"TP{b} gains nothing over TP{a} for {name} "
-                                   f"({f1(mb.value)} vs {f1(ma.value)} tok/s, within {TP_DIFF_PCT:g}%)",
-                                   run.name, nums))
+                out.append(
+                    Finding(
+                        "tp_larger_same",
+                        "info",
+                        f"TP{b} gains nothing over TP{a} for {name} "
+                        f"({f1(mb.value)} vs {f1(ma.value)} tok/s, within {TP_DIFF_PCT:g}%)",
+                        run.name,
+                        nums,
+                    )
+                )
     return out
 
 
@@ -171,19 +220,33 @@ def auto_flat(run: Run) -> list[Finding]:
     at = "TP" + "/".join(str(tp) for tp, _ in pts)
     nums = {"tok_s": vals, "tp": [tp for tp, _ in pts], "spread_pct": round(spread, 1)}
     if spread <= FLAT_PCT:
-        return [Finding("auto_flat", "info",
-                        f"auto is flat across TP ({series} tok/s at {at}): memory-bandwidth-bound at "
-                        f"batch 1, so more GPUs do not speed up one sequence",
-                        run.name, nums)]
-    return [Finding("auto_varies", "info",
-                    f"auto varies {spread:.1f}% across TP ({series} tok/s at {at})", run.name, nums)]
+        return [
+            Finding(
+                "auto_flat",
+                "info",
+                f"auto is flat across TP ({series} tok/s at {at}): memory-bandwidth-bound at "
+                f"batch 1, so more GPUs do not speed up one sequence",
+                run.name,
+                nums,
+            )
+        ]
+    return [
+        Finding(
+            "auto_varies",
+            "info",
+            f"auto varies {spread:.1f}% across TP ({series} tok/s at {at})",
+            run.name,
+            nums,
+        )
+    ]
 
 
 def long_context(run: Run) -> list[Finding]:
     """Largest-TP vs next TP at the longest context both measured."""
     out = []
     for lab, meth, bud in spec_labels(run, "long_context") + [
-            t for t in run.labels("long_context") if t not in spec_labels(run, "long_context")]:
+        t for t in run.labels("long_context") if t not in spec_labels(run, "long_context")
+    ]:
         by_ctx: dict[int, dict[int, Measurement]] = {}
         for m in run.select("long_context", label=lab):
             if m.value is not None and m.context_tokens:
@@ -196,16 +259,37 @@ def long_context(run: Run) -> list[Finding]:
         a, b = tp_list[-2], tp_list[-1]
         ma, mb = d[a], d[b]
         x = mb.value / ma.value
-        nums = {"label": lab, "context_tokens": ctx, "tp_small": a, "tp_large": b,
-                "tok_s_small": ma.value, "tok_s_large": mb.value, "ratio": round(x, 2)}
+        nums = {
+            "label": lab,
+            "context_tokens": ctx,
+            "tp_small": a,
+            "tp_large": b,
+            "tok_s_small": ma.value,
+            "tok_s_large": mb.value,
+            "ratio": round(x, 2),
+        }
         if x >= LONG_CTX_X:
-            out.append(Finding("long_context_large_tp_wins", "info",
-                               f"at {ctx_name(ctx)} context TP{b} beats TP{a} {x:.1f}x for {ma.method_name} "
-                               f"({f1(mb.value)} vs {f1(ma.value)} tok/s)", run.name, nums))
+            out.append(
+                Finding(
+                    "long_context_large_tp_wins",
+                    "info",
+                    f"at {ctx_name(ctx)} context TP{b} beats TP{a} {x:.1f}x for {ma.method_name} "
+                    f"({f1(mb.value)} vs {f1(ma.value)} tok/s)",
+                    run.name,
+                    nums,
+                )
+            )
         elif x <= 1 / LONG_CTX_X:
-            out.append(Finding("long_context_small_tp_wins", "info",
-                               f"at {ctx_name(ctx)} context TP{a} beats TP{b} {1 / x:.1f}x for "
-                               f"{ma.method_name} ({f1(ma.value)} vs {f1(mb.value)} tok/s)", run.name, nums))
+            out.append(
+                Finding(
+                    "long_context_small_tp_wins",
+                    "info",
+                    f"at {ctx_name(ctx)} context TP{a} beats TP{b} {1 / x:.1f}x for "
+                    f"{ma.method_name} ({f1(ma.value)} vs {f1(mb.value)} tok/s)",
+                    run.name,
+                    nums,
+                )
+            )
     return out
 
 
@@ -215,15 +299,23 @@ def concurrency(run: Run) -> list[Finding]:
     for lab, meth, bud in run.labels("concurrency"):
         parts, nums, top = [], {}, {}
         for tp in tps(run, "concurrency"):
-            pts = {m.concurrency: m for m in run.select("concurrency", tp=tp, label=lab)
-                   if m.value is not None and m.concurrency}
+            pts = {
+                m.concurrency: m
+                for m in run.select("concurrency", tp=tp, label=lab)
+                if m.value is not None and m.concurrency
+            }
             if len(pts) < 2:
                 continue
             lo, hi = min(pts), max(pts)
             g = pts[hi].value / pts[lo].value
             parts.append(f"TP{tp} {f1(pts[lo].value)} → {f1(pts[hi].value)} ({g:.1f}x)")
-            nums[f"tp{tp}"] = {"c_low": lo, "c_high": hi, "low": pts[lo].value, "high": pts[hi].value,
-                               "gain": round(g, 2)}
+            nums[f"tp{tp}"] = {
+                "c_low": lo,
+                "c_high": hi,
+                "low": pts[lo].value,
+                "high": pts[hi].value,
+                "gain": round(g, 2),
+            }
             top[tp] = (hi, pts[hi].value)
         if not parts:
             continue
@@ -260,14 +352,27 @@ def acceptance(run: Run) -> list[Finding]:
         nums = {"label": lab, "tp": [t for t, _ in pts], "mean_length": vals, "spread_pct": round(spread, 1)}
         name = method_name(meth, bud)
         if spread > DRIFT_PCT:
-            out.append(Finding("acceptance_drift", "warn",
-                               f"acceptance length of {name} drifts {spread:.1f}% across TP ({series} at {at}): "
-                               f"it should not depend on TP, check the drafter and verification at "
-                               f"TP{pts[vals.index(min(vals))][0]}", run.name, nums))
+            out.append(
+                Finding(
+                    "acceptance_drift",
+                    "warn",
+                    f"acceptance length of {name} drifts {spread:.1f}% across TP ({series} at {at}): "
+                    f"it should not depend on TP, check the drafter and verification at "
+                    f"TP{pts[vals.index(min(vals))][0]}",
+                    run.name,
+                    nums,
+                )
+            )
         else:
-            out.append(Finding("acceptance_stable", "info",
-                               f"acceptance length of {name} is stable across TP ({series} at {at})",
-                               run.name, nums))
+            out.append(
+                Finding(
+                    "acceptance_stable",
+                    "info",
+                    f"acceptance length of {name} is stable across TP ({series} at {at})",
+                    run.name,
+                    nums,
+                )
+            )
     return out
 
 
@@ -280,14 +385,22 @@ def not_measured(run: Run) -> list[Finding]:
     head = " and ".join(p for p in (f"{n_f} failed" if n_f else "", f"{n_s} skipped" if n_s else "") if p)
     shown = "; ".join(f"{m.key} {m.status}: {m.reason or 'no reason given'}" for m in bad[:3])
     more = f"; {len(bad) - 3} more in the table" if len(bad) > 3 else ""
-    return [Finding("not_measured", "warn", f"{head} of {len(run.measurements)} measurements: {shown}{more}",
-                    run.name, {"failed": n_f, "skipped": n_s, "keys": [m.key for m in bad]})]
+    return [
+        Finding(
+            "not_measured",
+            "warn",
+            f"{head} of {len(run.measurements)} measurements: {shown}{more}",
+            run.name,
+            {"failed": n_f, "skipped": n_s, "keys": [m.key for m in bad]},
+        )
+    ]
 
 
 SINGLE = (spec_speedup, tp_scaling, auto_flat, long_context, concurrency, acceptance, not_measured)
 
 
 # --- before/after -------------------------------------------------------------------------------
+
 
 def describe(m: Measurement) -> str:
     """'TP4 DDTree b15 C=8 aggregate' and the like, for deltas."""
@@ -315,8 +428,10 @@ def deltas(base: Run, new: Run) -> list[tuple[Measurement, Measurement, float]]:
 def fact_changes(base: Run, new: Run) -> list[str]:
     """The tuning knobs that differ between the two runs' facts."""
     fa, fb, out = base.facts, new.facts, []
-    if None not in (fa.get("numa_balancing"), fb.get("numa_balancing")) and \
-            fa["numa_balancing"] != fb["numa_balancing"]:
+    if (
+        None not in (fa.get("numa_balancing"), fb.get("numa_balancing"))
+        and fa["numa_balancing"] != fb["numa_balancing"]
+    ):
         out.append(f"NUMA balancing {fa.get('numa_balancing')} → {fb.get('numa_balancing')}")
     ma, mb = fa.get("pcie_mrrs") or {}, fb.get("pcie_mrrs") or {}
     if isinstance(ma, dict) and isinstance(mb, dict) and ma and mb:
@@ -328,8 +443,11 @@ def fact_changes(base: Run, new: Run) -> list[str]:
         added = sorted(set(eb) - set(ea))
         removed = sorted(set(ea) - set(eb))
         changed = sorted(k for k in set(ea) & set(eb) if ea[k] != eb[k])
-        bits = [f"+{', '.join(added)}" if added else "", f"-{', '.join(removed)}" if removed else "",
-                f"changed {', '.join(changed)}" if changed else ""]
+        bits = [
+            f"+{', '.join(added)}" if added else "",
+            f"-{', '.join(removed)}" if removed else "",
+            f"changed {', '.join(changed)}" if changed else "",
+        ]
         out.append("NCCL env " + " ".join(b for b in bits if b))
     if fa.get("driver") and fb.get("driver") and fa["driver"] != fb["driver"]:
         out.append(f"driver {fa['driver']} → {fb['driver']}")
@@ -350,13 +468,27 @@ def before_after(base: Run, new: Run, top: int = 3) -> list[Finding]:
     multi_txt = f" ({per_w})" if len(by_w) > 1 else ""
     changes = fact_changes(base, new)
     ch = f" after {', '.join(changes)}" if changes else ""
-    text = (f"{new.name} vs {base.name}{ch}: median {med:+.1f}% over {len(ds)} measurements"
-            f"{multi_txt}; largest: {big}")
+    text = (
+        f"{new.name} vs {base.name}{ch}: median {med:+.1f}% over {len(ds)} measurements"
+        f"{multi_txt}; largest: {big}"
+    )
     level = "good" if med > 0 else ("warn" if med < -TP_DIFF_PCT else "info")
-    return [Finding("before_after", level, text, new.name,
-                    {"base": base.name, "median_pct": round(med, 1), "n": len(ds), "fact_changes": changes,
-                     "median_pct_by_workload": {w: round(statistics.median(v), 1) for w, v in by_w.items()},
-                     "largest": [{"key": m.key, "pct": round(d, 1)} for _, m, d in ranked]})]
+    return [
+        Finding(
+            "before_after",
+            level,
+            text,
+            new.name,
+            {
+                "base": base.name,
+                "median_pct": round(med, 1),
+                "n": len(ds),
+                "fact_changes": changes,
+                "median_pct_by_workload": {w: round(statistics.median(v), 1) for w, v in by_w.items()},
+                "largest": [{"key": m.key, "pct": round(d, 1)} for _, m, d in ranked],
+            },
+        )
+    ]
 
 
 def simulated(run: Run) -> list[Finding]:
@@ -365,8 +497,16 @@ def simulated(run: Run) -> list[Finding]:
         return []
     k = run.doc.get("sim_speed")
     pace = f" paced at {f1(float(k))}x the seed box's real-time rates" if k else ""
-    return [Finding("simulated", "warn", f"figures come from gpubox's server simulator{pace}, not from GPUs: "
-                    "they test the pipeline, not the box", run.name, {"sim_speed": k})]
+    return [
+        Finding(
+            "simulated",
+            "warn",
+            f"figures come from gpubox's server simulator{pace}, not from GPUs: "
+            "they test the pipeline, not the box",
+            run.name,
+            {"sim_speed": k},
+        )
+    ]
 
 
 def findings(runs: list[Run], compare: bool = False) -> list[Finding]:

@@ -20,14 +20,36 @@ from gpubox.errors import GpuboxError
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 _TEX = {
-    "\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
-    "^": r"\textasciicircum{}", "_": r"\_", "~": r"\textasciitilde{}", "%": r"\%",
-    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}", '"': r"\textquotedbl{}",
+    "\\": r"\textbackslash{}",
+    "{": r"\{",
+    "}": r"\}",
+    "$": r"\$",
+    "&": r"\&",
+    "#": r"\#",
+    "^": r"\textasciicircum{}",
+    "_": r"\_",
+    "~": r"\textasciitilde{}",
+    "%": r"\%",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    '"': r"\textquotedbl{}",
     # Unicode that findings use; anything else non-ASCII is transliterated or becomes '?', since
     # pdflatex stops on characters its fonts do not set up ("Unicode character ... not set up").
-    "\u00d7": r"$\times$", "\u2192": r"$\rightarrow$", "\u2248": r"$\approx$", "\u2013": "--",
-    "\u2014": "---", "\u2212": "$-$", "\u00b1": r"$\pm$", "\u2026": r"\ldots{}", "\u00b0": r"\textdegree{}",
-    "\u2018": "`", "\u2019": "'", "\u201c": "``", "\u201d": "''", "\u00a0": "~",
+    "\u00d7": r"$\times$",
+    "\u2192": r"$\rightarrow$",
+    "\u2248": r"$\approx$",
+    "\u2013": "--",
+    "\u2014": "---",
+    "\u2212": "$-$",
+    "\u00b1": r"$\pm$",
+    "\u2026": r"\ldots{}",
+    "\u00b0": r"\textdegree{}",
+    "\u2018": "`",
+    "\u2019": "'",
+    "\u201c": "``",
+    "\u201d": "''",
+    "\u00a0": "~",
 }
 
 
@@ -73,7 +95,12 @@ def tex_code(value) -> TexSafe:
 
 def pdf_string(value) -> str:
     """ASCII letters, digits and a few marks: what PDF bookmarks can hold without warnings."""
-    return "".join(c if (c.isascii() and (c.isalnum() or c in " .,:;-+()/")) else " " for c in str(value)).strip() or "run"
+    return (
+        "".join(
+            c if (c.isascii() and (c.isalnum() or c in " .,:;-+()/")) else " " for c in str(value)
+        ).strip()
+        or "run"
+    )
 
 
 def section_title(value) -> TexSafe:
@@ -91,19 +118,33 @@ def _finalize(value):
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        block_start_string=r"\BLOCK{", block_end_string="}",
-        variable_start_string=r"\VAR{", variable_end_string="}",
-        comment_start_string=r"\#{", comment_end_string="}",
-        line_statement_prefix=None, line_comment_prefix="%#",
-        trim_blocks=True, lstrip_blocks=True, autoescape=False,
-        undefined=jinja2.StrictUndefined, finalize=_finalize, keep_trailing_newline=True)
-    env.filters.update(code=tex_code, sec=section_title, cell=cell_tex, colspec=colspec,
-                       level=level_mark, raw=lambda s: TexSafe(s))
+        block_start_string=r"\BLOCK{",
+        block_end_string="}",
+        variable_start_string=r"\VAR{",
+        variable_end_string="}",
+        comment_start_string=r"\#{",
+        comment_end_string="}",
+        line_statement_prefix=None,
+        line_comment_prefix="%#",
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        code=tex_code,
+        sec=section_title,
+        cell=cell_tex,
+        colspec=colspec,
+        level=level_mark,
+        raw=lambda s: TexSafe(s),
+    )
     return env
 
 
-STATUS_TEX = {"failed": r"\textcolor{bad}{failed}", "skipped": r"\textcolor{dim}{skipped}",
-              "missing": "--"}
+STATUS_TEX = {"failed": r"\textcolor{bad}{failed}", "skipped": r"\textcolor{dim}{skipped}", "missing": "--"}
 
 
 def cell_tex(c) -> TexSafe:
@@ -122,15 +163,22 @@ def colspec(table) -> TexSafe:
         if col and all(c.status == "label" for c in col):
             longest = max(len(c.text) for c in col)
             spec.append("p{0.5\\linewidth}" if longest > 60 else "l")
-        elif col and all(c.status in ("label", "failed", "skipped") for c in col) and j < len(table.columns) - 1:
+        elif (
+            col
+            and all(c.status in ("label", "failed", "skipped") for c in col)
+            and j < len(table.columns) - 1
+        ):
             spec.append("l")
         else:
             spec.append("r")
     return TexSafe("".join(spec))
 
 
-LEVEL_TEX = {"good": r"\textcolor{good}{\textbullet}", "warn": r"\textcolor{bad}{\textbullet}",
-             "info": r"\textcolor{info}{\textbullet}"}
+LEVEL_TEX = {
+    "good": r"\textcolor{good}{\textbullet}",
+    "warn": r"\textcolor{bad}{\textbullet}",
+    "info": r"\textcolor{info}{\textbullet}",
+}
 
 
 def level_mark(level: str) -> TexSafe:
@@ -139,10 +187,18 @@ def level_mark(level: str) -> TexSafe:
 
 def render(report, outdir: Path, figures: list) -> Path:
     """Write outdir/report.tex; figures are already in outdir/figures as PDF."""
-    tex = environment().get_template("report.tex.j2").render(
-        report=report, figures=[{"title": f.title, "caption": f.caption,
-                                 "path": TexSafe(_fig_path(f.path, outdir))} for f in figures],
-        multi=len(report.runs) > 1)
+    tex = (
+        environment()
+        .get_template("report.tex.j2")
+        .render(
+            report=report,
+            figures=[
+                {"title": f.title, "caption": f.caption, "path": TexSafe(_fig_path(f.path, outdir))}
+                for f in figures
+            ],
+            multi=len(report.runs) > 1,
+        )
+    )
     out = outdir / "report.tex"
     out.write_text(tex, encoding="utf-8")
     return out
@@ -155,31 +211,40 @@ def _fig_path(path: Path, outdir: Path) -> str:
     return rel
 
 
-INSTALL_HINT = "apt-get install texlive-latex-base texlive-latex-recommended texlive-fonts-recommended latexmk"
+INSTALL_HINT = (
+    "apt-get install texlive-latex-base texlive-latex-recommended texlive-fonts-recommended latexmk"
+)
 
 
 def compile_pdf(tex: Path, timeout: float = 180.0) -> Path:
     """latexmk when installed, else pdflatex twice (longtable needs a second pass for widths)."""
     cwd = tex.parent
     if shutil.which("latexmk"):
-        runs = [["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error",
-                 tex.name]]
+        runs = [
+            ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error", tex.name]
+        ]
     elif shutil.which("pdflatex"):
         one = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error", tex.name]
         runs = [one, one]
     else:
-        raise GpuboxError("--pdf needs latexmk or pdflatex, and neither is installed",
-                          f"{INSTALL_HINT}, or leave out --pdf and compile {tex} yourself")
+        raise GpuboxError(
+            "--pdf needs latexmk or pdflatex, and neither is installed",
+            f"{INSTALL_HINT}, or leave out --pdf and compile {tex} yourself",
+        )
     for argv in runs:
         try:
-            p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
+            p = subprocess.run(
+                argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
         except subprocess.TimeoutExpired:
-            raise GpuboxError(f"{argv[0]} took longer than {timeout:.0f} s on {tex}",
-                              f"see {tex.with_suffix('.log')}") from None
+            raise GpuboxError(
+                f"{argv[0]} took longer than {timeout:.0f} s on {tex}", f"see {tex.with_suffix('.log')}"
+            ) from None
         if p.returncode != 0:
-            raise GpuboxError(f"{argv[0]} failed on {tex}: {_first_error(tex.with_suffix('.log'), p.stdout)}",
-                              f"see {tex.with_suffix('.log')}")
+            raise GpuboxError(
+                f"{argv[0]} failed on {tex}: {_first_error(tex.with_suffix('.log'), p.stdout)}",
+                f"see {tex.with_suffix('.log')}",
+            )
     pdf = tex.with_suffix(".pdf")
     if not pdf.exists():
         raise GpuboxError(f"{runs[0][0]} made no {pdf.name}", f"see {tex.with_suffix('.log')}")

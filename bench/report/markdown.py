@@ -74,13 +74,31 @@ LEVEL_MD = {"good": "✅", "warn": "⚠️", "info": "ℹ️"}
 
 
 def render_markdown(report, outdir: Path, figures: list) -> Path:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
-                             trim_blocks=True, lstrip_blocks=True, finalize=_md_finalize,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters.update(cell=_md_cell, align=_align, block=md_code_block, raw=lambda s: MdSafe(s),
-                       level=lambda lv: MdSafe(LEVEL_MD.get(lv, "-")))
-    figs = [{"title": f.title, "caption": f.caption, "compare": f.id.startswith("compare-"),
-             "src": MdSafe(f.path.relative_to(outdir).as_posix())} for f in figures]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=_md_finalize,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        cell=_md_cell,
+        align=_align,
+        block=md_code_block,
+        raw=lambda s: MdSafe(s),
+        level=lambda lv: MdSafe(LEVEL_MD.get(lv, "-")),
+    )
+    figs = [
+        {
+            "title": f.title,
+            "caption": f.caption,
+            "compare": f.id.startswith("compare-"),
+            "src": MdSafe(f.path.relative_to(outdir).as_posix()),
+        }
+        for f in figures
+    ]
     text = env.get_template("report.md.j2").render(report=report, figures=figs, multi=len(report.runs) > 1)
     out = outdir / "report.md"
     out.write_text(text, encoding="utf-8")
@@ -88,11 +106,22 @@ def render_markdown(report, outdir: Path, figures: list) -> Path:
 
 
 def render_html(report, outdir: Path, figures: list) -> Path:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    figs = [{"title": f.title, "caption": f.caption, "compare": f.id.startswith("compare-"),
-             "src": "data:image/png;base64," + base64.b64encode(f.path.read_bytes()).decode("ascii")}
-            for f in figures]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    figs = [
+        {
+            "title": f.title,
+            "caption": f.caption,
+            "compare": f.id.startswith("compare-"),
+            "src": "data:image/png;base64," + base64.b64encode(f.path.read_bytes()).decode("ascii"),
+        }
+        for f in figures
+    ]
     text = env.get_template("report.html.j2").render(report=report, figures=figs, multi=len(report.runs) > 1)
     out = outdir / "report.html"
     out.write_text(text, encoding="utf-8")

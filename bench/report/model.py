@@ -51,12 +51,17 @@ class Report:
         return groups
 
     def to_dict(self) -> dict:
-        return {"title": self.title, "runs": [{"name": r.name, "path": r.path, "box": r.box,
-                                               "run_id": r.doc.get("run_id")} for r in self.runs],
-                "findings": [f.to_dict() for f in self.findings],
-                "tables": [t.to_dict() for t in self.tables],
-                "comparisons": [t.to_dict() for t in self.comparisons],
-                "verdicts": self.verdicts}
+        return {
+            "title": self.title,
+            "runs": [
+                {"name": r.name, "path": r.path, "box": r.box, "run_id": r.doc.get("run_id")}
+                for r in self.runs
+            ],
+            "findings": [f.to_dict() for f in self.findings],
+            "tables": [t.to_dict() for t in self.tables],
+            "comparisons": [t.to_dict() for t in self.comparisons],
+            "verdicts": self.verdicts,
+        }
 
 
 def _s(v) -> str:
@@ -70,25 +75,41 @@ def appendix(run: Run) -> Appendix:
     mrrs = f.get("pcie_mrrs")
     if isinstance(mrrs, dict) and mrrs:
         vals = sorted(set(map(str, mrrs.values())))
-        mrrs_txt = (f"{vals[0]} bytes on all {len(mrrs)} GPUs" if len(vals) == 1 else
-                    ", ".join(f"{k}: {v}" for k, v in mrrs.items()))
+        mrrs_txt = (
+            f"{vals[0]} bytes on all {len(mrrs)} GPUs"
+            if len(vals) == 1
+            else ", ".join(f"{k}: {v}" for k, v in mrrs.items())
+        )
     else:
         mrrs_txt = NOT_RECORDED
     env = f.get("nccl_env")
-    env_txt = " ".join(f"{k}={v}" for k, v in env.items()) if isinstance(env, dict) and env else \
-        ("none set" if isinstance(env, dict) else NOT_RECORDED)
+    env_txt = (
+        " ".join(f"{k}={v}" for k, v in env.items())
+        if isinstance(env, dict) and env
+        else ("none set" if isinstance(env, dict) else NOT_RECORDED)
+    )
     nb = f.get("numa_balancing")
-    nb_txt = {0: "0 (off)", 1: "1 (on)", 2: "2 (memory tiering)"}.get(nb, _s(nb)) if nb is not None else NOT_RECORDED
+    nb_txt = (
+        {0: "0 (off)", 1: "1 (on)", 2: "2 (memory tiering)"}.get(nb, _s(nb))
+        if nb is not None
+        else NOT_RECORDED
+    )
     tool = run.doc.get("tool") or {}
     facts = [
-        ("box", run.box), ("run", _s(run.doc.get("run_id"))), ("file", run.path),
+        ("box", run.box),
+        ("run", _s(run.doc.get("run_id"))),
+        ("file", run.path),
         ("started / finished", f"{_s(run.doc.get('started_at'))} / {_s(run.doc.get('finished_at'))}"),
         ("profile", _s(run.doc.get("profile"))),
         ("simulated server", "yes" if run.doc.get("simulated") else "no"),
-        ("driver", _s(f.get("driver"))), ("engine", _s(f.get("engine"))),
-        ("model", _s(f.get("model"))), ("drafter", _s(f.get("drafter"))),
-        ("NCCL profile", _s(f.get("nccl_profile"))), ("NCCL env", env_txt),
-        ("PCIe MaxReadReq", mrrs_txt), ("NUMA balancing", nb_txt),
+        ("driver", _s(f.get("driver"))),
+        ("engine", _s(f.get("engine"))),
+        ("model", _s(f.get("model"))),
+        ("drafter", _s(f.get("drafter"))),
+        ("NCCL profile", _s(f.get("nccl_profile"))),
+        ("NCCL env", env_txt),
+        ("PCIe MaxReadReq", mrrs_txt),
+        ("NUMA balancing", nb_txt),
         ("gpubox", f"{_s(tool.get('version'))} ({_s(tool.get('git'))})"),
     ]
     gpus = [g for g in f.get("gpus") or [] if isinstance(g, dict)]
@@ -97,31 +118,46 @@ def appendix(run: Run) -> Appendix:
         gt = T.Table(f"gpus_{run.name}", "GPUs", ["#", "name", "bus id", "NUMA", "link", "memory MiB"])
         for g in gpus:
             numa = g.get("numa_node")
-            gt.rows.append([T.Cell.label(_s(g.get("index"))), T.Cell.label(_s(g.get("name"))),
-                            T.Cell.label(_s(g.get("bus_id"))),
-                            T.Cell.label("unknown" if not isinstance(numa, int) or numa < 0 else str(numa)),
-                            T.Cell.label(_s(g.get("link"))), T.Cell.label(_s(g.get("memory_mib")))])
+            gt.rows.append(
+                [
+                    T.Cell.label(_s(g.get("index"))),
+                    T.Cell.label(_s(g.get("name"))),
+                    T.Cell.label(_s(g.get("bus_id"))),
+                    T.Cell.label("unknown" if not isinstance(numa, int) or numa < 0 else str(numa)),
+                    T.Cell.label(_s(g.get("link"))),
+                    T.Cell.label(_s(g.get("memory_mib"))),
+                ]
+            )
     servers = []
     for s in run.servers:
         cmd = s.get("command")
         senv = s.get("env") if isinstance(s.get("env"), dict) else {}
-        servers.append({
-            "title": f"TP{s.get('tp')} {s.get('label')}", "status": _s(s.get("status")),
-            "error": s.get("error"),
-            "gpus": ",".join(map(str, s.get("gpus") or [])) or NOT_RECORDED,
-            "command": shlex.join(map(str, cmd)) if isinstance(cmd, list) else _s(cmd),
-            "env": " ".join(f"{k}={shlex.quote(str(v))}" for k, v in senv.items()),
-            "startup_s": s.get("startup_s"),
-        })
+        servers.append(
+            {
+                "title": f"TP{s.get('tp')} {s.get('label')}",
+                "status": _s(s.get("status")),
+                "error": s.get("error"),
+                "gpus": ",".join(map(str, s.get("gpus") or [])) or NOT_RECORDED,
+                "command": shlex.join(map(str, cmd)) if isinstance(cmd, list) else _s(cmd),
+                "env": " ".join(f"{k}={shlex.quote(str(v))}" for k, v in senv.items()),
+                "startup_s": s.get("startup_s"),
+            }
+        )
     return Appendix(run.name, facts, gt, servers)
 
 
 def verdict(run: Run) -> dict:
     v = run.verdict
     reasons = [r for r in v.get("reasons") or [] if isinstance(r, dict)]
-    return {"run": run.name, "box": run.box, "status": _s(v.get("status")),
-            "reasons": [{"level": _s(r.get("level")), "message": _s(r.get("message")),
-                         "key": r.get("key")} for r in reasons]}
+    return {
+        "run": run.name,
+        "box": run.box,
+        "status": _s(v.get("status")),
+        "reasons": [
+            {"level": _s(r.get("level")), "message": _s(r.get("message")), "key": r.get("key")}
+            for r in reasons
+        ],
+    }
 
 
 def build(runs: list[Run], compare: bool = False, title: str | None = None) -> Report:
@@ -130,6 +166,13 @@ def build(runs: list[Run], compare: bool = False, title: str | None = None) -> R
     comps = []
     if compare:
         comps = [t for t in (T.comparison(runs[0], r) for r in runs[1:]) if t is not None]
-    return Report(title=title, runs=runs, compare=compare, findings=findings(runs, compare),
-                  tables=T.all_tables(runs), comparisons=comps, verdicts=[verdict(r) for r in runs],
-                  appendices=[appendix(r) for r in runs])
+    return Report(
+        title=title,
+        runs=runs,
+        compare=compare,
+        findings=findings(runs, compare),
+        tables=T.all_tables(runs),
+        comparisons=comps,
+        verdicts=[verdict(r) for r in runs],
+        appendices=[appendix(r) for r in runs],
+    )

@@ -100,9 +100,15 @@ def _grouped_bars(ax, bars: list[tuple], pal, fmt: str) -> None:
         group = sorted((b for b in bars if b[2] == tp), key=lambda b: series.index(b[0]))
         x0 = gi - width * len(group) / 2
         for k, (name, colour_key, _, v, ri) in enumerate(group):
-            rect = ax.bar(x0 + width * (k + 0.5), v, width * 0.92, color=pal(colour_key),
-                          hatch=HATCHES[ri % len(HATCHES)], edgecolor="white",
-                          label=None if name in drawn else name)
+            rect = ax.bar(
+                x0 + width * (k + 0.5),
+                v,
+                width * 0.92,
+                color=pal(colour_key),
+                hatch=HATCHES[ri % len(HATCHES)],
+                edgecolor="white",
+                label=None if name in drawn else name,
+            )
             drawn.add(name)
             ax.bar_label(rect, labels=[fmt.format(v)], fontsize=7, padding=1)
     ax.set_xticks(range(len(tps)), [f"TP{t}" for t in tps])
@@ -111,8 +117,14 @@ def _grouped_bars(ax, bars: list[tuple], pal, fmt: str) -> None:
     order = sorted(range(len(labels)), key=lambda i: series.index(labels[i]))
     n = len(labels)
     if n > 4:
-        ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=7, frameon=False,
-                  loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(
+            [handles[i] for i in order],
+            [labels[i] for i in order],
+            fontsize=7,
+            frameon=False,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+        )
     else:
         ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, frameon=False)
 
@@ -124,13 +136,23 @@ def tok_s_by_tp(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figur
     for i, r in enumerate(runs):
         L = ref_len(r)
         for lab, meth, bud in r.labels("decode"):
-            pts = [(tp, m.value) for tp in all_tp
-                   for m in [r.get("decode", tp=tp, label=lab, output_len=L)] if m and m.value is not None]
+            pts = [
+                (tp, m.value)
+                for tp in all_tp
+                for m in [r.get("decode", tp=tp, label=lab, output_len=L)]
+                if m and m.value is not None
+            ]
             if len(pts) < 2:
                 continue
             name = method_name(meth, bud)
-            ax.plot([all_tp.index(t) for t, _ in pts], [v for _, v in pts], STYLES[i % 4],
-                    marker=pal.marker(name), color=pal(name), label=_series_name(runs, r, name))
+            ax.plot(
+                [all_tp.index(t) for t, _ in pts],
+                [v for _, v in pts],
+                STYLES[i % 4],
+                marker=pal.marker(name),
+                color=pal(name),
+                label=_series_name(runs, r, name),
+            )
             n += 1
     if not n:
         plt.close(fig)
@@ -139,8 +161,12 @@ def tok_s_by_tp(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figur
     ax.set_ylim(bottom=0)
     _legend(ax, n)
     lens = "/".join(sorted({str(ref_len(r)) for r in runs if ref_len(r)}))
-    return Figure("tok_s_by_tp", "Decode tok/s by TP", f"Per-request decode tok/s at {lens} output tokens "
-                  "for each method measured at two or more TP sizes.", _save(fig, outdir, "tok_s_by_tp", fmt))
+    return Figure(
+        "tok_s_by_tp",
+        "Decode tok/s by TP",
+        f"Per-request decode tok/s at {lens} output tokens for each method measured at two or more TP sizes.",
+        _save(fig, outdir, "tok_s_by_tp", fmt),
+    )
 
 
 def speedup(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
@@ -162,12 +188,18 @@ def speedup(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | 
                     bars.append((_series_name(runs, r, name), name, tp, m.value / a.value, ri))
     if not bars:
         return None
-    fig, ax = _new("Speed-up over autoregressive decoding", "tensor-parallel size (GPUs)", "x auto (same TP)", wide=True)
+    fig, ax = _new(
+        "Speed-up over autoregressive decoding", "tensor-parallel size (GPUs)", "x auto (same TP)", wide=True
+    )
     _grouped_bars(ax, bars, pal, fmt="{:.1f}x")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    return Figure("speedup", "Speed-up over auto", "Each speculative method's decode tok/s divided by "
-                  "autoregressive (auto) decode tok/s at the same TP size and output length.",
-                  _save(fig, outdir, "speedup", fmt))
+    return Figure(
+        "speedup",
+        "Speed-up over auto",
+        "Each speculative method's decode tok/s divided by "
+        "autoregressive (auto) decode tok/s at the same TP size and output length.",
+        _save(fig, outdir, "speedup", fmt),
+    )
 
 
 def concurrency(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
@@ -176,14 +208,23 @@ def concurrency(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figur
     for i, r in enumerate(runs):
         for lab, meth, bud in r.labels("concurrency"):
             for j, tp in enumerate(sorted({m.tp for m in r.select("concurrency", label=lab)})):
-                pts = sorted((m.concurrency, m.value) for m in r.select("concurrency", tp=tp, label=lab)
-                             if m.value is not None and m.concurrency)
+                pts = sorted(
+                    (m.concurrency, m.value)
+                    for m in r.select("concurrency", tp=tp, label=lab)
+                    if m.value is not None and m.concurrency
+                )
                 if len(pts) < 2:
                     continue
                 name = f"TP{tp} {method_name(meth, bud)}"
                 cs_all |= {c for c, _ in pts}
-                ax.plot([c for c, _ in pts], [v for _, v in pts], STYLES[i % 4], marker=pal.marker(name),
-                        color=pal(name), label=_series_name(runs, r, name))
+                ax.plot(
+                    [c for c, _ in pts],
+                    [v for _, v in pts],
+                    STYLES[i % 4],
+                    marker=pal.marker(name),
+                    color=pal(name),
+                    label=_series_name(runs, r, name),
+                )
                 n += 1
     if not n:
         plt.close(fig)
@@ -194,8 +235,12 @@ def concurrency(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figur
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     _legend(ax, n)
-    return Figure("concurrency", "Aggregate tok/s vs concurrency", "Sum of output tokens over wall time "
-                  "with C requests in flight.", _save(fig, outdir, "concurrency", fmt))
+    return Figure(
+        "concurrency",
+        "Aggregate tok/s vs concurrency",
+        "Sum of output tokens over wall time with C requests in flight.",
+        _save(fig, outdir, "concurrency", fmt),
+    )
 
 
 def context(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
@@ -211,8 +256,14 @@ def context(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | 
             pts.sort()
             name = f"TP{tp} {method_name(meth, bud)}"
             xs_all |= {c for c, _ in pts}
-            ax.plot([c for c, _ in pts], [v for _, v in pts], STYLES[i % 4], marker=pal.marker(name),
-                    color=pal(name), label=_series_name(runs, r, name))
+            ax.plot(
+                [c for c, _ in pts],
+                [v for _, v in pts],
+                STYLES[i % 4],
+                marker=pal.marker(name),
+                color=pal(name),
+                label=_series_name(runs, r, name),
+            )
             n += 1
     if not n:
         plt.close(fig)
@@ -222,8 +273,12 @@ def context(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | 
     ax.minorticks_off()
     ax.set_ylim(bottom=0)
     _legend(ax, n)
-    return Figure("context", "Generation tok/s vs context", "Decode tok/s after prompts of each length "
-                  "(long-context and agentic workloads).", _save(fig, outdir, "context", fmt))
+    return Figure(
+        "context",
+        "Generation tok/s vs context",
+        "Decode tok/s after prompts of each length (long-context and agentic workloads).",
+        _save(fig, outdir, "context", fmt),
+    )
 
 
 def acceptance(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
@@ -234,16 +289,24 @@ def acceptance(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure
             for tp in sorted({m.tp for m in r.select("decode")}):
                 m = r.get("decode", tp=tp, label=lab, output_len=L)
                 if m is None or m.accept_len is None:
-                    m = next((x for x in r.select("decode", tp=tp, label=lab) if x.accept_len is not None), None)
+                    m = next(
+                        (x for x in r.select("decode", tp=tp, label=lab) if x.accept_len is not None), None
+                    )
                 if m is not None:
                     name = method_name(meth, bud)
                     bars.append((_series_name(runs, r, name), name, tp, m.accept_len, ri))
     if not bars:
         return None
-    fig, ax = _new("Acceptance length by TP", "tensor-parallel size (GPUs)", "mean accepted tokens / step", wide=True)
+    fig, ax = _new(
+        "Acceptance length by TP", "tensor-parallel size (GPUs)", "mean accepted tokens / step", wide=True
+    )
     _grouped_bars(ax, bars, pal, fmt="{:.1f}")
-    return Figure("acceptance", "Acceptance length by TP", "Mean acceptance length (1 + accepted/drafts); "
-                  "bars of one method should be level across TP.", _save(fig, outdir, "acceptance", fmt))
+    return Figure(
+        "acceptance",
+        "Acceptance length by TP",
+        "Mean acceptance length (1 + accepted/drafts); bars of one method should be level across TP.",
+        _save(fig, outdir, "acceptance", fmt),
+    )
 
 
 def comparison(base: Run, new: Run, outdir: Path, fmt: str, top: int = 16) -> Figure | None:
@@ -265,9 +328,12 @@ def comparison(base: Run, new: Run, outdir: Path, fmt: str, top: int = 16) -> Fi
     ax.set_xlabel(f"change, {new.name} vs {base.name} (%)")
     ax.set_title(f"{new.name} vs {base.name}", fontsize=11)
     ax.spines[["top", "right"]].set_visible(False)
-    return Figure(f"compare-{_safe(base.name)}-{_safe(new.name)}", f"{new.name} vs {base.name}",
-                  f"Change in tok/s for the {len(ds)} largest differences among measurements both runs made.",
-                  _save(fig, outdir, f"compare-{_safe(base.name)}-{_safe(new.name)}", fmt))
+    return Figure(
+        f"compare-{_safe(base.name)}-{_safe(new.name)}",
+        f"{new.name} vs {base.name}",
+        f"Change in tok/s for the {len(ds)} largest differences among measurements both runs made.",
+        _save(fig, outdir, f"compare-{_safe(base.name)}-{_safe(new.name)}", fmt),
+    )
 
 
 def _safe(name: str) -> str:

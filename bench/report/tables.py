@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from .data import Measurement, Run, method_name
 from .findings import ctx_name, deltas, describe, ref_len
 
-MISSING_TEXT = "--"   # renderers turn this into an en dash
+MISSING_TEXT = "--"  # renderers turn this into an en dash
 
 
 @dataclass
 class Cell:
     text: str
-    status: str = "ok"        # ok | failed | skipped | missing | label
+    status: str = "ok"  # ok | failed | skipped | missing | label
     value: float | None = None
 
     @classmethod
@@ -39,8 +39,14 @@ class Table:
     caption: str = ""
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "title": self.title, "columns": self.columns, "caption": self.caption,
-                "rows": [[c.to_dict() for c in r] for r in self.rows], "notes": self.notes}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "columns": self.columns,
+            "caption": self.caption,
+            "rows": [[c.to_dict() for c in r] for r in self.rows],
+            "notes": self.notes,
+        }
 
     def cell(self, row_label: str, column: str) -> Cell:
         """The cell in the row whose first label cells join to `row_label` (tests, findings)."""
@@ -83,11 +89,17 @@ def tp_scaling(runs: list[Run]) -> Table | None:
         return None
     lens = {r.name: ref_len(r) for r in runs}
     L = sorted({v for v in lens.values() if v})
-    t = Table("tp_scaling", "TP scaling: decode tok/s", _cols(runs, "method", *[f"TP{tp}" for tp in all_tp]),
-              caption=f"Median per-request decode tok/s at {'/'.join(map(str, L)) or '?'} output tokens, batch 1.")
+    t = Table(
+        "tp_scaling",
+        "TP scaling: decode tok/s",
+        _cols(runs, "method", *[f"TP{tp}" for tp in all_tp]),
+        caption=f"Median per-request decode tok/s at {'/'.join(map(str, L)) or '?'} output tokens, batch 1.",
+    )
     for r in runs:
         for lab, meth, bud in r.labels("decode"):
-            cells = [mcell(r.get("decode", tp=tp, label=lab, output_len=lens[r.name]), t.notes) for tp in all_tp]
+            cells = [
+                mcell(r.get("decode", tp=tp, label=lab, output_len=lens[r.name]), t.notes) for tp in all_tp
+            ]
             if all(c.status == "missing" for c in cells):
                 continue
             t.rows.append(_prefix(runs, r) + [Cell.label(method_name(meth, bud))] + cells)
@@ -101,9 +113,12 @@ def method_by_length(runs: list[Run]) -> list[Table]:
         lens = sorted({m.output_len for r in runs for m in r.select("decode", tp=tp) if m.output_len})
         if len(lens) < 2:
             continue
-        t = Table(f"method_length_tp{tp}", f"Method x output length at TP{tp}: decode tok/s",
-                  _cols(runs, "method", *[f"{n} tok" for n in lens], "vs auto"),
-                  caption=f"Speed-up over auto at the same TP and {_ref_lens(runs)} output tokens in the last column.")
+        t = Table(
+            f"method_length_tp{tp}",
+            f"Method x output length at TP{tp}: decode tok/s",
+            _cols(runs, "method", *[f"{n} tok" for n in lens], "vs auto"),
+            caption=f"Speed-up over auto at the same TP and {_ref_lens(runs)} output tokens in the last column.",
+        )
         for r in runs:
             L = ref_len(r)
             auto = next((lab for lab, meth, _ in r.labels("decode") if str(meth).lower() == "auto"), None)
@@ -132,19 +147,33 @@ def concurrency(runs: list[Run]) -> Table | None:
     cs = sorted({m.concurrency for r in runs for m in r.select("concurrency") if m.concurrency})
     if not cs:
         return None
-    t = Table("concurrency", "Concurrency sweep: aggregate tok/s",
-              _cols(runs, "method", "TP", *[f"C={c}" for c in cs], "gain"),
-              caption="Sum of output tokens over wall time with C requests in flight; gain = highest C over lowest.")
+    t = Table(
+        "concurrency",
+        "Concurrency sweep: aggregate tok/s",
+        _cols(runs, "method", "TP", *[f"C={c}" for c in cs], "gain"),
+        caption="Sum of output tokens over wall time with C requests in flight; gain = highest C over lowest.",
+    )
     for r in runs:
         for lab, meth, bud in r.labels("concurrency"):
             for tp in sorted({m.tp for m in r.select("concurrency", label=lab)}):
                 ms = {c: r.get("concurrency", tp=tp, label=lab, concurrency=c) for c in cs}
                 cells = [mcell(ms[c], t.notes) for c in cs]
                 okc = [c for c in cs if ms[c] is not None and ms[c].value is not None]
-                gain = (Cell(f"{ms[okc[-1]].value / ms[okc[0]].value:.1f}x", "ok",
-                             ms[okc[-1]].value / ms[okc[0]].value) if len(okc) >= 2 else Cell(MISSING_TEXT, "missing"))
-                t.rows.append(_prefix(runs, r) + [Cell.label(method_name(meth, bud)), Cell.label(f"TP{tp}")]
-                              + cells + [gain])
+                gain = (
+                    Cell(
+                        f"{ms[okc[-1]].value / ms[okc[0]].value:.1f}x",
+                        "ok",
+                        ms[okc[-1]].value / ms[okc[0]].value,
+                    )
+                    if len(okc) >= 2
+                    else Cell(MISSING_TEXT, "missing")
+                )
+                t.rows.append(
+                    _prefix(runs, r)
+                    + [Cell.label(method_name(meth, bud)), Cell.label(f"TP{tp}")]
+                    + cells
+                    + [gain]
+                )
     return t if t.rows else None
 
 
@@ -153,17 +182,32 @@ def long_context(runs: list[Run]) -> Table | None:
     if not ms_all:
         return None
     all_tp = sorted({m.tp for m in ms_all})
-    t = Table("long_context", "Long context: generation tok/s", _cols(runs, "method", "workload", "context",
-                                                                        *[f"TP{tp}" for tp in all_tp]),
-              caption="Decode tok/s after a prompt of the given length (prompt sized in tokens with /tokenize).")
+    t = Table(
+        "long_context",
+        "Long context: generation tok/s",
+        _cols(runs, "method", "workload", "context", *[f"TP{tp}" for tp in all_tp]),
+        caption="Decode tok/s after a prompt of the given length (prompt sized in tokens with /tokenize).",
+    )
     for r in runs:
-        keys = sorted({(m.workload, m.label, m.method, m.budget, m.context_tokens or 0)
-                       for w in ("long_context", "agentic") for m in r.select(w)},
-                      key=lambda k: (k[0] != "long_context", k[1], k[4]))
+        keys = sorted(
+            {
+                (m.workload, m.label, m.method, m.budget, m.context_tokens or 0)
+                for w in ("long_context", "agentic")
+                for m in r.select(w)
+            },
+            key=lambda k: (k[0] != "long_context", k[1], k[4]),
+        )
         for w, lab, meth, bud, ctx in keys:
             cells = [mcell(r.get(w, tp=tp, label=lab, context_tokens=ctx or None), t.notes) for tp in all_tp]
-            t.rows.append(_prefix(runs, r) + [Cell.label(method_name(meth, bud)), Cell.label(w.replace("_", " ")),
-                                              Cell.label(ctx_name(ctx))] + cells)
+            t.rows.append(
+                _prefix(runs, r)
+                + [
+                    Cell.label(method_name(meth, bud)),
+                    Cell.label(w.replace("_", " ")),
+                    Cell.label(ctx_name(ctx)),
+                ]
+                + cells
+            )
     return t if t.rows else None
 
 
@@ -171,10 +215,13 @@ def acceptance(runs: list[Run]) -> Table | None:
     all_tp = sorted({m.tp for r in runs for m in r.select("decode") if m.accept_len is not None})
     if not all_tp:
         return None
-    t = Table("acceptance", "Acceptance length (mean accepted tokens per step)",
-              _cols(runs, "method", *[f"TP{tp}" for tp in all_tp]),
-              caption="1 + accepted/drafts from the server's spec-decode counters, decode workload; "
-                      "it should not change with TP.")
+    t = Table(
+        "acceptance",
+        "Acceptance length (mean accepted tokens per step)",
+        _cols(runs, "method", *[f"TP{tp}" for tp in all_tp]),
+        caption="1 + accepted/drafts from the server's spec-decode counters, decode workload; "
+        "it should not change with TP.",
+    )
     for r in runs:
         L = ref_len(r)
         for lab, meth, bud in r.labels("decode"):
@@ -193,13 +240,23 @@ def acceptance(runs: list[Run]) -> Table | None:
 
 
 def not_measured(runs: list[Run]) -> Table | None:
-    t = Table("not_measured", "Not measured", _cols(runs, "measurement", "status", "reason"),
-              caption="Measurements that failed or were skipped; their figures are absent, never zero.")
+    t = Table(
+        "not_measured",
+        "Not measured",
+        _cols(runs, "measurement", "status", "reason"),
+        caption="Measurements that failed or were skipped; their figures are absent, never zero.",
+    )
     for r in runs:
         for m in r.measurements:
             if not m.ok:
-                t.rows.append(_prefix(runs, r) + [Cell.label(m.key), Cell(m.status, m.status),
-                                                  Cell(m.reason or "no reason given", "label")])
+                t.rows.append(
+                    _prefix(runs, r)
+                    + [
+                        Cell.label(m.key),
+                        Cell(m.status, m.status),
+                        Cell(m.reason or "no reason given", "label"),
+                    ]
+                )
     return t if t.rows else None
 
 
@@ -210,9 +267,12 @@ def comparison(base: Run, new: Run) -> Table | None:
     keys = [m.key for m in base.measurements] + [k for k in b if k not in a]
     if not keys:
         return None
-    t = Table(f"compare_{base.name}_{new.name}", f"{new.name} vs {base.name}",
-              ["measurement", base.name, new.name, "change"],
-              caption="tok/s (aggregate for concurrency); change = new over base.")
+    t = Table(
+        f"compare_{base.name}_{new.name}",
+        f"{new.name} vs {base.name}",
+        ["measurement", base.name, new.name, "change"],
+        caption="tok/s (aggregate for concurrency); change = new over base.",
+    )
     notes: list[str] = []
     for k in keys:
         ma, mb = a.get(k), b.get(k)
@@ -229,8 +289,14 @@ def comparison(base: Run, new: Run) -> Table | None:
 
 
 def all_tables(runs: list[Run]) -> list[Table]:
-    ts: list[Table | None] = [tp_scaling(runs), *method_by_length(runs), concurrency(runs),
-                              long_context(runs), acceptance(runs), not_measured(runs)]
+    ts: list[Table | None] = [
+        tp_scaling(runs),
+        *method_by_length(runs),
+        concurrency(runs),
+        long_context(runs),
+        acceptance(runs),
+        not_measured(runs),
+    ]
     return [t for t in ts if t is not None]
 
 

@@ -44,14 +44,20 @@ def all_faults() -> dict[str, str]:
 
 
 # The seed's story (DESIGN.md): what a reboot did to the box.
-SEED_FAULTS = ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing",
-               "shm_empty"]
+SEED_FAULTS = ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing", "shm_empty"]
 # What `gpubox demo` breaks: the seed's reboot plus a stopped container.
 DEMO_FAULTS = SEED_FAULTS + ["container_stopped"]
 
 
-def build(dest: str | os.PathLike, faults: Iterable[str] = (), *, gpus: int = 8, vmid: int = 200,
-          box: str = "ct200", host: str = "pve1") -> SimBox:
+def build(
+    dest: str | os.PathLike,
+    faults: Iterable[str] = (),
+    *,
+    gpus: int = 8,
+    vmid: int = 200,
+    box: str = "ct200",
+    host: str = "pve1",
+) -> SimBox:
     """Create a simulated box in DEST (which must be empty or absent) with the given faults."""
     from ..errors import GpuboxError
 
@@ -61,8 +67,9 @@ def build(dest: str | os.PathLike, faults: Iterable[str] = (), *, gpus: int = 8,
         faults.update(f for f in SEED_FAULTS if f in all_faults())
     unknown = sorted(faults - set(all_faults()))
     if unknown:
-        raise GpuboxError(f"unknown simulated fault(s): {', '.join(unknown)}",
-                          f"known: {', '.join(sorted(all_faults()))}")
+        raise GpuboxError(
+            f"unknown simulated fault(s): {', '.join(unknown)}", f"known: {', '.join(sorted(all_faults()))}"
+        )
     dest = Path(dest).resolve()
     if dest.exists() and any(dest.iterdir()):
         raise GpuboxError(f"{dest} is not empty", "give a new or empty directory")

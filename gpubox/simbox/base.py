@@ -11,27 +11,50 @@ FAULTS = {
 }
 
 DRIVER = "580.95.05"
-PROC_VERSION = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {DRIVER}  Release Build  "
-                "(dvs-builder@U22-I3-AE18-23-3)  Wed Oct  1 18:11:47 UTC 2025\n"
-                "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n")
+PROC_VERSION = (
+    f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {DRIVER}  Release Build  "
+    "(dvs-builder@U22-I3-AE18-23-3)  Wed Oct  1 18:11:47 UTC 2025\n"
+    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
+)
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
     h, c = sim.hpath, sim.cpath
-    for d in ("/etc/sysctl.d", "/etc/modules-load.d", "/etc/udev/rules.d", "/etc/systemd/system",
-              "/run/lock/lxc", "/proc/sys/kernel", "/proc/driver/nvidia", "/sys/kernel/security",
-              "/var/lib/vz", "/tmp", "/run/systemd/system"):
+    for d in (
+        "/etc/sysctl.d",
+        "/etc/modules-load.d",
+        "/etc/udev/rules.d",
+        "/etc/systemd/system",
+        "/run/lock/lxc",
+        "/proc/sys/kernel",
+        "/proc/driver/nvidia",
+        "/sys/kernel/security",
+        "/var/lib/vz",
+        "/tmp",
+        "/run/systemd/system",
+    ):
         h(d).mkdir(parents=True, exist_ok=True)
-    for d in ("/dev/shm", "/etc/systemd/system", "/etc/gpubox", "/proc/driver/nvidia", "/tmp",
-              "/var/lib/gpubox", "/proc/sys/kernel", "/run/systemd/system"):
+    for d in (
+        "/dev/shm",
+        "/etc/systemd/system",
+        "/etc/gpubox",
+        "/proc/driver/nvidia",
+        "/tmp",
+        "/var/lib/gpubox",
+        "/proc/sys/kernel",
+        "/run/systemd/system",
+    ):
         c(d).mkdir(parents=True, exist_ok=True)
     h("/etc/hostname").write_text(f"{sim.host}\n")
     c("/etc/hostname").write_text(f"{sim.box}\n")
-    h("/etc/os-release").write_text('PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\n')
+    h("/etc/os-release").write_text(
+        'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\n'
+    )
     if "no_numa_balancing" not in faults:
         h("/proc/sys/kernel/numa_balancing").write_text("1\n" if "numa_balancing" in faults else "0\n")
     h("/sys/kernel/security/lockdown").write_text(
-        "none [integrity] confidentiality\n" if "lockdown" in faults else "[none] integrity confidentiality\n")
+        "none [integrity] confidentiality\n" if "lockdown" in faults else "[none] integrity confidentiality\n"
+    )
     # The container shares the host kernel: same driver version in both /proc views.
     h("/proc/driver/nvidia/version").write_text(PROC_VERSION)
     c("/proc/driver/nvidia/version").write_text(PROC_VERSION)

@@ -66,10 +66,21 @@ class SimBox:
     def create(self, faults: list[str]) -> None:
         for d in (self.host_root, self.ct_root, self.bin_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.state_path.write_text(json.dumps({
-            "faults": faults, "gpus": self.gpus, "vmid": self.vmid, "box": self.box, "host": self.host,
-            "created": time.time(), "containers": {}, "units": {},
-        }, indent=2))
+        self.state_path.write_text(
+            json.dumps(
+                {
+                    "faults": faults,
+                    "gpus": self.gpus,
+                    "vmid": self.vmid,
+                    "box": self.box,
+                    "host": self.host,
+                    "created": time.time(),
+                    "containers": {},
+                    "units": {},
+                },
+                indent=2,
+            )
+        )
         self.calls_path.write_text("")
 
     @classmethod
@@ -101,10 +112,12 @@ class SimBox:
         """bin/<name>: a script that dispatches to gpubox.simbox.cmds.<name>.main(sim, argv)."""
         p = self.bin_dir / name
         pkg_parent = Path(__file__).resolve().parent.parent.parent
-        p.write_text(f"#!{sys.executable}\n"
-                     "# gpubox simulation stand-in: records its call, changes the simulated files.\n"
-                     f"import sys; sys.path.insert(0, {str(pkg_parent)!r})\n"
-                     "from gpubox.simbox import standin_main\nstandin_main()\n")
+        p.write_text(
+            f"#!{sys.executable}\n"
+            "# gpubox simulation stand-in: records its call, changes the simulated files.\n"
+            f"import sys; sys.path.insert(0, {str(pkg_parent)!r})\n"
+            "from gpubox.simbox import standin_main\nstandin_main()\n"
+        )
         p.chmod(p.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         return p
 
@@ -118,20 +131,34 @@ class SimBox:
 
     # -- inventory -------------------------------------------------------------------------
     def write_inventory(self) -> Path:
-        host_vars = {"ansible_connection": "local", "gpubox_root": str(self.host_root),
-                     "gpubox_bin_dirs": [str(self.bin_dir)], "gpubox_simulated": True,
-                     "gpubox_env": {"GPUBOX_SIM": str(self.dest), "GPUBOX_SIM_SIDE": "host"}}
+        host_vars = {
+            "ansible_connection": "local",
+            "gpubox_root": str(self.host_root),
+            "gpubox_bin_dirs": [str(self.bin_dir)],
+            "gpubox_simulated": True,
+            "gpubox_env": {"GPUBOX_SIM": str(self.dest), "GPUBOX_SIM_SIDE": "host"},
+        }
         host_vars.update(self.inventory_extra["host"])
-        ct_vars = {"ansible_connection": "local", "gpubox_root": str(self.ct_root),
-                   "gpubox_bin_dirs": [str(self.bin_dir)], "gpubox_vmid": self.vmid,
-                   "gpubox_proxmox_host": self.host, "gpubox_simulated": True,
-                   "gpubox_env": {"GPUBOX_SIM": str(self.dest), "GPUBOX_SIM_SIDE": "container"}}
+        ct_vars = {
+            "ansible_connection": "local",
+            "gpubox_root": str(self.ct_root),
+            "gpubox_bin_dirs": [str(self.bin_dir)],
+            "gpubox_vmid": self.vmid,
+            "gpubox_proxmox_host": self.host,
+            "gpubox_simulated": True,
+            "gpubox_env": {"GPUBOX_SIM": str(self.dest), "GPUBOX_SIM_SIDE": "container"},
+        }
         ct_vars.update(self.inventory_extra["container"])
-        inv = {"all": {"vars": {"ansible_python_interpreter": sys.executable},
-                       "children": {
-                           "proxmox_hosts": {"hosts": {self.host: host_vars}},
-                           "gpu_containers": {"hosts": {self.box: ct_vars}},
-                       }}}
-        self.inventory_path.write_text("# Written by gpubox's simulated-box builder.\n"
-                                       + yaml.safe_dump(inv, sort_keys=False))
+        inv = {
+            "all": {
+                "vars": {"ansible_python_interpreter": sys.executable},
+                "children": {
+                    "proxmox_hosts": {"hosts": {self.host: host_vars}},
+                    "gpu_containers": {"hosts": {self.box: ct_vars}},
+                },
+            }
+        }
+        self.inventory_path.write_text(
+            "# Written by gpubox's simulated-box builder.\n" + yaml.safe_dump(inv, sort_keys=False)
+        )
         return self.inventory_path

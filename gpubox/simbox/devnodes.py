@@ -19,6 +19,8 @@ def mknod(path, major: int, minor: int, mode: int = 0o666) -> None:
     try:
         os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
     except PermissionError:
-        raise GpuboxError("cannot create device nodes for the simulated box (mknod: EPERM)",
-                          "run as root or with CAP_MKNOD (e.g. in CI's container)") from None
+        raise GpuboxError(
+            "cannot create device nodes for the simulated box (mknod: EPERM)",
+            "run as root or with CAP_MKNOD (e.g. in CI's container)",
+        ) from None
     os.chmod(path, mode)

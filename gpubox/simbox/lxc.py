@@ -23,7 +23,7 @@ FAULTS = {
     "conf_locked": "the container config carries `lock: backup` (a backup is running)",
     "conf_v1": "the container config uses cgroup v1 `lxc.cgroup.devices.allow` lines (ignored on cgroup v2)",
     "conf_devn_collision": "someone added `dev0: /dev/nvidia0` while a mount entry passes it too: the next start "
-                           "fails (autodev hook: File exists)",
+    "fails (autodev hook: File exists)",
 }
 
 UVM_MAJOR, STALE_UVM_MAJOR = 511, 508
@@ -32,20 +32,71 @@ CAPS_MAJOR = 235
 # dynamic range 254..234 is used up by other drivers and nvidia.ko's own regions, so nvidia-uvm,
 # loaded last, gets 511 (FACTS.md "Dynamic majors").
 PROC_DEVICES_CHAR = [
-    (1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (4, "ttyS"), (5, "/dev/tty"), (5, "/dev/console"),
-    (5, "/dev/ptmx"), (7, "vcs"), (10, "misc"), (13, "input"), (21, "sg"), (29, "fb"), (89, "i2c"),
-    (108, "ppp"), (128, "ptm"), (136, "pts"), (180, "usb"), (189, "usb_device"), (195, "nvidia"),
-    (195, "nvidiactl"), (202, "cpu/msr"), (203, "cpu/cpuid"), (226, "drm"),
-    (234, "nvidia-caps-imex-channels"), (235, "nvidia-caps"), (236, "nvidia-nvlink"),
-    (237, "nvidia-nvswitch"), (238, "aux"), (239, "cec"), (240, "lirc"), (241, "ipmidev"),
-    (242, "hidraw"), (243, "ttyDBC"), (244, "wwan_port"), (245, "nvme-generic"), (246, "nvme"),
-    (247, "bsg"), (248, "watchdog"), (249, "ptp"), (250, "pps"), (251, "rtc"), (252, "dma_heap"),
-    (253, "tpm"), (254, "gpiochip"), (UVM_MAJOR, "nvidia-uvm"),
+    (1, "mem"),
+    (4, "/dev/vc/0"),
+    (4, "tty"),
+    (4, "ttyS"),
+    (5, "/dev/tty"),
+    (5, "/dev/console"),
+    (5, "/dev/ptmx"),
+    (7, "vcs"),
+    (10, "misc"),
+    (13, "input"),
+    (21, "sg"),
+    (29, "fb"),
+    (89, "i2c"),
+    (108, "ppp"),
+    (128, "ptm"),
+    (136, "pts"),
+    (180, "usb"),
+    (189, "usb_device"),
+    (195, "nvidia"),
+    (195, "nvidiactl"),
+    (202, "cpu/msr"),
+    (203, "cpu/cpuid"),
+    (226, "drm"),
+    (234, "nvidia-caps-imex-channels"),
+    (235, "nvidia-caps"),
+    (236, "nvidia-nvlink"),
+    (237, "nvidia-nvswitch"),
+    (238, "aux"),
+    (239, "cec"),
+    (240, "lirc"),
+    (241, "ipmidev"),
+    (242, "hidraw"),
+    (243, "ttyDBC"),
+    (244, "wwan_port"),
+    (245, "nvme-generic"),
+    (246, "nvme"),
+    (247, "bsg"),
+    (248, "watchdog"),
+    (249, "ptp"),
+    (250, "pps"),
+    (251, "rtc"),
+    (252, "dma_heap"),
+    (253, "tpm"),
+    (254, "gpiochip"),
+    (UVM_MAJOR, "nvidia-uvm"),
 ]
-PROC_DEVICES_BLOCK = [(7, "loop"), (8, "sd"), (9, "md"), (65, "sd"), (253, "device-mapper"),
-                      (254, "mdp"), (259, "blkext")]
-GPU_BDFS = ["0000:17:00.0", "0000:3d:00.0", "0000:63:00.0", "0000:89:00.0",
-            "0000:97:00.0", "0000:bd:00.0", "0000:e3:00.0", "0000:e9:00.0"]
+PROC_DEVICES_BLOCK = [
+    (7, "loop"),
+    (8, "sd"),
+    (9, "md"),
+    (65, "sd"),
+    (253, "device-mapper"),
+    (254, "mdp"),
+    (259, "blkext"),
+]
+GPU_BDFS = [
+    "0000:17:00.0",
+    "0000:3d:00.0",
+    "0000:63:00.0",
+    "0000:89:00.0",
+    "0000:97:00.0",
+    "0000:bd:00.0",
+    "0000:e3:00.0",
+    "0000:e9:00.0",
+]
 
 
 def proc_devices(char: list[tuple[int, str]]) -> str:
@@ -94,13 +145,15 @@ def conf_text(sim: SimBox, faults: set[str]) -> str:
     if "conf_pending" in faults:
         out += "\n[pve:pending]\ndelete: swap\nmemory: 524288\n"  # write_pct_config sorts keys
     # A snapshot from before the driver upgrade, with the old major: must never be edited.
-    out += ("\n[pre-driver-580]\narch: amd64\ncores: 96\nfeatures: nesting=1\n"
-            f"hostname: {sim.box}\nmemory: 393216\n"
-            "net0: name=eth0,bridge=vmbr0,firewall=1,hwaddr=BC:24:11:6E:1F:2A,ip=dhcp,type=veth\n"
-            f"ostype: ubuntu\nrootfs: local-zfs:subvol-{sim.vmid}-disk-0,size=300G\nsnaptime: 1761912000\n"
-            "swap: 0\nunprivileged: 0\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
-            "lxc.cgroup2.devices.allow: c 509:* rwm\n"
-            "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file\n")
+    out += (
+        "\n[pre-driver-580]\narch: amd64\ncores: 96\nfeatures: nesting=1\n"
+        f"hostname: {sim.box}\nmemory: 393216\n"
+        "net0: name=eth0,bridge=vmbr0,firewall=1,hwaddr=BC:24:11:6E:1F:2A,ip=dhcp,type=veth\n"
+        f"ostype: ubuntu\nrootfs: local-zfs:subvol-{sim.vmid}-disk-0,size=300G\nsnaptime: 1761912000\n"
+        "swap: 0\nunprivileged: 0\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
+        "lxc.cgroup2.devices.allow: c 509:* rwm\n"
+        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file\n"
+    )
     return out
 
 
@@ -118,7 +171,8 @@ def build(sim: SimBox, faults: set[str]) -> None:
         mknod(h(f"/dev/nvidia{i}"), 195, i)
         (h("/proc/driver/nvidia/gpus") / GPU_BDFS[i % len(GPU_BDFS)]).mkdir(parents=True, exist_ok=True)
         (h("/proc/driver/nvidia/gpus") / GPU_BDFS[i % len(GPU_BDFS)] / "information").write_text(
-            f"Model: \t\t NVIDIA RTX PRO 6000 Blackwell Server Edition\nBus Location: \t {GPU_BDFS[i]}\n")
+            f"Model: \t\t NVIDIA RTX PRO 6000 Blackwell Server Edition\nBus Location: \t {GPU_BDFS[i]}\n"
+        )
     mknod(h("/dev/nvidiactl"), 195, 255)
     mknod(h("/dev/nvidia-modeset"), 195, 254)
     mknod(h("/dev/nvidia-caps/nvidia-cap1"), CAPS_MAJOR, 1, 0o400)

@@ -70,8 +70,15 @@ def _tensors_for(nbytes: int, shard: int) -> list[tuple[str, str, list[int]]]:
     return out
 
 
-def make_model(dest: str | os.PathLike, shard_bytes: list[int], *, name: str = "Qwen3.6-27B-sim",
-               tokenizer: bool = True, seed: int = 0, fill=None) -> dict[str, int]:
+def make_model(
+    dest: str | os.PathLike,
+    shard_bytes: list[int],
+    *,
+    name: str = "Qwen3.6-27B-sim",
+    tokenizer: bool = True,
+    seed: int = 0,
+    fill=None,
+) -> dict[str, int]:
     """A model directory like the hub's: shards (indexed when more than one) + config/tokenizer.
 
     Returns {file: size}. `fill(n)` gives tensor bytes (default: seeded pseudo-random)."""
@@ -85,15 +92,33 @@ def make_model(dest: str | os.PathLike, shard_bytes: list[int], *, name: str = "
         (dest / rel).write_text(json.dumps(doc, indent=2) + "\n")
         files[rel] = (dest / rel).stat().st_size
 
-    put("config.json", {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "_name_or_path": name,
-                        "hidden_size": 1024, "num_hidden_layers": len(shard_bytes), "torch_dtype": "bfloat16",
-                        "max_position_embeddings": 131072, "vocab_size": 151936})
+    put(
+        "config.json",
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "_name_or_path": name,
+            "hidden_size": 1024,
+            "num_hidden_layers": len(shard_bytes),
+            "torch_dtype": "bfloat16",
+            "max_position_embeddings": 131072,
+            "vocab_size": 151936,
+        },
+    )
     put("generation_config.json", {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": True})
     if tokenizer:
-        put("tokenizer.json", {"version": "1.0", "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0}, "merges": []},
-                               "added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}]})
-        put("tokenizer_config.json", {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|endoftext|>",
-                                      "model_max_length": 131072})
+        put(
+            "tokenizer.json",
+            {
+                "version": "1.0",
+                "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0}, "merges": []},
+                "added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}],
+            },
+        )
+        put(
+            "tokenizer_config.json",
+            {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|endoftext|>", "model_max_length": 131072},
+        )
     n = len(shard_bytes)
     weight_map, total = {}, 0
     for i, size in enumerate(shard_bytes):
@@ -109,7 +134,7 @@ def make_model(dest: str | os.PathLike, shard_bytes: list[int], *, name: str = "
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    stage = areas.hook("sim.stage").stage   # the staging engine `gpubox stage` runs
+    stage = areas.hook("sim.stage").stage  # the staging engine `gpubox stage` runs
 
     make_model(sim.cpath(MODEL_SRC), MODEL_SHARDS, name="Qwen3.6-27B-sim", seed=1)
     make_model(sim.cpath(DRAFTER_SRC), DRAFTER_SHARDS, name="Qwen3.6-27B-DFlash-sim", tokenizer=False, seed=2)
@@ -123,8 +148,15 @@ def build(sim: SimBox, faults: set[str]) -> None:
     if "shm_empty" in faults:
         return
     for src, dest, tok in ((MODEL_SRC, MODEL_DEST, True), (DRAFTER_SRC, DRAFTER_DEST, False)):
-        stage(str(sim.cpath(src)), str(sim.cpath(dest)), tmpfs=True, cgroup_dir=str(cg), workers=2,
-              require_tokenizer=tok, source_info={"path": src})
+        stage(
+            str(sim.cpath(src)),
+            str(sim.cpath(dest)),
+            tmpfs=True,
+            cgroup_dir=str(cg),
+            workers=2,
+            require_tokenizer=tok,
+            source_info={"path": src},
+        )
     if "truncated_shard" in faults:
         shard = sim.cpath(MODEL_DEST) / f"model-00002-of-{len(MODEL_SHARDS):05d}.safetensors"
         os.truncate(shard, shard.stat().st_size // 2)

@@ -25,8 +25,8 @@ FAULTS = {
 }
 
 NVIDIA = 0x10DE
-GPU_DEVICE = 0x2BB5      # RTX PRO 6000 Blackwell Server Edition (GB202); older pci.ids print "Device 2bb5"
-AUDIO_DEVICE = 0x22E8    # GB202 High Definition Audio Controller
+GPU_DEVICE = 0x2BB5  # RTX PRO 6000 Blackwell Server Edition (GB202); older pci.ids print "Device 2bb5"
+AUDIO_DEVICE = 0x22E8  # GB202 High Definition Audio Controller
 SUBSYS = (0x10DE, 0x204B)
 # Bus numbers of a 2-socket board, the same as the lxc piece's /proc/driver/nvidia/gpus (one bus
 # per GPU, the first half on socket 0); more than 8 GPUs continue on further buses.
@@ -39,7 +39,7 @@ NO_CAP_BDF = "0000:e1:00.0"
 DEVCTL_OK = 0x5136
 # mrrs_512: MRRS code 2 with assorted MPS and other bits, on some GPUs only.
 DEVCTL_512 = [0x2936, 0x2056, 0x2817, 0x2110]
-AUDIO_DEVCTL = 0x2810      # audio functions: MRRS 512, no snoop; must never be touched
+AUDIO_DEVCTL = 0x2810  # audio functions: MRRS 512, no snoop; must never be touched
 SPEED_GTS = {1: "2.5", 2: "5.0", 3: "8.0", 4: "16.0", 5: "32.0"}
 
 CAP_PM, CAP_MSI, CAP_EXP = 0x60, 0x68, 0x78
@@ -49,54 +49,72 @@ def _put(buf: bytearray, off: int, fmt: str, val: int) -> None:
     struct.pack_into("<" + fmt, buf, off, val)
 
 
-def config_space(*, vendor: int, device: int, klass: int, multi: bool, devctl: int | None,
-                 lnkcap: tuple[int, int] = (5, 16), lnksta: tuple[int, int] = (5, 16),
-                 port_type: int = 0, bridge_bus: int | None = None) -> bytes:
+def config_space(
+    *,
+    vendor: int,
+    device: int,
+    klass: int,
+    multi: bool,
+    devctl: int | None,
+    lnkcap: tuple[int, int] = (5, 16),
+    lnksta: tuple[int, int] = (5, 16),
+    port_type: int = 0,
+    bridge_bus: int | None = None,
+) -> bytes:
     """4096 bytes of config space: type 0 (or type 1 with bridge_bus) header, PM and MSI
     capabilities, and a PCIe capability (v2) unless devctl is None."""
     b = bytearray(4096)
     _put(b, 0x00, "H", vendor)
     _put(b, 0x02, "H", device)
-    _put(b, 0x04, "H", 0x0406 if bridge_bus is None else 0x0407)   # mem space, bus master, INTx off
-    _put(b, 0x06, "H", 0x0010)                                      # status: capability list
-    _put(b, 0x08, "I", (klass << 8) | 0xA1)                         # class code + revision
-    b[0x0C] = 0x10                                                  # cache line size
+    _put(b, 0x04, "H", 0x0406 if bridge_bus is None else 0x0407)  # mem space, bus master, INTx off
+    _put(b, 0x06, "H", 0x0010)  # status: capability list
+    _put(b, 0x08, "I", (klass << 8) | 0xA1)  # class code + revision
+    b[0x0C] = 0x10  # cache line size
     b[0x0E] = (0x80 if multi else 0x00) | (0x01 if bridge_bus is not None else 0x00)
     if bridge_bus is None:
-        _put(b, 0x10, "I", 0xE2000000)                              # BAR0: 32-bit mem (registers)
-        _put(b, 0x14, "I", 0x0000000C)                              # BAR1: 64-bit prefetchable VRAM window
+        _put(b, 0x10, "I", 0xE2000000)  # BAR0: 32-bit mem (registers)
+        _put(b, 0x14, "I", 0x0000000C)  # BAR1: 64-bit prefetchable VRAM window
         _put(b, 0x18, "I", 0x00002000)
         _put(b, 0x2C, "H", SUBSYS[0])
         _put(b, 0x2E, "H", SUBSYS[1])
     else:
-        b[0x18], b[0x19], b[0x1A] = 0x00, bridge_bus, bridge_bus     # primary/secondary/subordinate
+        b[0x18], b[0x19], b[0x1A] = 0x00, bridge_bus, bridge_bus  # primary/secondary/subordinate
     b[0x34] = CAP_PM
-    b[0x3C], b[0x3D] = 0x0B, 0x01                                   # IRQ line, INTA
+    b[0x3C], b[0x3D] = 0x0B, 0x01  # IRQ line, INTA
     # Power management (id 1) -> MSI (id 5) -> PCIe (id 0x10)
     b[CAP_PM], b[CAP_PM + 1] = 0x01, CAP_MSI
     _put(b, CAP_PM + 2, "H", 0x0003)
     b[CAP_MSI], b[CAP_MSI + 1] = 0x05, CAP_EXP if devctl is not None else 0x00
-    _put(b, CAP_MSI + 2, "H", 0x0080)                               # 64-bit MSI, disabled
+    _put(b, CAP_MSI + 2, "H", 0x0080)  # 64-bit MSI, disabled
     if devctl is not None:
         e = CAP_EXP
         b[e], b[e + 1] = 0x10, 0x00
-        _put(b, e + 2, "H", 0x0002 | (port_type << 4))              # cap version 2, port type
-        _put(b, e + 4, "I", 0x10008FE2 if port_type == 0 else 0x00008002)  # DevCap: MPS 512, RBER, FLR (bit 28)
-        _put(b, e + 8, "H", devctl)                                 # DevCtl
-        _put(b, e + 0x0A, "H", 0x0000)                              # DevSta
+        _put(b, e + 2, "H", 0x0002 | (port_type << 4))  # cap version 2, port type
+        _put(
+            b, e + 4, "I", 0x10008FE2 if port_type == 0 else 0x00008002
+        )  # DevCap: MPS 512, RBER, FLR (bit 28)
+        _put(b, e + 8, "H", devctl)  # DevCtl
+        _put(b, e + 0x0A, "H", 0x0000)  # DevSta
         cap_speed, cap_width = lnkcap
         _put(b, e + 0x0C, "I", cap_speed | (cap_width << 4) | (0x3 << 10) | (0x1 << 15) | (0x1 << 22))
-        _put(b, e + 0x10, "H", 0x0040)                              # LnkCtl: common clock
+        _put(b, e + 0x10, "H", 0x0040)  # LnkCtl: common clock
         sta_speed, sta_width = lnksta
         _put(b, e + 0x12, "H", sta_speed | (sta_width << 4) | (1 << 12))  # LnkSta + slot clock
         _put(b, e + 0x24, "I", 0x00000A80 if port_type == 0 else 0x00000000)  # DevCap2
-        _put(b, e + 0x2C, "I", ((1 << (cap_speed + 1)) - 2))      # LnkCap2: supported speeds vector
-        _put(b, e + 0x30, "H", cap_speed)                           # LnkCtl2: target speed
+        _put(b, e + 0x2C, "I", ((1 << (cap_speed + 1)) - 2))  # LnkCap2: supported speeds vector
+        _put(b, e + 0x30, "H", cap_speed)  # LnkCtl2: target speed
     return bytes(b)
 
 
-def _write_function(sim: SimBox, bdf: str, cfg: bytes, *, numa: int, irq: int,
-                    link: tuple[tuple[int, int], tuple[int, int]] | None) -> None:
+def _write_function(
+    sim: SimBox,
+    bdf: str,
+    cfg: bytes,
+    *,
+    numa: int,
+    irq: int,
+    link: tuple[tuple[int, int], tuple[int, int]] | None,
+) -> None:
     d = sim.hpath(f"/sys/bus/pci/devices/{bdf}")
     d.mkdir(parents=True, exist_ok=True)
     (d / "config").write_bytes(cfg)
@@ -115,9 +133,10 @@ def _write_function(sim: SimBox, bdf: str, cfg: bytes, *, numa: int, irq: int,
     if klass >> 8 == 0x0604:
         res = ["0x0000000000000000 0x0000000000000000 0x0000000000000000"] * 13
     else:
-        res = ["0x00000000e2000000 0x00000000e2ffffff 0x0000000000040200",
-               "0x0000200000000000 0x00002001ffffffff 0x000000000014220c",
-               ] + ["0x0000000000000000 0x0000000000000000 0x0000000000000000"] * 11
+        res = [
+            "0x00000000e2000000 0x00000000e2ffffff 0x0000000000040200",
+            "0x0000200000000000 0x00002001ffffffff 0x000000000014220c",
+        ] + ["0x0000000000000000 0x0000000000000000 0x0000000000000000"] * 11
     (d / "resource").write_text("\n".join(res) + "\n")
     if link is not None:
         (cap_s, cap_w), (sta_s, sta_w) = link
@@ -134,23 +153,60 @@ def gpu_bdfs(n: int) -> list[str]:
 def build(sim: SimBox, faults: set[str]) -> None:
     n = sim.gpus
     half = max(1, n // 2) if n > 1 else 1
-    _write_function(sim, ROOT_PORT, config_space(vendor=0x8086, device=0x352A, klass=0x060400, multi=True,
-                                                 devctl=0x0036, port_type=4, bridge_bus=BUSES[0]),
-                    numa=0, irq=0, link=((5, 16), (5, 16)))
+    _write_function(
+        sim,
+        ROOT_PORT,
+        config_space(
+            vendor=0x8086,
+            device=0x352A,
+            klass=0x060400,
+            multi=True,
+            devctl=0x0036,
+            port_type=4,
+            bridge_bus=BUSES[0],
+        ),
+        numa=0,
+        irq=0,
+        link=((5, 16), (5, 16)),
+    )
     for i, bdf in enumerate(gpu_bdfs(n)):
         numa = 0 if i < half else 1
         devctl = DEVCTL_OK
-        if "mrrs_512" in faults and i % 3 == 0:          # GPUs 0, 3, 6: some, not all
+        if "mrrs_512" in faults and i % 3 == 0:  # GPUs 0, 3, 6: some, not all
             devctl = DEVCTL_512[(i // 3) % len(DEVCTL_512)]
         lnksta = (4, 8) if ("link_degraded" in faults and i == min(2, n - 1)) else (5, 16)
-        _write_function(sim, bdf, config_space(vendor=NVIDIA, device=GPU_DEVICE, klass=0x030200, multi=True,
-                                               devctl=devctl, lnksta=lnksta),
-                        numa=numa, irq=200 + i, link=((5, 16), lnksta))
+        _write_function(
+            sim,
+            bdf,
+            config_space(
+                vendor=NVIDIA, device=GPU_DEVICE, klass=0x030200, multi=True, devctl=devctl, lnksta=lnksta
+            ),
+            numa=numa,
+            irq=200 + i,
+            link=((5, 16), lnksta),
+        )
         audio = bdf[:-1] + "1"
-        _write_function(sim, audio, config_space(vendor=NVIDIA, device=AUDIO_DEVICE, klass=0x040300, multi=True,
-                                                 devctl=AUDIO_DEVCTL, lnksta=lnksta),
-                        numa=numa, irq=220 + i, link=((5, 16), lnksta))
+        _write_function(
+            sim,
+            audio,
+            config_space(
+                vendor=NVIDIA,
+                device=AUDIO_DEVICE,
+                klass=0x040300,
+                multi=True,
+                devctl=AUDIO_DEVCTL,
+                lnksta=lnksta,
+            ),
+            numa=numa,
+            irq=220 + i,
+            link=((5, 16), lnksta),
+        )
     if "no_pcie_cap" in faults:
-        _write_function(sim, NO_CAP_BDF, config_space(vendor=NVIDIA, device=GPU_DEVICE, klass=0x030200,
-                                                      multi=False, devctl=None),
-                        numa=1 if n > 1 else 0, irq=240, link=None)
+        _write_function(
+            sim,
+            NO_CAP_BDF,
+            config_space(vendor=NVIDIA, device=GPU_DEVICE, klass=0x030200, multi=False, devctl=None),
+            numa=1 if n > 1 else 0,
+            irq=240,
+            link=None,
+        )

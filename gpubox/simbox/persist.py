@@ -33,4 +33,8 @@ def build(sim: SimBox, faults: set[str]) -> None:
         bdfs = [s.bdf for s in pcie.read_states(host) if s.devctl is not None]
         sim.hpath(pcie.UNIT_PATH).write_text(pcie.unit_text(bdfs, pcie.parse_mrrs(4096)))
         with sim.state() as st:
-            st.setdefault("units", {}).setdefault("host", {})[pcie.UNIT] = {"enabled": True, "active": True, "starts": 1}
+            st.setdefault("units", {}).setdefault("host", {})[pcie.UNIT] = {
+                "enabled": True,
+                "active": True,
+                "starts": 1,
+            }

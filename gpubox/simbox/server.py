@@ -24,9 +24,11 @@ FAULTS = {
 }
 
 SIM_SPEED = 20
-SEED_TOK_S = {"tp1": {"auto": 26.6, "ddtree:15": 173.4},
-              "tp4": {"auto": 37.8, "ddtree:15": 281.1},
-              "tp8": {"auto": 37.6, "ddtree:15": 263.9}}
+SEED_TOK_S = {
+    "tp1": {"auto": 26.6, "ddtree:15": 173.4},
+    "tp4": {"auto": 37.8, "ddtree:15": 281.1},
+    "tp8": {"auto": 37.6, "ddtree:15": 263.9},
+}
 
 
 def _free_port() -> int:
@@ -42,20 +44,56 @@ def _literal(path) -> str:
 
 def build(sim: SimBox, faults: set[str]) -> None:
     ct = sim.inventory_extra["container"]
-    cmd = ["{python}", "-m", areas.hook_ref("sim.server"), "--model", "{model}", "--drafter", "{drafter}",
-           "--method", "{method}", "--budget", "{budget}", "--tp", "{tp}", "--host", "{host}",
-           "--port", "{port}", "--max-model-len", "{max_model_len}", "--speed", str(SIM_SPEED),
-           "--host-root", _literal(sim.host_root), "--root", _literal(sim.ct_root)]
+    cmd = [
+        "{python}",
+        "-m",
+        areas.hook_ref("sim.server"),
+        "--model",
+        "{model}",
+        "--drafter",
+        "{drafter}",
+        "--method",
+        "{method}",
+        "--budget",
+        "{budget}",
+        "--tp",
+        "{tp}",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--max-model-len",
+        "{max_model_len}",
+        "--speed",
+        str(SIM_SPEED),
+        "--host-root",
+        _literal(sim.host_root),
+        "--root",
+        _literal(sim.ct_root),
+    ]
     if "server_fail" in faults:
         cmd.append("--fail-start")
     bench = {
-        "engine": "custom", "command": cmd, "simulated": True, "sim_speed": SIM_SPEED,
-        "port": _free_port(), "profile": "health", "tp": [t for t in (1, 4, 8) if t <= sim.gpus] or [1],
-        "methods": ["auto", "ddtree:15"], "repetitions": 1, "warmup": 1, "max_model_len": 32768,
-        "request_timeout": 10, "ready_timeout": 30,
-        "expect": {"tolerance": 0.15, "min_speedup_over_auto": 3.0,
-                   "tok_s": {tp: {m: round(v * SIM_SPEED, 1) for m, v in per.items()}
-                             for tp, per in SEED_TOK_S.items()}},
+        "engine": "custom",
+        "command": cmd,
+        "simulated": True,
+        "sim_speed": SIM_SPEED,
+        "port": _free_port(),
+        "profile": "health",
+        "tp": [t for t in (1, 4, 8) if t <= sim.gpus] or [1],
+        "methods": ["auto", "ddtree:15"],
+        "repetitions": 1,
+        "warmup": 1,
+        "max_model_len": 32768,
+        "request_timeout": 10,
+        "ready_timeout": 30,
+        "expect": {
+            "tolerance": 0.15,
+            "min_speedup_over_auto": 3.0,
+            "tok_s": {
+                tp: {m: round(v * SIM_SPEED, 1) for m, v in per.items()} for tp, per in SEED_TOK_S.items()
+            },
+        },
     }
     if "gpubox_model" not in ct:
         bench["model"] = "/dev/shm/Qwen3.6-27B"

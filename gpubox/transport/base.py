@@ -107,9 +107,17 @@ class Transport(ABC):
     name: str = "?"
 
     @abstractmethod
-    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
-            env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        input: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+        on_stderr: LineCallback | None = None,
+    ) -> CmdResult:
         """Run argv and collect its output. `on_stderr` gets each stderr line while the command
         runs (it is in the result's stderr as well)."""
 
@@ -118,8 +126,9 @@ class Transport(ABC):
         """Whole file; FileNotFoundError when absent."""
 
     @abstractmethod
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
-                           tmp_name: str | None = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
+    ) -> None:
         """Write to a temporary file in the same directory, flush, rename over `path`.
 
         `tmp_name` overrides the temporary's basename (Proxmox's own `<file>.tmp.<pid>`)."""
@@ -137,7 +146,7 @@ class Transport(ABC):
     @abstractmethod
     def remove(self, path: str) -> None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: most transports hold nothing to close
         """Release connections (no-op by default)."""
 
     @property

@@ -23,9 +23,17 @@ class LocalTransport(Transport):
     def is_local(self) -> bool:
         return True
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
-            env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        input: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+        on_stderr: LineCallback | None = None,
+    ) -> CmdResult:
         argv = validate_argv(argv)
         if (become or self.default_become) and os.geteuid() != 0:
             argv = ["sudo", "-n", "--", *argv]
@@ -35,9 +43,15 @@ class LocalTransport(Transport):
         data = input.encode() if isinstance(input, str) else input
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=cwd,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+            )
         except FileNotFoundError:
             return CmdResult(argv, 127, "", f"{argv[0]}: command not found", time.monotonic() - t0, self.name)
         try:
@@ -52,10 +66,18 @@ class LocalTransport(Transport):
             except ProcessLookupError:
                 pass
             proc.communicate()
-            raise TransportError(f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
-                                 "raise the timeout or check what the command waits for") from None
-        return CmdResult(argv, proc.returncode, out.decode(errors="replace"),
-                         err.decode(errors="replace"), time.monotonic() - t0, self.name)
+            raise TransportError(
+                f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
+                "raise the timeout or check what the command waits for",
+            ) from None
+        return CmdResult(
+            argv,
+            proc.returncode,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            time.monotonic() - t0,
+            self.name,
+        )
 
     @staticmethod
     def _communicate_live(proc, data: bytes | None, timeout: float, on_stderr: LineCallback):
@@ -83,8 +105,10 @@ class LocalTransport(Transport):
             if splitter is not None:
                 splitter.flush()
 
-        threads = [threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
-                   threading.Thread(target=_read, args=(proc.stderr, err, lines), daemon=True)]
+        threads = [
+            threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
+            threading.Thread(target=_read, args=(proc.stderr, err, lines), daemon=True),
+        ]
         if proc.stdin is not None:
             threads.append(threading.Thread(target=_feed, daemon=True))
         for th in threads:
@@ -98,8 +122,9 @@ class LocalTransport(Transport):
         with open(path, "rb") as f:
             return f.read()
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
-                           tmp_name: str | None = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
+    ) -> None:
         d = os.path.dirname(path) or "."
         tmp = os.path.join(d, tmp_name or f".{os.path.basename(path)}.gpubox.{os.getpid()}.tmp")
         if mode is None:

@@ -22,16 +22,32 @@ class PctTransport(Transport):
         self.vmid = int(vmid)
         self.host_env = dict(host_env or {})  # env for `pct` itself on the host (e.g. PATH)
 
-    def _pct(self, *args: str, timeout: float = 60, input=None, on_stderr: LineCallback | None = None) -> CmdResult:
+    def _pct(
+        self, *args: str, timeout: float = 60, input=None, on_stderr: LineCallback | None = None
+    ) -> CmdResult:
         # `pct exec` execs lxc-attach in its own process (pve-container src/PVE/CLI/pct.pm, method exec:
         # `exec(@lxc_attach_cmd)`, commit 94f5585), so the command's stderr reaches the host transport
         # unbuffered and its live lines are the container's.
-        return self.host.run(["pct", *args], timeout=timeout, input=input, env=self.host_env or None,
-                             become=True, on_stderr=on_stderr)
+        return self.host.run(
+            ["pct", *args],
+            timeout=timeout,
+            input=input,
+            env=self.host_env or None,
+            become=True,
+            on_stderr=on_stderr,
+        )
 
-    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
-            env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        input: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+        on_stderr: LineCallback | None = None,
+    ) -> CmdResult:
         argv = validate_argv(argv)
         inner = list(argv)
         if env:
@@ -51,11 +67,14 @@ class PctTransport(Transport):
             r.check()
         return base64.b64decode(r.stdout)
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
-                           tmp_name: str | None = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
+    ) -> None:
         token = secrets.token_hex(6)
         host_tmp = f"/tmp/.gpubox-push-{token}"
-        ct_tmp = posixpath.join(posixpath.dirname(path), tmp_name or f".{posixpath.basename(path)}.gpubox.{token}.tmp")
+        ct_tmp = posixpath.join(
+            posixpath.dirname(path), tmp_name or f".{posixpath.basename(path)}.gpubox.{token}.tmp"
+        )
         if mode is None:  # keep the old file's permissions, like the other transports
             old = self.stat(path)
             mode = old.perms if old else 0o644

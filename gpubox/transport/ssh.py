@@ -23,7 +23,6 @@ import paramiko
 from ..errors import TransportError
 from .base import CmdResult, FileStat, LineCallback, LineSplitter, Transport, validate_argv
 
-
 # paramiko logs handshake failures from its own thread; without a handler Python's last-resort
 # handler would print them as a traceback-like blurb next to our one-line error.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -34,10 +33,19 @@ def _truthy(v) -> bool:
 
 
 class SSHTransport(Transport):
-    def __init__(self, name: str, hostname: str, port: int = 22, user: str | None = None,
-                 key_filename: str | None = None, known_hosts: str | None = None,
-                 verify_host_key: bool = True, connect_timeout: float = 10,
-                 become: bool = False, password: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        hostname: str,
+        port: int = 22,
+        user: str | None = None,
+        key_filename: str | None = None,
+        known_hosts: str | None = None,
+        verify_host_key: bool = True,
+        connect_timeout: float = 10,
+        become: bool = False,
+        password: str | None = None,
+    ):
         self.name = name
         self.hostname, self.port, self.user = hostname, int(port), user
         self.key_filename = os.path.expanduser(key_filename) if key_filename else None
@@ -55,8 +63,10 @@ class SSHTransport(Transport):
         """Build from Ansible connection variables."""
         key = v.get("ansible_ssh_private_key_file") or v.get("ansible_private_key_file")
         if key and not os.path.exists(os.path.expanduser(str(key))):
-            raise TransportError(f"{name}: ansible_ssh_private_key_file {key} does not exist",
-                                 "fix the path or remove it to use ssh-agent / default keys")
+            raise TransportError(
+                f"{name}: ansible_ssh_private_key_file {key} does not exist",
+                "fix the path or remove it to use ssh-agent / default keys",
+            )
         check = v.get("ansible_ssh_host_key_checking", v.get("ansible_host_key_checking", True))
         pw_env = v.get("gpubox_ssh_password_env")
         return cls(
@@ -83,72 +93,106 @@ class SSHTransport(Transport):
     def _connect(self) -> paramiko.SSHClient:
         where = f"{self.hostname}:{self.port}"
         if self.key_filename and not os.path.exists(self.key_filename):
-            raise TransportError(f"{self.name}: SSH key file {self.key_filename} does not exist",
-                                 "fix ansible_ssh_private_key_file or remove it to use ssh-agent / default keys")
+            raise TransportError(
+                f"{self.name}: SSH key file {self.key_filename} does not exist",
+                "fix ansible_ssh_private_key_file or remove it to use ssh-agent / default keys",
+            )
         c = paramiko.SSHClient()
         kh = self.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
         revoked: list = []
         for f in dict.fromkeys([os.path.expanduser("~/.ssh/known_hosts"), kh]):
             if os.path.exists(f):
                 revoked += load_known_hosts(c.get_host_keys(), f, self.name)
-        c.set_missing_host_key_policy(_RevokedAwarePolicy(revoked, self.name, where) if self.verify_host_key
-                                      else paramiko.WarningPolicy())
+        c.set_missing_host_key_policy(
+            _RevokedAwarePolicy(revoked, self.name, where)
+            if self.verify_host_key
+            else paramiko.WarningPolicy()
+        )
         # Our own TCP connect: refused / timed out / no route map to one clear message naming the
         # host, before paramiko's handshake errors get involved.
         try:
             sock = socket.create_connection((self.hostname, self.port), timeout=self.connect_timeout)
         except (socket.timeout, TimeoutError):
-            raise TransportError(f"{self.name}: cannot reach {where}: timed out after {self.connect_timeout:g} s",
-                                 "check ansible_host/ansible_port and the network") from None
+            raise TransportError(
+                f"{self.name}: cannot reach {where}: timed out after {self.connect_timeout:g} s",
+                "check ansible_host/ansible_port and the network",
+            ) from None
         except OSError as exc:
             reason = exc.strerror or str(exc)
-            raise TransportError(f"{self.name}: cannot reach {where}: {reason}",
-                                 "check ansible_host/ansible_port and that sshd runs there") from None
+            raise TransportError(
+                f"{self.name}: cannot reach {where}: {reason}",
+                "check ansible_host/ansible_port and that sshd runs there",
+            ) from None
         # An sshd speaks first (its version banner, RFC 4253 4.2): silence means this is not a
         # working sshd, which paramiko would only report as "No existing session".
         if not select.select([sock], [], [], self.connect_timeout)[0]:
             sock.close()
-            raise TransportError(f"{self.name}: cannot reach {where}: no SSH banner within "
-                                 f"{self.connect_timeout:g} s",
-                                 "check ansible_host/ansible_port point at a running sshd") from None
+            raise TransportError(
+                f"{self.name}: cannot reach {where}: no SSH banner within {self.connect_timeout:g} s",
+                "check ansible_host/ansible_port point at a running sshd",
+            ) from None
         try:
-            c.connect(self.hostname, port=self.port, username=self.user, key_filename=self.key_filename,
-                      password=self._password, timeout=self.connect_timeout, sock=sock,
-                      banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
-                      allow_agent=True, look_for_keys=self.key_filename is None)
+            c.connect(
+                self.hostname,
+                port=self.port,
+                username=self.user,
+                key_filename=self.key_filename,
+                password=self._password,
+                timeout=self.connect_timeout,
+                sock=sock,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                allow_agent=True,
+                look_for_keys=self.key_filename is None,
+            )
         except TransportError:
             c.close()
             raise
         except paramiko.BadHostKeyException:
             c.close()
-            raise TransportError(f"{self.name}: host key of {where} does NOT match known_hosts ({kh})",
-                                 "the host was reinstalled or this is an attack: verify, then fix known_hosts") from None
+            raise TransportError(
+                f"{self.name}: host key of {where} does NOT match known_hosts ({kh})",
+                "the host was reinstalled or this is an attack: verify, then fix known_hosts",
+            ) from None
         except paramiko.AuthenticationException:
             c.close()
-            raise TransportError(f"{self.name}: SSH authentication failed for {self.user or 'default user'}@{where}",
-                                 "check ansible_user and ansible_ssh_private_key_file or ssh-agent") from None
+            raise TransportError(
+                f"{self.name}: SSH authentication failed for {self.user or 'default user'}@{where}",
+                "check ansible_user and ansible_ssh_private_key_file or ssh-agent",
+            ) from None
         except paramiko.SSHException as exc:
             inner = getattr(c.get_transport(), "saved_exception", None)
             c.close()
             if "not found in known_hosts" in str(exc):
-                keyscan = f"ssh-keyscan -p {self.port} {self.hostname}" if self.port != 22 else f"ssh-keyscan {self.hostname}"
-                raise TransportError(f"{self.name}: host key of {where} is not in known_hosts ({kh}); refused",
-                                     f"verify it, then add it: {keyscan} >> {kh}") from None
+                keyscan = (
+                    f"ssh-keyscan -p {self.port} {self.hostname}"
+                    if self.port != 22
+                    else f"ssh-keyscan {self.hostname}"
+                )
+                raise TransportError(
+                    f"{self.name}: host key of {where} is not in known_hosts ({kh}); refused",
+                    f"verify it, then add it: {keyscan} >> {kh}",
+                ) from None
             if "banner" in f"{inner} {exc}":
-                raise TransportError(f"{self.name}: cannot reach {where}: no SSH banner within "
-                                     f"{self.connect_timeout:g} s",
-                                     "check ansible_host/ansible_port point at an sshd") from None
-            raise TransportError(f"{self.name}: SSH to {where} failed: {inner or exc}",
-                                 "check that sshd runs there") from None
+                raise TransportError(
+                    f"{self.name}: cannot reach {where}: no SSH banner within {self.connect_timeout:g} s",
+                    "check ansible_host/ansible_port point at an sshd",
+                ) from None
+            raise TransportError(
+                f"{self.name}: SSH to {where} failed: {inner or exc}", "check that sshd runs there"
+            ) from None
         except (socket.timeout, TimeoutError):
             c.close()
-            raise TransportError(f"{self.name}: cannot reach {where}: timed out after {self.connect_timeout:g} s",
-                                 "check ansible_host/ansible_port and the network") from None
+            raise TransportError(
+                f"{self.name}: cannot reach {where}: timed out after {self.connect_timeout:g} s",
+                "check ansible_host/ansible_port and the network",
+            ) from None
         except OSError as exc:
             c.close()
             reason = getattr(exc, "strerror", None) or str(exc)
-            raise TransportError(f"{self.name}: SSH to {where} failed: {reason}",
-                                 "check the key file and that sshd runs there") from None
+            raise TransportError(
+                f"{self.name}: SSH to {where} failed: {reason}", "check the key file and that sshd runs there"
+            ) from None
         return c
 
     @property
@@ -168,9 +212,17 @@ class SSHTransport(Transport):
             self._client = None
 
     # -- commands --------------------------------------------------------------------------
-    def run(self, argv: Sequence[str], *, timeout: float = 60, input: bytes | str | None = None,
-            env: Mapping[str, str] | None = None, cwd: str | None = None,
-            become: bool = False, on_stderr: LineCallback | None = None) -> CmdResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        input: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+        on_stderr: LineCallback | None = None,
+    ) -> CmdResult:
         argv = validate_argv(argv)
         cmd = list(argv)
         if env:
@@ -230,16 +282,26 @@ class SSHTransport(Transport):
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if not timed_out.is_set():
                 self._drop()
-                raise TransportError(f"{self.name}: SSH session to {self.hostname}:{self.port} broke: {exc}",
-                                     "check the host and re-run") from None
+                raise TransportError(
+                    f"{self.name}: SSH session to {self.hostname}:{self.port} broke: {exc}",
+                    "check the host and re-run",
+                ) from None
         finally:
             timer.cancel()
             chan.close()
         if timed_out.is_set():
-            raise TransportError(f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
-                                 "raise the timeout or check what the command waits for")
-        return CmdResult(list(argv), rc, b"".join(out_chunks).decode(errors="replace"),
-                         b"".join(err_chunks).decode(errors="replace"), time.monotonic() - t0, self.name)
+            raise TransportError(
+                f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
+                "raise the timeout or check what the command waits for",
+            )
+        return CmdResult(
+            list(argv),
+            rc,
+            b"".join(out_chunks).decode(errors="replace"),
+            b"".join(err_chunks).decode(errors="replace"),
+            time.monotonic() - t0,
+            self.name,
+        )
 
     def _session(self) -> paramiko.Channel:
         """A new exec channel; reconnects once when the old connection has gone away."""
@@ -250,12 +312,14 @@ class SSHTransport(Transport):
                     return t.open_session(timeout=self.connect_timeout)
                 except (EOFError, OSError, paramiko.SSHException) as exc:
                     if attempt:
-                        raise TransportError(f"{self.name}: cannot open an SSH session on "
-                                             f"{self.hostname}:{self.port}: {exc}",
-                                             "check sshd's MaxSessions and that the host is up") from None
+                        raise TransportError(
+                            f"{self.name}: cannot open an SSH session on {self.hostname}:{self.port}: {exc}",
+                            "check sshd's MaxSessions and that the host is up",
+                        ) from None
             self._drop()
-        raise TransportError(f"{self.name}: SSH connection to {self.hostname}:{self.port} is gone",
-                             "check the host and re-run")
+        raise TransportError(
+            f"{self.name}: SSH connection to {self.hostname}:{self.port} is gone", "check the host and re-run"
+        )
 
     def _drop(self) -> None:
         with self._lock:
@@ -274,8 +338,9 @@ class SSHTransport(Transport):
                 raise FileNotFoundError(path) from None
             raise
 
-    def write_bytes_atomic(self, path: str, data: bytes, mode: int | None = None,
-                           tmp_name: str | None = None) -> None:
+    def write_bytes_atomic(
+        self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
+    ) -> None:
         d = posixpath.dirname(path) or "."
         tmp = posixpath.join(d, tmp_name or f".{posixpath.basename(path)}.gpubox.{os.getpid()}.tmp")
         if mode is None:
@@ -301,8 +366,9 @@ class SSHTransport(Transport):
             if getattr(exc, "errno", None) == 2:
                 return None
             raise
-        fs = FileStat(path, st.st_mode or 0, st.st_size or 0, float(st.st_mtime or 0),
-                      st.st_uid or 0, st.st_gid or 0)
+        fs = FileStat(
+            path, st.st_mode or 0, st.st_size or 0, float(st.st_mtime or 0), st.st_uid or 0, st.st_gid or 0
+        )
         if _stat.S_ISCHR(fs.mode) or _stat.S_ISBLK(fs.mode):
             # SFTP does not carry st_rdev: ask stat(1) for major:minor (hex).
             r = self.run(["stat", "-c", "%t %T", path])
@@ -330,17 +396,21 @@ def load_known_hosts(keys: "paramiko.HostKeys", path: str, name: str) -> list:
     trusted, even when another line lists it; certificate authorities are not supported, so those
     lines trust nothing. Non-UTF-8 bytes are a one-line error naming the file and line."""
     from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
+
     try:
         data = open(path, "rb").read()
     except OSError as exc:
-        raise TransportError(f"{name}: cannot read known_hosts {path}: {exc.strerror}",
-                             "check its permissions") from None
+        raise TransportError(
+            f"{name}: cannot read known_hosts {path}: {exc.strerror}", "check its permissions"
+        ) from None
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise TransportError(f"{name}: known_hosts {path} line {line} is not UTF-8 text",
-                             "remove or fix that line (ssh-keygen -R HOST)") from None
+        raise TransportError(
+            f"{name}: known_hosts {path} line {line} is not UTF-8 text",
+            "remove or fix that line (ssh-keygen -R HOST)",
+        ) from None
     revoked, trusted = [], []
     for raw in text.splitlines():
         line = raw.strip()
@@ -375,8 +445,8 @@ class _RevokedAwarePolicy(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client, hostname, key):
         if (key.get_name(), key.asbytes()) in self.revoked:
-            raise TransportError(f"{self.name}: host key of {self.where} is marked @revoked in known_hosts; "
-                                 "refused",
-                                 "the key was revoked on purpose: verify the host before trusting a new key")
+            raise TransportError(
+                f"{self.name}: host key of {self.where} is marked @revoked in known_hosts; refused",
+                "the key was revoked on purpose: verify the host before trusting a new key",
+            )
         raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
-

@@ -1,6 +1,7 @@
 """Stand-in for the get-pip.py that ansible-test downloads from ci-files.testing.ansible.com (not
 reachable from CI): pip comes from the interpreter's own ensurepip wheel, then pip installs what
 ansible-test asked for (pip==X from PyPI). ansible-test runs this file with get-pip's arguments."""
+
 import subprocess
 import sys
 

@@ -21,8 +21,20 @@ HERE = Path(__file__).resolve().parent
 def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         xml = Path(d) / "r.xml"
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE),
-                        f"--junitxml={xml}", *sys.argv[1:]], stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                str(HERE),
+                f"--junitxml={xml}",
+                *sys.argv[1:],
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         root = ET.parse(xml).getroot()
     tried, clean, damaged = Counter(), Counter(), Counter()
     for tc in root.iter("testcase"):

@@ -24,9 +24,14 @@ def _one_line(err: str) -> bool:
 
 
 USAGE = [
-    ("nosuchcommand",), ("tune", "pcie"), ("inventory", "show", "--bogus", "x"),
+    ("nosuchcommand",),
+    ("tune", "pcie"),
+    ("inventory", "show", "--bogus", "x"),
     ("tune", "pcie", "ct200", "--mrrs"),
-    ("nccl", "export", "--format", "yaml"), ("-i",), ("bench", "--nope"), ("lxc", "fix"),
+    ("nccl", "export", "--format", "yaml"),
+    ("-i",),
+    ("bench", "--nope"),
+    ("lxc", "fix"),
 ]
 
 
@@ -45,12 +50,17 @@ def test_sigint_exits_130(tmp_path):
     sim = _sim(tmp_path)
     stub = tmp_path / "bin"
     stub.mkdir()
-    slow = stub / "setpci"          # a setpci that hangs long enough to be interrupted
+    slow = stub / "setpci"  # a setpci that hangs long enough to be interrupted
     slow.write_text("#!/bin/sh\nsleep 30\n")
     slow.chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PYTHONPATH": os.getcwd()}
-    p = subprocess.Popen([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "tune", "check",
-                          "ct200"], env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "tune", "check", "ct200"],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(4)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
@@ -83,7 +93,7 @@ def test_non_utf8_nccl_file_and_profile(tmp_path, capsys):
     assert rc == 2 and _one_line(err) and "UTF-8" in err, err
     d = tmp_path / "profiles"
     d.mkdir()
-    (d / "bad.yaml").write_bytes(b"name: bad\nenv: {NCCL_DEBUG: \"\xff\"}\n")
+    (d / "bad.yaml").write_bytes(b'name: bad\nenv: {NCCL_DEBUG: "\xff"}\n')
     os.environ["GPUBOX_NCCL_PROFILES"] = str(d)
     try:
         rc, out, err = gpubox(capsys, "nccl", "show", "bad")
@@ -117,7 +127,9 @@ def test_write_faults_are_one_line_and_leave_nothing_half_written(tmp_path, caps
     (this machine cannot mount a read-only or full fs for a test): the boot unit gpubox would
     write is not left half-written and no temporary file stays behind."""
     import errno
+
     from gpubox.hwtune.pcie import UNIT_PATH
+
     sim = _sim(tmp_path)
     unit = sim.hpath(UNIT_PATH)
     real = getattr(os, where)
@@ -127,6 +139,7 @@ def test_write_faults_are_one_line_and_leave_nothing_half_written(tmp_path, caps
         if ".gpubox." in str(path) or str(path) == str(unit):
             raise OSError(n, os.strerror(n), str(path))
         return real(path, *a, **kw)
+
     monkeypatch.setattr(os, where, failing)
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "pcie", "ct200", "--persist")
     monkeypatch.setattr(os, where, real)
@@ -138,6 +151,7 @@ def test_write_faults_are_one_line_and_leave_nothing_half_written(tmp_path, caps
 
 def test_known_hosts_revoked_and_non_utf8(tmp_path, sshd):
     from gpubox.errors import TransportError
+
     line = sshd.known_hosts.read_text().strip()
     host, key = line.split(" ", 1)
     kh = tmp_path / "kh"

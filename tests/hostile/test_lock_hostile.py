@@ -22,32 +22,51 @@ def _slow_setpci(tmp_path, log):
     d.mkdir()
     real = shutil.which("setpci")
     s = d / "setpci"
-    s.write_text(f"#!/bin/sh\necho \"start $PPID $(date +%s.%N)\" >> {log}\nsleep 0.3\n"
-                 f"{real} \"$@\"\nrc=$?\necho \"end $PPID $(date +%s.%N)\" >> {log}\nexit $rc\n")
+    s.write_text(
+        f'#!/bin/sh\necho "start $PPID $(date +%s.%N)" >> {log}\nsleep 0.3\n'
+        f'{real} "$@"\nrc=$?\necho "end $PPID $(date +%s.%N)" >> {log}\nexit $rc\n'
+    )
     s.chmod(0o755)
     return d
 
 
 def _start(sim, bindir, *args, wait="0.2"):
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "GPUBOX_LOCK_WAIT": wait,
-           "PYTHONPATH": os.getcwd()}
-    return subprocess.Popen([sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "GPUBOX_LOCK_WAIT": wait,
+        "PYTHONPATH": os.getcwd(),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _writes(log) -> list[str]:
     return [ln for ln in log.read_text().splitlines()] if log.exists() else []
 
 
-@pytest.mark.parametrize("second", [("tune", "pcie", "ct200"), ("tune", "numa", "ct200"), ("stage", "ct200"),
-                                    ("lxc", "fix", "ct200"), ("recover", "ct200", "--no-bench")])
+@pytest.mark.parametrize(
+    "second",
+    [
+        ("tune", "pcie", "ct200"),
+        ("tune", "numa", "ct200"),
+        ("stage", "ct200"),
+        ("lxc", "fix", "ct200"),
+        ("recover", "ct200", "--no-bench"),
+    ],
+)
 def test_second_changer_refuses_naming_holder(tmp_path, second):
     sim = build(tmp_path / "box", ("mrrs_512",), gpus=8)
     log = tmp_path / "setpci.log"
     bindir = _slow_setpci(tmp_path, log)
     a = _start(sim, bindir, "tune", "pcie", "ct200", wait="0")
     deadline = time.monotonic() + 60
-    while not log.exists() and time.monotonic() < deadline:     # A is inside its steps, lock held
+    while not log.exists() and time.monotonic() < deadline:  # A is inside its steps, lock held
         time.sleep(0.05)
     b = _start(sim, bindir, *second, wait="0.2")
     out_b, err_b = b.communicate(timeout=120)
@@ -56,8 +75,9 @@ def test_second_changer_refuses_naming_holder(tmp_path, second):
     rows = [ln.split() for ln in _writes(log)]
     a_times = [float(t) for kind, pid, t in rows if pid == str(a.pid)]
     b_starts = [float(t) for kind, pid, t in rows if pid == str(b.pid) and kind == "start"]
-    assert not [t for t in b_starts if min(a_times) <= t <= max(a_times)], \
+    assert not [t for t in b_starts if min(a_times) <= t <= max(a_times)], (
         "DAMAGE: the second changer worked on the box while the first did"
+    )
     assert b.returncode == 2 and "being changed by" in err_b, f"not refused: rc={b.returncode} {err_b[-300:]}"
     assert f"pid {a.pid}" in err_b and err_b.count("\n") == 1, err_b
 
@@ -74,6 +94,7 @@ def test_second_changer_waits_then_finds_nothing_to_do(tmp_path):
     out_b, err_b = b.communicate(timeout=180)
     assert a.returncode == 0 and b.returncode == 0, err_a + err_b
     import json
+
     changed_b = [s for s in json.loads(out_b)["steps"] if s["changed"]]
     assert changed_b == [], "DAMAGE: the waiting changer repeated the change"
     # every setpci call of B starts after A's last one ended: they never ran at the same time

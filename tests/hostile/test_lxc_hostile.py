@@ -33,13 +33,17 @@ def _leftovers(h):
 
 # -- (5) a symlinked config is refused, never replaced by a regular file ---------------------------
 
+
 @pytest.mark.parametrize("target", ["abs", "rel", "dangling"])
 def test_symlinked_config_is_refused_and_left_alone(host, tmp_path, target):
     elsewhere = tmp_path / "elsewhere.conf"
     elsewhere.write_bytes(OLD)
     os.unlink(_real(host))
-    dest = {"abs": str(elsewhere), "rel": os.path.relpath(elsewhere, os.path.dirname(_real(host))),
-            "dangling": str(tmp_path / "gone.conf")}[target]
+    dest = {
+        "abs": str(elsewhere),
+        "rel": os.path.relpath(elsewhere, os.path.dirname(_real(host))),
+        "dangling": str(tmp_path / "gone.conf"),
+    }[target]
     os.symlink(dest, _real(host))
     with pytest.raises(GpuboxError, match="symbolic link") as ei:
         write_conf(host, 200, NEW, digest(OLD))
@@ -50,6 +54,7 @@ def test_symlinked_config_is_refused_and_left_alone(host, tmp_path, target):
 
 
 # -- (11) an unlocked edit racing the commit is never lost ----------------------------------------
+
 
 @pytest.mark.parametrize("how", ["append-in-place", "replace-by-rename"])
 def test_edit_after_the_last_reread_is_kept_and_ours_refused(host, monkeypatch, how):
@@ -92,6 +97,7 @@ def test_exchange_is_atomic_swap(tmp_path):
 
 # -- CRLF files keep CRLF, also on replaced lines --------------------------------------------------
 
+
 def test_crlf_file_keeps_crlf_on_replaced_and_new_lines(host):
     crlf = OLD.replace(b"\n", b"\r\n")
     with open(_real(host), "wb") as f:
@@ -109,17 +115,17 @@ def test_crlf_file_keeps_crlf_on_replaced_and_new_lines(host):
 # -- other devices' rules stay byte-identical -----------------------------------------------------
 
 FOREIGN = [
-    "lxc.cgroup2.devices.allow: c 120:0 rwm",        # Coral PCIe, driver not loaded yet
+    "lxc.cgroup2.devices.allow: c 120:0 rwm",  # Coral PCIe, driver not loaded yet
     "lxc.cgroup2.devices.allow: c 120:* rwm",
-    "lxc.cgroup2.devices.allow: c 188:* rwm",        # USB serial, dongle unplugged
-    "lxc.cgroup2.devices.allow: c 166:* rwm",        # ttyACM
-    "lxc.cgroup2.devices.allow: c 10:200 rwm",       # tun
-    "lxc.cgroup2.devices.allow: c 10:232 rwm",       # kvm
-    "lxc.cgroup2.devices.allow: c 226:* rwm",        # DRI
+    "lxc.cgroup2.devices.allow: c 188:* rwm",  # USB serial, dongle unplugged
+    "lxc.cgroup2.devices.allow: c 166:* rwm",  # ttyACM
+    "lxc.cgroup2.devices.allow: c 10:200 rwm",  # tun
+    "lxc.cgroup2.devices.allow: c 10:232 rwm",  # kvm
+    "lxc.cgroup2.devices.allow: c 226:* rwm",  # DRI
     "lxc.cgroup2.devices.allow: a",
     "lxc.cgroup2.devices.allow: c 189:* rwm # usb",
     "lxc.cgroup2.devices.deny: c 188:0 rwm",
-    "lxc.cgroup.devices.allow: c 10:200 rwm",         # v1: reported, not converted (not ours)
+    "lxc.cgroup.devices.allow: c 10:200 rwm",  # v1: reported, not converted (not ours)
     "lxc.mount.entry: /dev/bus/usb dev/bus/usb none bind,optional,create=dir",
     "lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir",
     "dev0: /dev/dri/renderD128,gid=104",
@@ -130,9 +136,11 @@ FOREIGN = [
 def test_foreign_line_stays_byte_identical_and_fix_converges(host, line):
     for p, (ma, mi) in {"dev/dri/renderD128": (226, 128)}.items():
         from gpubox.simbox.lxc import mknod
+
         mknod(host.path("/" + p), ma, mi)
-    text = OLD.decode().replace("lxc.cgroup2.devices.allow: b 7:* rwm\n",
-                                f"lxc.cgroup2.devices.allow: b 7:* rwm\n{line}\n")
+    text = OLD.decode().replace(
+        "lxc.cgroup2.devices.allow: b 7:* rwm\n", f"lxc.cgroup2.devices.allow: b 7:* rwm\n{line}\n"
+    )
     assert line in text
     hd = read_host_devices(host, 2)
     rdev = host_rdev_under(host.path("/"))
@@ -156,8 +164,10 @@ def test_stale_dynamic_rule_without_nvidia_evidence_is_not_ours(host):
     assert not any(i.kind == "stale-rule" for i in rev.issues)
 
 
-@pytest.mark.parametrize("value,ours", [("c  511:* rwm", True), ("c 195:*  rwm", True),
-                                        ("c  120:0 rwm", False), ("c 511:* rw # uvm", True)])
+@pytest.mark.parametrize(
+    "value,ours",
+    [("c  511:* rwm", True), ("c 195:*  rwm", True), ("c  120:0 rwm", False), ("c 511:* rw # uvm", True)],
+)
 def test_rules_lxc_cannot_parse(host, value, ours):
     hd = read_host_devices(host, 2)
     text = f"arch: amd64\nlxc.cgroup2.devices.allow: {value}\n"
@@ -194,6 +204,11 @@ def test_recorded_major_proves_a_stale_rule_is_ours(host, tmp_path, monkeypatch)
     record_majors("../../../../tmp/x", 200, [195, 509])
     assert recorded_majors("../../../../tmp/x", 200) == {195, 509}
     assert all(p.parent == tmp_path / "state" / "lxc-owned" for p in (tmp_path / "state").rglob("*.json"))
-    rev = review(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")),
-                 recorded_majors("../../../../tmp/x", 200))
+    rev = review(
+        LxcConf.parse(text),
+        hd,
+        None,
+        host_rdev_under(host.path("/")),
+        recorded_majors("../../../../tmp/x", 200),
+    )
     assert "c 509:* rwm" not in rev.new and any(i.kind == "stale-rule" for i in rev.issues)

@@ -22,13 +22,60 @@ from tests.clirun import gpubox
 
 # S is replaced by a sentinel path: if the file runs anything, the sentinel appears.
 HOSTILE = [
-    "eth0|touch S", "eth0||touch S", "eth0&touch S", "eth0;touch S", "$(touch S)", "`touch S`",
-    "a$(touch S)b", "${X:=$(touch S)}", "'; touch S; '", '"; touch S; "', "it's $(touch S)",
-    'a"b$(touch S)', "eth0>S", "eth0<S", "eth0>>S", "a\ntouch S", "a\rtouch S", "a\\\ntouch S",
-    "x\x00touch S", "a\x1b[2Jb", "\ttab", " lead", "trail ", "a b", "*", "?", "[a]", "~", "a:~/x",
-    "~root", "$HOME", "${HOME}", "$((1+1))", "!x", "#x", "a #x", "a;", "\\", "a\\", "\\$x", "{a,b}",
-    "=eth0,^docker", "^lo,docker", "é", "\u2028", "a'b\"c`d$e\\f", "''", '""', "", "x" * 4096,
-    "eth0 && touch S", "$(<S)", "<(touch S)", "a\u00a0b",
+    "eth0|touch S",
+    "eth0||touch S",
+    "eth0&touch S",
+    "eth0;touch S",
+    "$(touch S)",
+    "`touch S`",
+    "a$(touch S)b",
+    "${X:=$(touch S)}",
+    "'; touch S; '",
+    '"; touch S; "',
+    "it's $(touch S)",
+    'a"b$(touch S)',
+    "eth0>S",
+    "eth0<S",
+    "eth0>>S",
+    "a\ntouch S",
+    "a\rtouch S",
+    "a\\\ntouch S",
+    "x\x00touch S",
+    "a\x1b[2Jb",
+    "\ttab",
+    " lead",
+    "trail ",
+    "a b",
+    "*",
+    "?",
+    "[a]",
+    "~",
+    "a:~/x",
+    "~root",
+    "$HOME",
+    "${HOME}",
+    "$((1+1))",
+    "!x",
+    "#x",
+    "a #x",
+    "a;",
+    "\\",
+    "a\\",
+    "\\$x",
+    "{a,b}",
+    "=eth0,^docker",
+    "^lo,docker",
+    "é",
+    "\u2028",
+    "a'b\"c`d$e\\f",
+    "''",
+    '""',
+    "",
+    "x" * 4096,
+    "eth0 && touch S",
+    "$(<S)",
+    "<(touch S)",
+    "a\u00a0b",
 ]
 
 
@@ -42,15 +89,23 @@ def _values(sentinel):
 
 
 def _bash_source(path) -> dict[str, str]:
-    out = subprocess.run(["bash", "-c", 'set -a; . "$1"; env -0', "bash", str(path)], capture_output=True,
-                         env={"PATH": os.environ["PATH"]}, timeout=30, cwd=path.parent).stdout
+    out = subprocess.run(
+        ["bash", "-c", 'set -a; . "$1"; env -0', "bash", str(path)],
+        capture_output=True,
+        env={"PATH": os.environ["PATH"]},
+        timeout=30,
+        cwd=path.parent,
+    ).stdout
     pairs = (item.split(b"=", 1) for item in out.split(b"\0") if b"=" in item)
     return {k.decode(): v.decode("utf-8", "surrogateescape") for k, v in pairs if k.startswith(b"NCCL_")}
 
 
 READERS = {
-    "shell": None, "envfile": nccl.parse_envfile, "docker": nccl.parse_docker,
-    "ncclconf": nccl.parse_ncclconf, "json": json.loads,
+    "shell": None,
+    "envfile": nccl.parse_envfile,
+    "docker": nccl.parse_docker,
+    "ncclconf": nccl.parse_ncclconf,
+    "json": json.loads,
 }
 
 
@@ -97,9 +152,16 @@ def test_systemd_accepts_every_quoted_envfile(tmp_path, sentinel):
 
 # Hand-written files that bash would not read as a plain assignment: check must flag them.
 UNSAFE_FILES = [
-    "NCCL_SOCKET_IFNAME=eth0|/tmp/x.sh\n", "NCCL_SOCKET_IFNAME=eth0;reboot\n", "NCCL_DEBUG=$(id)\n",
-    "NCCL_DEBUG=`id`\n", "NCCL_DEBUG=WARN&\n", "export NCCL_DEBUG=WARN >/tmp/x\n", "NCCL_DEBUG=a b\n",
-    "NCCL_DEBUG=\"$(id)\"\n", "NCCL_DEBUG='WARN' ; id\n", "NCCL_DEBUG=WARN\nid\n",
+    "NCCL_SOCKET_IFNAME=eth0|/tmp/x.sh\n",
+    "NCCL_SOCKET_IFNAME=eth0;reboot\n",
+    "NCCL_DEBUG=$(id)\n",
+    "NCCL_DEBUG=`id`\n",
+    "NCCL_DEBUG=WARN&\n",
+    "export NCCL_DEBUG=WARN >/tmp/x\n",
+    "NCCL_DEBUG=a b\n",
+    'NCCL_DEBUG="$(id)"\n',
+    "NCCL_DEBUG='WARN' ; id\n",
+    "NCCL_DEBUG=WARN\nid\n",
 ]
 
 
@@ -120,8 +182,10 @@ def test_tune_nccl_writes_quoted_line(tmp_path):
 REAL = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "nccl" / "realworld"
 
 
-@pytest.mark.parametrize("name,flagged", [("flagai_run_multi.sh", []), ("slurm_ifname_exclude.sh", []),
-                                          ("sc24_export_frontier_vars.sh", [2, 8])])
+@pytest.mark.parametrize(
+    "name,flagged",
+    [("flagai_run_multi.sh", []), ("slurm_ifname_exclude.sh", []), ("sc24_export_frontier_vars.sh", [2, 8])],
+)
 def test_real_files(name, flagged):
     """Real exports written by people: plain ones pass the shell-safety rule, an expansion is flagged."""
     text = (REAL / name).read_text()

@@ -26,6 +26,7 @@ def _devctl(word):
         b = bytearray(cfg)
         struct.pack_into("<H", b, CAP_EXP + 8, word)
         return bytes(b)
+
     return f
 
 
@@ -34,9 +35,9 @@ CASES = {
     "all_ones_256": lambda cfg: b"\xff" * 256,
     "truncated_0": lambda cfg: b"",
     "truncated_32": lambda cfg: cfg[:32],
-    "truncated_at_devctl": lambda cfg: cfg[:CAP_EXP + 8],
-    "truncated_after_devctl": lambda cfg: cfg[:CAP_EXP + 10],
-    "truncated_mid_link": lambda cfg: cfg[:CAP_EXP + 0x0E],
+    "truncated_at_devctl": lambda cfg: cfg[: CAP_EXP + 8],
+    "truncated_after_devctl": lambda cfg: cfg[: CAP_EXP + 10],
+    "truncated_mid_link": lambda cfg: cfg[: CAP_EXP + 0x0E],
     "devctl_ffff": _devctl(0xFFFF),
     "devctl_flr_bit": _devctl(0x8000 | 0x2136),
     "devctl_mrrs_6": _devctl(0x6136),

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.simbox.model import make_model
 from gpubox.provision import stage as st
+from gpubox.simbox.model import make_model
 from tests.clirun import gpubox
 from tests.pagecache import evict
 
@@ -41,9 +41,15 @@ def _partials(d: Path) -> list[str]:
 
 
 # -- 2: the source shrinks mid-copy -------------------------------------------------------------
-CUTS = {"to zero": lambda n: 0, "to one byte": lambda n: 1, "to a page": lambda n: 4096,
-        "to a third": lambda n: n // 3, "to a half": lambda n: n // 2, "by one byte": lambda n: n - 1,
-        "by a page and 7": lambda n: n - 4096 - 7}
+CUTS = {
+    "to zero": lambda n: 0,
+    "to one byte": lambda n: 1,
+    "to a page": lambda n: 4096,
+    "to a third": lambda n: n // 3,
+    "to a half": lambda n: n // 2,
+    "by one byte": lambda n: n - 1,
+    "by a page and 7": lambda n: n - 4096 - 7,
+}
 
 
 @pytest.mark.parametrize("cache", ["warm", "cold"])
@@ -59,8 +65,13 @@ def test_source_truncated_during_the_copy_is_an_error_never_a_signal(tmp_path, c
         evict(src)
     shard = src / SHARD
     size = shard.stat().st_size
-    p = subprocess.Popen([sys.executable, str(ENGINE), str(src), str(dest), "--workers", str(workers)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    p = subprocess.Popen(
+        [sys.executable, str(ENGINE), str(src), str(dest), "--workers", str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     partial = dest / (SHARD + st.PARTIAL)
     deadline, cut_at = time.monotonic() + 60, None
     while p.poll() is None and time.monotonic() < deadline:
@@ -76,7 +87,7 @@ def test_source_truncated_during_the_copy_is_an_error_never_a_signal(tmp_path, c
     assert p.returncode >= 0, f"killed by signal {-p.returncode}: {err[-500:]}"
     assert cut_at is not None, "the copy finished before it could be cut: make BIG larger"
     assert p.returncode == 2, (out, err)
-    assert ("source shrank while reading" in out or "changed during the copy" in out), out
+    assert "source shrank while reading" in out or "changed during the copy" in out, out
     assert "Traceback" not in err
     assert _partials(dest) == []
     assert not (dest / st.MANIFEST).exists()
@@ -115,11 +126,12 @@ def test_link_out_of_the_source_followed_on_request_listed_and_private(model, se
     rc, out, err = gpubox(capsys, "stage", model, dest, "--follow-links", "--json")
     assert rc == 0, err
     import json
+
     doc = json.loads(out)
     assert doc["links_out"] == {"extra.key": str(secret)}
     staged = dest / "extra.key"
     assert not staged.is_symlink() and staged.read_bytes() == secret.read_bytes()
-    assert stat.S_IMODE(staged.stat().st_mode) == 0o600      # not the umask's 0644
+    assert stat.S_IMODE(staged.stat().st_mode) == 0o600  # not the umask's 0644
     # and the text output says so
     shutil.rmtree(dest)
     rc, out, err = gpubox(capsys, "stage", model, dest, "--follow-links")
@@ -140,8 +152,13 @@ def test_links_inside_the_source_are_followed_quietly(model, tmp_path):
 @pytest.mark.parametrize("target", ["..", ".", "../.."])
 def test_directory_link_loop_refused_not_walked_forever(model, tmp_path, target):
     (model / "loop").symlink_to(target)
-    r = subprocess.run([sys.executable, str(ENGINE), str(model), str(tmp_path / "d")], capture_output=True,
-                       text=True, timeout=60, env=_env())
+    r = subprocess.run(
+        [sys.executable, str(ENGINE), str(model), str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "reached twice through links" in r.stdout or "links out of it" in r.stdout, r.stdout
     assert not (tmp_path / "d").exists()
@@ -153,8 +170,18 @@ def test_dangling_link_refused_with_its_name(model, tmp_path):
         st.stage(str(model), str(tmp_path / "d"), workers=2)
 
 
-@pytest.mark.parametrize("mode,expect", [(0o600, 0o600), (0o640, 0o640), (0o644, 0o644), (0o755, 0o755),
-                                         (0o400, 0o400), (0o4755, 0o755), (0o2770, 0o770)])
+@pytest.mark.parametrize(
+    "mode,expect",
+    [
+        (0o600, 0o600),
+        (0o640, 0o640),
+        (0o644, 0o644),
+        (0o755, 0o755),
+        (0o400, 0o400),
+        (0o4755, 0o755),
+        (0o2770, 0o770),
+    ],
+)
 def test_staged_files_keep_the_source_permissions(model, tmp_path, mode, expect):
     """Permission bits follow the source (set-id bits are dropped: a model file never needs them)."""
     (model / "config.json").chmod(mode)
@@ -176,7 +203,7 @@ def test_permissions_loosened_in_the_destination_are_found_and_restored_without_
     assert "config.json: mode 0644 in the destination, 0600 in the source" in c["problems"]
     dry = st.stage(str(model), str(dest), workers=2, dry_run=True)
     assert dry["would_chmod"] == ["config.json"]
-    assert stat.S_IMODE((dest / "config.json").stat().st_mode) == 0o644       # a dry run changes nothing
+    assert stat.S_IMODE((dest / "config.json").stat().st_mode) == 0o644  # a dry run changes nothing
     out = st.stage(str(model), str(dest), workers=2)
     assert out["copied"] == 0 and out["modes_fixed"] == ["config.json"]
     assert stat.S_IMODE((dest / "config.json").stat().st_mode) == 0o600
@@ -207,13 +234,17 @@ def test_full_tmpfs_names_the_destination_and_leaves_no_partial_files(tmp_path):
     make_model(src, [3_000_000, 3_000_000, 3_000_000], seed=9)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL, "sh",
-                        str(mnt), str(src)],
-                       capture_output=True, text=True, timeout=120, env={**_env(), "PY": sys.executable})
+    r = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL, "sh", str(mnt), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_env(), "PY": sys.executable},
+    )
     assert "rc=2" in r.stdout, (r.stdout, r.stderr)
     err = r.stderr.strip()
     assert f"destination {mnt}/M is full" in err, err
-    assert str(src) not in err.split("is full")[0], err          # names the destination, not the source
+    assert str(src) not in err.split("is full")[0], err  # names the destination, not the source
     assert "Traceback" not in err and len(err.splitlines()) <= 2, err
     listing = r.stdout.split()
     assert not any(n.endswith(st.PARTIAL) for n in listing), listing
@@ -224,6 +255,7 @@ def test_enospc_from_the_kernel_is_reported_for_the_destination_in_process(model
     """The same path without namespaces (where unshare is not allowed): pwrite fails with ENOSPC
     after the first MB, as it does on a full tmpfs."""
     import errno
+
     real, written = os.pwrite, [0]
 
     def pwrite(fd, data, off):
@@ -231,6 +263,7 @@ def test_enospc_from_the_kernel_is_reported_for_the_destination_in_process(model
             raise OSError(errno.ENOSPC, "No space left on device")
         written[0] += len(data)
         return real(fd, data, off)
+
     monkeypatch.setattr(st.os, "pwrite", pwrite)
     dest = tmp_path / "shm" / "M"
     with pytest.raises(st.StageError, match=f"destination {dest} is full"):
@@ -263,6 +296,7 @@ def test_hf_cache_layouts_stage_without_follow_links(tmp_path, layout):
     the test gives them its own content's sha256 and keeps the layout."""
     import hashlib
     import re
+
     snapshot, lines = _layouts()[layout]
     cache = tmp_path / "hub"
     names = {}

@@ -3,22 +3,43 @@ gpubox.state.safe_name), and long names never hit NAME_MAX."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from gpubox import state
 
-NAMES = ["../../../../tmp/x", "..", ".", "/etc/passwd", "a/b", "x" * 300, "é" * 200, "a\x00b", "a\nb",
-         "-rf", " ", "", "ct200", "pve1.lan", "CON", "a" * 96, "a" * 97, "~root", "$(id)"]
+NAMES = [
+    "../../../../tmp/x",
+    "..",
+    ".",
+    "/etc/passwd",
+    "a/b",
+    "x" * 300,
+    "é" * 200,
+    "a\x00b",
+    "a\nb",
+    "-rf",
+    " ",
+    "",
+    "ct200",
+    "pve1.lan",
+    "CON",
+    "a" * 96,
+    "a" * 97,
+    "~root",
+    "$(id)",
+]
 
 
 @pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
 def test_backup_and_lock_paths_stay_inside(tmp_path, name):
     root = state.state_dir().resolve()
-    paths = [lambda: state.backup_path(name, "/etc/pve/lxc/200.conf"),
-             lambda: state.backup_path("pve1", "/" + name)]
-    try:                    # the lock and results paths (absent before the fix: only backups counted)
+    paths = [
+        lambda: state.backup_path(name, "/etc/pve/lxc/200.conf"),
+        lambda: state.backup_path("pve1", "/" + name),
+    ]
+    try:  # the lock and results paths (absent before the fix: only backups counted)
         from gpubox.boxlock import lock_path
+
         paths += [lambda: lock_path(name), lambda: state.sub_dir("results", name)]
     except ImportError:
         pass

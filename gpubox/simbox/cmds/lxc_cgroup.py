@@ -22,7 +22,7 @@ def main(sim: SimBox, argv: list[str]) -> int:
     for i, a in enumerate(args):
         if a in ("-n", "--name") and i + 1 < len(args):
             name = args[i + 1]
-            del args[i:i + 2]
+            del args[i : i + 2]
             break
         if a.startswith("--name="):
             name = a.split("=", 1)[1]
@@ -36,13 +36,21 @@ def main(sim: SimBox, argv: list[str]) -> int:
     with sim.state() as st:
         ct = st["containers"].get(name)
         if ct is None or ct["status"] != "running":
-            raise StandinError(f"lxc-cgroup: {name}: {_SRC}: lxc_cgroup_main: 103 '{LXCPATH}:{name}' is not running", 1)
+            raise StandinError(
+                f"lxc-cgroup: {name}: {_SRC}: lxc_cgroup_main: 103 '{LXCPATH}:{name}' is not running", 1
+            )
         if value is None:
-            raise StandinError(f"lxc-cgroup: {name}: {_SRC}: lxc_cgroup_main: 123 Failed to retrieve value of "
-                               f"'{key}' for '{LXCPATH}:{name}'", 1)
+            raise StandinError(
+                f"lxc-cgroup: {name}: {_SRC}: lxc_cgroup_main: 123 Failed to retrieve value of "
+                f"'{key}' for '{LXCPATH}:{name}'",
+                1,
+            )
         if key != "devices.allow":
-            raise StandinError(f"lxc-cgroup: {name}: {_SRC}: lxc_cgroup_main: 112 Failed to assign '{value}' value "
-                               f"to '{key}' for '{name}'", 1)
+            raise StandinError(
+                f"lxc-cgroup: {name}: {_SRC}: lxc_cgroup_main: 112 Failed to assign '{value}' value "
+                f"to '{key}' for '{name}'",
+                1,
+            )
         if value not in ct["cgroup_allow"]:
             ct["cgroup_allow"].append(value)
     return 0

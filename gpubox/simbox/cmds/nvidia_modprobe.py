@@ -18,9 +18,15 @@ import os
 from ..core import SimBox, StandinError
 
 _BAD = "\nERROR: Invalid commandline, please run `nvidia-modprobe --help` for usage information.\n"
-_LONG = {"--unified-memory": "-u", "--modeset": "-m", "--nvswitch": "-s", "--nvlink": "-l",
-         "--auto-online-movable": "-a", "--create-nvidia-device-file": "-c",
-         "--nvidia-capability-device-file": "-f"}
+_LONG = {
+    "--unified-memory": "-u",
+    "--modeset": "-m",
+    "--nvswitch": "-s",
+    "--nvlink": "-l",
+    "--auto-online-movable": "-a",
+    "--create-nvidia-device-file": "-c",
+    "--nvidia-capability-device-file": "-f",
+}
 
 
 def _char_majors(text: str) -> dict[str, int]:
@@ -63,8 +69,9 @@ def _parse(argv: list[str]) -> tuple[set[str], list[int]]:
             try:  # nvgetopt's integer argument (strtol base 0)
                 minors.append(int(v, 0))
             except ValueError:
-                raise StandinError(f'nvidia-modprobe: "{v}" is not a valid argument for option "{a[:2]}".\n{_BAD}',
-                                   1) from None
+                raise StandinError(
+                    f'nvidia-modprobe: "{v}" is not a valid argument for option "{a[:2]}".\n{_BAD}', 1
+                ) from None
         elif a in ("-u", "-m", "-s", "-l", "-a"):
             flags.add(a)
         elif a in ("-v", "-h", "--version", "--help"):

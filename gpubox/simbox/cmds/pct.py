@@ -64,6 +64,7 @@ Warn = Callable[[str], None]
 
 # -- config file: parse_pct_config / write_pct_config ------------------------------------------
 
+
 def _typed(key: str, value: str):
     if key in _BOOL:
         if value == "1" or value.lower() in ("on", "yes", "true"):
@@ -121,7 +122,7 @@ def parse_config(raw: str, vmid: int, warn: Warn | None = None) -> dict:
 
 def _encode_text(text: str) -> str:
     """PVE::ParseUtils::encode_text: escape control/hi-bit characters, ':' and '%'."""
-    return quote(text, safe="".join(chr(c) for c in range(0x20, 0x7f) if chr(c) not in ":%"))
+    return quote(text, safe="".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ":%"))
 
 
 def _raw_section(conf: dict) -> str:
@@ -151,7 +152,9 @@ def _conf_file(sim: SimBox, vmid: int):
 def load_config(sim: SimBox, vmid: int, warn: Warn | None = None) -> dict:
     path = _conf_file(sim, vmid)
     if not path.exists():  # AbstractConfig load_config
-        raise StandinError(f"Configuration file 'nodes/{sim.host}/lxc/{vmid}.conf' does not exist", _TASK_FAIL)
+        raise StandinError(
+            f"Configuration file 'nodes/{sim.host}/lxc/{vmid}.conf' does not exist", _TASK_FAIL
+        )
     return parse_config(path.read_text(), vmid, warn)
 
 
@@ -185,7 +188,9 @@ def main_section(sim: SimBox, vmid: int) -> list[tuple[str, str]]:
     """The main section's (key, value) pairs in file order (lxc.* included)."""
     path = _conf_file(sim, vmid)
     if not path.exists():
-        raise StandinError(f"Configuration file 'nodes/{sim.host}/lxc/{vmid}.conf' does not exist", _TASK_FAIL)
+        raise StandinError(
+            f"Configuration file 'nodes/{sim.host}/lxc/{vmid}.conf' does not exist", _TASK_FAIL
+        )
     out = []
     for line in path.read_text().splitlines():
         if _HDR.match(line):
@@ -200,10 +205,13 @@ def main_section(sim: SimBox, vmid: int) -> list[tuple[str, str]]:
 
 # -- container state ---------------------------------------------------------------------------
 
+
 def _ct(st, vmid: int) -> dict:
     ct = st["containers"].get(str(vmid))
     if ct is None:
-        raise StandinError(f"Configuration file 'nodes/{st['host']}/lxc/{vmid}.conf' does not exist", _TASK_FAIL)
+        raise StandinError(
+            f"Configuration file 'nodes/{st['host']}/lxc/{vmid}.conf' does not exist", _TASK_FAIL
+        )
     return ct
 
 
@@ -223,7 +231,12 @@ def _clear_dev(sim: SimBox) -> None:
 
 def _bind_node(sim: SimBox, host_path: str, ct_rel: str) -> None:
     st = os.stat(sim.hpath(host_path))
-    mknod(sim.cpath("/" + ct_rel.strip("/")), os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode))
+    mknod(
+        sim.cpath("/" + ct_rel.strip("/")),
+        os.major(st.st_rdev),
+        os.minor(st.st_rdev),
+        stat.S_IMODE(st.st_mode),
+    )
 
 
 def _parse_dev(value: str) -> dict:
@@ -269,9 +282,13 @@ def _vm_start(sim: SimBox, vmid: int, conf: dict, *, hook_checks_lock: bool = Fa
         ma, mi = os.major(st.st_rdev), os.minor(st.st_rdev)
         deny = str(dev.get("deny-write", "0")).lower() in ("1", "yes", "on", "true")
         rules.append(f"{kind} {ma}:{mi} {'r' if deny else 'rw'}")
-        devs.append((path, ma, mi, int(dev.get("mode", "0660"), 8), int(dev.get("uid", 0)), int(dev.get("gid", 0))))
+        devs.append(
+            (path, ma, mi, int(dev.get("mode", "0660"), 8), int(dev.get("uid", 0)), int(dev.get("gid", 0)))
+        )
     if hook_checks_lock and conf.get("lock"):  # lxc-pve-prestart-hook: check_lock unless skiplock
-        raise StandinError(f"CT is locked ({conf['lock']})\nstartup for container '{vmid}' failed", _TASK_FAIL)
+        raise StandinError(
+            f"CT is locked ({conf['lock']})\nstartup for container '{vmid}' failed", _TASK_FAIL
+        )
     return rules, devs
 
 
@@ -283,17 +300,24 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
     StartModel, host_rdev_under = lxcmodel.StartModel, lxcmodel.host_rdev_under
     entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
     entries += [(None, k, v) for k, v in conf.get("lxc", [])]
-    model = StartModel.build(entries, host_rdev_under(str(sim.hpath("/"))),
-                             lambda p: os.path.lexists(sim.hpath(p)))
+    model = StartModel.build(
+        entries, host_rdev_under(str(sim.hpath("/"))), lambda p: os.path.lexists(sim.hpath(p))
+    )
     for e in model.errors:
         if e.startswith("Failed to parse device rule"):
-            raise StandinError("ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:"
-                               f"bpf_device_cgroup_prepare:2891 - "
-                               f"Invalid argument - {e}\nstartup for container '{vmid}' failed", _TASK_FAIL)
+            raise StandinError(
+                "ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:"
+                f"bpf_device_cgroup_prepare:2891 - "
+                f"Invalid argument - {e}\nstartup for container '{vmid}' failed",
+                _TASK_FAIL,
+            )
         if e.startswith("Could not mknod"):
-            raise StandinError(f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - "
-                               "Script exited with status 255"
-                               f"\nstartup for container '{vmid}' failed", _TASK_FAIL)
+            raise StandinError(
+                f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - "
+                "Script exited with status 255"
+                f"\nstartup for container '{vmid}' failed",
+                _TASK_FAIL,
+            )
     return model.allow_strings()
 
 
@@ -312,9 +336,12 @@ def _lxc_start(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list) -> N
             if optional:
                 continue
             # lxc's log line as print_ct_stderr_log shows it (the "lxc-start <vmid> <time>" prefix cut)
-            raise StandinError(f"ERROR    conf - ../src/lxc/conf.c:mount_entry:2413 - No such file or directory - "
-                               f"Failed to mount \"{src}\" on \"/usr/lib/x86_64-linux-gnu/lxc/rootfs/{tgt}\"\n"
-                               f"startup for container '{vmid}' failed", _TASK_FAIL)
+            raise StandinError(
+                f"ERROR    conf - ../src/lxc/conf.c:mount_entry:2413 - No such file or directory - "
+                f'Failed to mount "{src}" on "/usr/lib/x86_64-linux-gnu/lxc/rootfs/{tgt}"\n'
+                f"startup for container '{vmid}' failed",
+                _TASK_FAIL,
+            )
         if hp.is_dir():
             for name in sorted(os.listdir(hp)):
                 _bind_node(sim, f"{src.rstrip('/')}/{name}", f"{tgt.rstrip('/')}/{name}")
@@ -327,8 +354,9 @@ def _lxc_start(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list) -> N
     return None
 
 
-def start(sim: SimBox, vmid: int, record_boot: bool = True, ignore_lock: bool = False,
-          warn: Warn | None = None) -> None:
+def start(
+    sim: SimBox, vmid: int, record_boot: bool = True, ignore_lock: bool = False, warn: Warn | None = None
+) -> None:
     """Status.pm vm_start: 'already running' before the worker; lock, pending, devN inside it."""
     if is_running(sim, vmid):
         raise PreTaskError(f"CT {vmid} already running")
@@ -378,12 +406,25 @@ def status_current(sim: SimBox, vmid: int) -> dict:
     conf = current_config(load_config(sim, vmid))
     with sim.state() as st:
         running = _ct(st, vmid)["status"] == "running"
-    d = {"vmid": int(vmid), "type": "lxc", "status": "running" if running else "stopped",
-         "name": re.sub(r"\s", "", str(conf.get("hostname") or f"CT{vmid}")),
-         "cpus": conf.get("cores") or 1, "maxmem": int(conf.get("memory") or 512) * 1024 * 1024,
-         "maxswap": int(conf.get("swap") or 0) * 1024 * 1024, "uptime": 1234 if running else 0,
-         "mem": 0, "swap": 0, "disk": 0, "maxdisk": 300 * 1024 ** 3, "cpu": 0, "netin": 0, "netout": 0,
-         "diskread": 0, "diskwrite": 0}
+    d = {
+        "vmid": int(vmid),
+        "type": "lxc",
+        "status": "running" if running else "stopped",
+        "name": re.sub(r"\s", "", str(conf.get("hostname") or f"CT{vmid}")),
+        "cpus": conf.get("cores") or 1,
+        "maxmem": int(conf.get("memory") or 512) * 1024 * 1024,
+        "maxswap": int(conf.get("swap") or 0) * 1024 * 1024,
+        "uptime": 1234 if running else 0,
+        "mem": 0,
+        "swap": 0,
+        "disk": 0,
+        "maxdisk": 300 * 1024**3,
+        "cpu": 0,
+        "netin": 0,
+        "netout": 0,
+        "diskread": 0,
+        "diskwrite": 0,
+    }
     if running:
         d["pid"] = 4242
     if conf.get("lock"):
@@ -392,6 +433,7 @@ def status_current(sim: SimBox, vmid: int) -> dict:
 
 
 # -- the command line --------------------------------------------------------------------------
+
 
 def _opts(rest: list[str], names: tuple[str, ...]) -> tuple[dict, list[str]]:
     """`--name value` / `-name value` / `--name=value` options (PVE's getopt), the rest positional."""
@@ -402,8 +444,11 @@ def _opts(rest: list[str], names: tuple[str, ...]) -> tuple[dict, list[str]]:
         if a.startswith("-") and key in names:
             opts[key] = val if eq else next(it, "")
         elif a.startswith("-") and a != "--" and not a.lstrip("-").isdigit():
-            raise StandinError(f"400 Parameter verification failed.\n{key}: property is not defined in schema "
-                               "and the schema does not allow additional properties", _TASK_FAIL)
+            raise StandinError(
+                f"400 Parameter verification failed.\n{key}: property is not defined in schema "
+                "and the schema does not allow additional properties",
+                _TASK_FAIL,
+            )
         else:
             pos.append(a)
     return opts, pos
@@ -468,8 +513,13 @@ def _copy(sim: SimBox, vmid: int, cmd: str, rest: list[str]) -> int:
                 data = open(src, "rb").read()
             except OSError:
                 raise StandinError(f"failed to open {src} for reading", 0) from None
-            _create_file(sim.cpath(dst), perms, _owner(sim, opts.get("user"), "passwd"),
-                         _owner(sim, opts.get("group"), "group"), data)
+            _create_file(
+                sim.cpath(dst),
+                perms,
+                _owner(sim, opts.get("user"), "passwd"),
+                _owner(sim, opts.get("group"), "group"),
+                data,
+            )
         else:
             uid = int(opts["user"]) if opts.get("user", "").isdigit() else None
             gid = int(opts["group"]) if opts.get("group", "").isdigit() else None
@@ -513,8 +563,11 @@ def main(sim: SimBox, argv: list[str]) -> int:
         raise StandinError(f"400 not enough arguments\npct {argv[0]} <vmid> [OPTIONS]", _TASK_FAIL)
     cmd, vmid_s, rest = argv[0], argv[1], argv[2:]
     if not vmid_s.isdigit():
-        raise StandinError(f"400 Parameter verification failed.\nvmid: type check ('integer') failed - got '{vmid_s}'\n"
-                           f"pct {cmd} <vmid> [OPTIONS]", _TASK_FAIL)
+        raise StandinError(
+            f"400 Parameter verification failed.\nvmid: type check ('integer') failed - got '{vmid_s}'\n"
+            f"pct {cmd} <vmid> [OPTIONS]",
+            _TASK_FAIL,
+        )
     vmid = int(vmid_s)
 
     def to_stderr(m: str) -> None:
@@ -570,4 +623,6 @@ def main(sim: SimBox, argv: list[str]) -> int:
         return subprocess.run(rest, env=env, stdin=sys.stdin).returncode  # exec lxc-attach: its status
     if cmd in ("push", "pull"):
         return _copy(sim, vmid, cmd, rest)
-    raise StandinError(f"ERROR: unknown command 'pct {cmd}'\nUSAGE: pct <COMMAND> [ARGS] [OPTIONS]", _TASK_FAIL)
+    raise StandinError(
+        f"ERROR: unknown command 'pct {cmd}'\nUSAGE: pct <COMMAND> [ARGS] [OPTIONS]", _TASK_FAIL
+    )

@@ -32,7 +32,9 @@ def main(sim: SimBox, argv: list[str]) -> int:
         for u in units:
             known = (unit_dir / u).exists()
             if verb in ("enable", "start", "restart", "reenable") and not known:
-                raise StandinError(f"Failed to {verb} unit: Unit file {u} does not exist.", 1 if verb != "enable" else 1)
+                raise StandinError(
+                    f"Failed to {verb} unit: Unit file {u} does not exist.", 1 if verb != "enable" else 1
+                )
             s = units_st.setdefault(u, {"enabled": False, "active": False, "starts": 0})
             if verb in ("enable", "reenable"):
                 s["enabled"] = True
