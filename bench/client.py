@@ -221,7 +221,8 @@ class SSEReader:
         delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
         text = ch.get("text") if "text" in ch else delta.get("content")
         reasoning = delta.get("reasoning_content")
-        if text or reasoning or (isinstance(text, str) and not ch.get("finish_reason") and "role" not in delta):
+        empty_token = isinstance(text, str) and not ch.get("finish_reason") and "role" not in delta
+        if text or reasoning or empty_token:
             self.token_chunks += 1
         if text or reasoning:
             t = stamp()
