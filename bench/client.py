@@ -186,6 +186,9 @@ class SSEReader:
         self.usage: dict | None = None
         self.done = self.finished = False
         self.chunks = 0
+        # chunks that carry a token even when its text is "" (llama-cpp-python streams one chunk per
+        # token and a special token decodes to ""; the finish chunk and a chat role chunk are none)
+        self.token_chunks = 0
         self.text: list[str] = []
 
     def feed(self, raw: bytes, stamp) -> bool:
@@ -224,6 +227,9 @@ class SSEReader:
         delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
         text = ch.get("text") if "text" in ch else delta.get("content")
         reasoning = delta.get("reasoning_content")
+        empty_token = isinstance(text, str) and not ch.get("finish_reason") and "role" not in delta
+        if text or reasoning or empty_token:
+            self.token_chunks += 1
         if text or reasoning:
             t = stamp()
             if self.first is None:
@@ -433,7 +439,7 @@ class Client:
         if first is None:
             s.error = "server returned no output tokens"
             return None
-        n = self._output_tokens(usage, text_parts, s)
+        n = self._output_tokens(usage, text_parts, s, rd.token_chunks, asked)
         s.ttft_s, s.e2e_s, s.output_tokens = first - t_sent, end - t_sent, n
         if n < 1:
             s.error = "server returned no output tokens"
@@ -444,8 +450,14 @@ class Client:
             s.error = f"server reported {n} tokens for max_tokens {asked}"
         return None
 
-    def _output_tokens(self, usage: dict | None, text_parts: list[str], s: Sample) -> int:
-        """usage.completion_tokens, else the local tokenizer over the text, else the chunk count."""
+    def _output_tokens(self, usage: dict | None, text_parts: list[str], s: Sample, token_chunks: int,
+                       asked: int) -> int:
+        """usage.completion_tokens, else the local tokenizer over the text, else the chunk count.
+
+        Without usage both fallbacks undercount (seen on llama-cpp-python 0.3.36, which streams one
+        chunk per token: 64 tokens came as 59 chunks with text and 5 with "" for special tokens, and
+        re-tokenizing the text merges pieces), so the larger of the two is taken, never above
+        max_tokens (tests/fixtures/bench/realworld/llama-cpp-python-0.3.36-completions.sse)."""
         if usage is not None and usage.get("completion_tokens") is not None:
             s.tokens_source = "usage"
             if usage.get("prompt_tokens") is not None:
@@ -455,9 +467,9 @@ class Client:
                   + ("with the local tokenizer" if self.tokenizer else "by chunks (less exact)"))
         if self.tokenizer is not None:
             s.tokens_source = "tokenizer"
-            return self.tokenizer.count("".join(text_parts), special=False)
+            return min(max(self.tokenizer.count("".join(text_parts), special=False), token_chunks), asked)
         s.tokens_source = "chunks"
-        return s.chunks
+        return token_chunks
 
 
 class ContextTooLong(GpuboxError):

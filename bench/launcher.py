@@ -186,6 +186,10 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             pass
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR as the servers themselves bind (uvicorn, vLLM, llama-server): connections the
+        # previous server closed leave TIME_WAIT on the port for 60 s, which refuses a plain bind
+        # although the next server starts fine (seen: interop's second server on the same port)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return False

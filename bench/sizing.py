@@ -4,7 +4,8 @@
    `transformers.AutoTokenizer`) when the caller gave one: no request at all.
 2. The server's /tokenize in the shapes real servers use (issue 19, FACTS "Real servers"):
    vLLM/SGLang `{model, prompt}` -> `{count}`; llama.cpp `{content}` -> `{tokens: [...]}`;
-   TGI `{inputs}` -> `[{id, text, ...}, ...]`; GuideLLM's mock `{text}` -> `{tokens}`.
+   TGI `{inputs}` -> `[{id, text, ...}, ...]`; GuideLLM's mock `{text}` -> `{tokens}`;
+   llama-cpp-python (no /tokenize) `/extras/tokenize` `{input}` -> `{tokens}`.
    A shape counts only when its answer is a real count (an int, or a list), and only if it agrees
    with itself on a longer text; `{"count": "many"}` is no answer.
 3. Calibration: a 1-token completion of the text and its `usage.prompt_tokens` (every
@@ -72,11 +73,14 @@ def _from_answer(d: Any) -> int | None:
     return None
 
 
-SHAPES = (  # (name, body for a text); model id filled in where a server wants it
-    ("vllm", lambda model, t: {"model": model, "prompt": t}),
-    ("llama.cpp", lambda model, t: {"content": t, "add_special": True}),
-    ("tgi", lambda model, t: {"inputs": t}),
-    ("text", lambda model, t: {"text": t}),
+SHAPES = (  # (name, path, body for a text); model id filled in where a server wants it
+    ("vllm", "/tokenize", lambda model, t: {"model": model, "prompt": t}),
+    ("llama.cpp", "/tokenize", lambda model, t: {"content": t, "add_special": True}),
+    ("tgi", "/tokenize", lambda model, t: {"inputs": t}),
+    ("text", "/tokenize", lambda model, t: {"text": t}),
+    # llama-cpp-python 0.3.36 answers /tokenize 404 and counts at /extras/tokenize, with the BOS
+    # its completions add (tests/fixtures/bench/realworld/llama-cpp-python-0.3.36-tokenize.json)
+    ("llama-cpp-python", "/extras/tokenize", lambda model, t: {"input": t, "model": model}),
 )
 
 
@@ -100,17 +104,17 @@ class Sizer:
             self.source, self._fn = f"local tokenizer ({tok.name})", self._local
             return
         info = await self.c.server_info()
-        for name, shape in SHAPES:
-            fn = self._tokenize_fn(info.model, shape)
+        for name, path, shape in SHAPES:
+            fn = self._tokenize_fn(info.model, path, shape)
             try:
                 a, b = await fn(PROBE), await fn(PROBE + " " + PROBE)
             except Exception as exc:  # noqa: BLE001 - any odd answer only rules this shape out
-                self.tried.append(f"/tokenize {name}: {type(exc).__name__}: {str(exc)[:80]}")
+                self.tried.append(f"{path} {name}: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
             if 0 < a < b <= 2 * a + 4:
-                self.source, self._fn = f"server /tokenize ({name} shape)", fn
+                self.source, self._fn = f"server {path} ({name} shape)", fn
                 return
-            self.tried.append(f"/tokenize {name}: implausible counts {a}, {b}")
+            self.tried.append(f"{path} {name}: implausible counts {a}, {b}")
         try:
             a, b = await self._probe(PROBE), await self._probe(PROBE + " " + PROBE)
         except Exception as exc:  # noqa: BLE001
@@ -125,9 +129,9 @@ class Sizer:
     async def _local(self, text: str) -> int:
         return self.c.tokenizer.count(text)
 
-    def _tokenize_fn(self, model: str, shape):
+    def _tokenize_fn(self, model: str, path: str, shape):
         async def fn(text: str) -> int:
-            status, d, raw = await self.c.request_json("POST", "/tokenize", shape(model, text))
+            status, d, raw = await self.c.request_json("POST", path, shape(model, text))
             if status != 200:
                 raise ValueError(f"HTTP {status}")
             n = _from_answer(d)

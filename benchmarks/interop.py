@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,11 +36,12 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpubox.bench.launcher import Server, free_port  # noqa: E402
+from gpubox.bench.launcher import Server, ServerSpec, build_command, free_port, tail  # noqa: E402
 
 BUILD = r'''
 import json, random, sys
@@ -80,30 +82,84 @@ def build_model(py: str, dest: Path) -> Path:
     return dest
 
 
-def servers(model: Path, port: int) -> dict[str, list[str] | None]:
-    """argv per server kind, None where it is not installed."""
+def servers(model: Path, port: int, conc: int) -> dict[str, tuple[list[str], dict[str, str]] | None]:
+    """(argv, environment) per server kind, None where it is not installed.
+
+    vLLM and SGLang are started through gpubox's own launcher presets (bench.launcher.build_command:
+    the argv `gpubox bench BOX` would use), plus only what a CPU-only machine needs."""
     env = os.environ.get
     gl = env("GUIDELLM") or shutil.which("guidellm")
     tpy = env("TRANSFORMERS_PY")
-    return {
-        "guidellm-mock": [gl, "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "tiny-llama",
-                          "--ttft-ms", "50", "--itl-ms", "10"] if gl else None,
-        "transformers": [str(Path(tpy).with_name("transformers")), "serve", "--host", "127.0.0.1", "--port", str(port),
-                         str(model)] if tpy else None,
-        "vllm": [env("VLLM_PY"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
-                 "--port", str(port), "--max-model-len", "4096", "--dtype", "float32"] if env("VLLM_PY") else None,
-        "llama-cpp-python": [env("LLAMA_PY"), "-m", "llama_cpp.server", "--model", env("LLAMA_GGUF"), "--host",
-                             "127.0.0.1", "--port", str(port)] if env("LLAMA_PY") and env("LLAMA_GGUF") else None,
-        "sglang": [env("SGLANG_PY"), "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
-                   "--port", str(port), "--device", "cpu"] if env("SGLANG_PY") else None,
+    vbin = env("VLLM_BIN") or (str(Path(env("VLLM_PY")).with_name("vllm")) if env("VLLM_PY") else None)
+    gguf = env("LLAMA_GGUF")
+    out: dict[str, tuple[list[str], dict[str, str]] | None] = {
+        "guidellm-mock": ([gl, "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "tiny-llama",
+                           "--ttft-ms", "50", "--itl-ms", "10"], {}) if gl else None,
+        "transformers": ([str(Path(tpy).with_name("transformers")), "serve", "--host", "127.0.0.1", "--port",
+                          str(port), str(model)], {}) if tpy else None,
+        "vllm": None, "llama-server": None, "llama-cpp-python": None, "sglang": None,
     }
+    if vbin:
+        # vLLM's CPU backend reserves --gpu-memory-utilization (0.92) of the node's memory for the KV
+        # cache and refuses to start when less is free ("Available memory on node 0 ... is less than
+        # desired CPU memory utilization"): 0.15 and a 1 GiB KV cache fit a 24 GiB shared machine.
+        spec = ServerSpec(engine="vllm", method="auto", budget=None, tp=1, port=port, model=str(model),
+                          max_model_len=4096, vllm_bin=vbin,
+                          extra_args=["--dtype", "float32", "--gpu-memory-utilization", "0.15"],
+                          env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"})
+        out["vllm"] = build_command(spec)
+    if env("SGLANG_PY"):
+        spec = ServerSpec(engine="sglang", method="auto", budget=None, tp=1, port=port, model=str(model),
+                          max_model_len=4096, python=env("SGLANG_PY"), extra_args=["--device", "cpu"])
+        out["sglang"] = build_command(spec)
+    if env("LLAMA_SERVER") and gguf:
+        # one slot per stream, 4096 tokens each (-c is the total over all slots)
+        out["llama-server"] = ([env("LLAMA_SERVER"), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
+                                "-np", str(conc), "-c", str(4096 * conc), "-t", "2"], {})
+    if env("LLAMA_PY") and gguf:
+        # interrupt_requests (default True) cuts a running stream off when the next request comes
+        # (one token, then [DONE]: tests/fixtures/bench/realworld/llama-cpp-python-0.3.36-interrupted.sse);
+        # unbuffered so its llama_perf lines reach the log per request
+        out["llama-cpp-python"] = ([env("LLAMA_PY"), "-m", "llama_cpp.server", "--model", gguf, "--host",
+                                    "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
+                                    "--interrupt_requests", "False"], {"PYTHONUNBUFFERED": "1"})
+    return out
 
 
-def gpubox_bench(url: str, out: int, conc: int, tmp: Path, tokenizer: Path | None) -> dict:
+# llama-server (slot print_timing) and llama-cpp-python (llama_perf_context_print) print one block
+# per request: "prompt eval time = X ms / N tokens" then "eval time = Y ms / M tokens|runs".
+_LLAMA_T = re.compile(r"(prompt eval|\beval) time =\s*([0-9.]+) ms /\s*(\d+) (?:tokens|runs)")
+
+
+def llama_own(log_text: str, out: int) -> dict:
+    """Median prompt-eval ms and per-token eval ms over the requests that generated `out` tokens,
+    from the server's own log. Eval time covers the out - 1 decode steps after the first token:
+    llama-cpp-python prints them as "out - 1 runs", llama-server as "out tokens" (n_decoded counts
+    the first token, sampled at the end of prompt processing), so both are divided by out - 1."""
+    prompt, tpot, pending = [], [], None
+    for kind, ms, n in _LLAMA_T.findall(log_text):
+        if kind == "prompt eval":
+            pending = float(ms)
+        elif int(n) in (out, out - 1):
+            tpot.append(float(ms) / (out - 1))
+            if pending is not None:
+                prompt.append(pending)
+            pending = None
+    med = (lambda xs: sorted(xs)[len(xs) // 2] if xs else None)
+    return {"ttft_ms": med(prompt), "tpot_ms": med(tpot), "requests": len(tpot),
+            "note": "median over gpubox's requests (server log: prompt eval / eval per token)"}
+
+
+def workloads(out: int, conc: int) -> dict[str, dict]:
+    """One gpubox run per workload, so the server's own figures (taken as a delta around each run)
+    belong to exactly one workload."""
+    return {"decode": {"kind": "decode", "output_lens": [out]},
+            "concurrency": {"kind": "concurrency", "concurrency": [conc], "output_len": out}}
+
+
+def gpubox_bench(url: str, workload: dict, tmp: Path, tokenizer: Path | None) -> dict:
     prof = tmp / "interop-profile.yml"
-    prof.write_text(json.dumps({"warmup": 1, "repetitions": 3, "prompt_tokens": 64,
-                                "workloads": [{"kind": "decode", "output_lens": [out]},
-                                              {"kind": "concurrency", "concurrency": [conc], "output_len": out}]}))
+    prof.write_text(json.dumps({"warmup": 1, "repetitions": 3, "prompt_tokens": 64, "workloads": [workload]}))
     argv = [sys.executable, "-m", "gpubox.cli", "bench", "run", "--url", url, "--profile-file", str(prof),
             "--out", str(tmp / "results"), "--json"] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
     r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
@@ -127,16 +183,27 @@ def guidellm_run(url: str, model: str, out: int, conc: int, tmp: Path, tokenizer
     if not exe:
         return {"status": "not installed"}
     outp = tmp / f"gl-{time.monotonic_ns()}.json"
-    cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model={model}",
+    # GuideLLM validates with GET /health and gives up where there is none (llama-cpp-python)
+    health = httpx.get(url + "/health", timeout=5).status_code
+    val = "" if health == 200 else ",validate_backend=false"
+    cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model={model}{val}",
            "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={3 * conc}",
            "--data", f"kind=synthetic_text,prompt_tokens=64,output_tokens={out}",
            "--output", f"kind=json,path={outp}", "--disable-progress"]
     if tokenizer:
         cmd += ["--tokenizer", f"kind=hf_auto,model={tokenizer}"]
+    limit = int(os.environ.get("GUIDELLM_TIMEOUT", 300))
+    # its own process group: GuideLLM runs workers in child processes, and killing only the main
+    # one on a timeout left a worker behind (seen against llama-cpp-python)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                            start_new_session=True)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp)
+        stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        return {"status": "timed out"}
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"status": f"timed out ({limit} s)"}
+    r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if r.returncode != 0 or not outp.exists():
         return {"status": f"failed rc={r.returncode}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"}
     m = json.loads(outp.read_text())["benchmarks"][0]["metrics"]
@@ -151,17 +218,64 @@ def guidellm_run(url: str, model: str, out: int, conc: int, tmp: Path, tokenizer
 def vllm_own(url: str, before: dict | None = None) -> dict:
     """Mean TTFT/TPOT from vLLM's own histograms (sum/count), as a delta when `before` is given."""
     try:
-        txt = httpx.get(url + "/metrics", timeout=5).text
+        got = vllm_metrics(httpx.get(url + "/metrics", timeout=5).text)
     except httpx.HTTPError:
         return {}
-    got = {}
-    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds"):
-        for kind in ("sum", "count"):
-            vals = re.findall(rf"^vllm:{name}_{kind}\{{[^}}]*\}} ([0-9.e+-]+)", txt, re.M)
-            got[f"{name}_{kind}"] = sum(float(v) for v in vals)
     if before:
         got = {k: v - before.get(k, 0.0) for k, v in got.items()}
     return got
+
+
+def vllm_metrics(txt: str) -> dict[str, float]:
+    """Sum and count of vLLM's latency histograms from /metrics text (all label sets added)."""
+    got = {}
+    # vLLM 0.32 names the per-request TPOT histogram request_time_per_output_token_seconds (older:
+    # time_per_output_token_seconds, which newer releases give to the inter-token gap)
+    for name in ("time_to_first_token_seconds", "request_time_per_output_token_seconds",
+                 "time_per_output_token_seconds", "inter_token_latency_seconds"):
+        for kind in ("sum", "count"):
+            vals = re.findall(rf"^vllm:{name}_{kind}\{{[^}}]*\}} ([0-9.e+-]+)", txt, re.M)
+            got[f"{name}_{kind}"] = sum(float(v) for v in vals)
+    return got
+
+
+def own_timing(name: str, url: str, before: dict | None, log: Path, at: int, out: int) -> dict:
+    """The server's own TTFT/TPOT for the requests of one gpubox run, where it reports any."""
+    if name == "vllm":
+        d = vllm_own(url, before)
+        tp = next((k for k in ("request_time_per_output_token_seconds", "time_per_output_token_seconds")
+                   if d.get(k + "_count")), None)
+        n1 = d.get("time_to_first_token_seconds_count")
+        if not n1 or not tp:
+            return {}
+        return {"ttft_ms": d["time_to_first_token_seconds_sum"] / n1 * 1000,
+                "tpot_ms": d[tp + "_sum"] / d[tp + "_count"] * 1000,
+                "requests": int(n1), "note": "mean over gpubox's requests (vLLM /metrics histograms)"}
+    if name in ("llama-server", "llama-cpp-python"):
+        with open(log, "rb") as fh:
+            fh.seek(at)
+            return llama_own(fh.read().decode(errors="replace"), out)
+    if name == "guidellm-mock":
+        return {"ttft_ms": 50.0, "tpot_ms": 10.0, "note": "configured sleeps (not measured)"}
+    return {}
+
+
+def leftovers(srv: Server, port: int) -> list[str]:
+    """Processes of the server still alive after teardown: every descendant the launcher saw, and
+    anything whose command line names the port or is a renamed vLLM/SGLang worker (setproctitle
+    turns them into 'VLLM::EngineCore', 'sglang::scheduler'), as `ps` would show them."""
+    left = []
+    for p in list(srv._seen.values()):
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+        except psutil.Error:
+            pass
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cl = " ".join(p.info["cmdline"] or [])
+        if p.pid != os.getpid() and (f"--port {port}" in cl or cl.startswith(("VLLM::", "sglang::"))):
+            left.append(f"{p.pid} {cl[:80]}")
+    return sorted(set(left))
 
 
 def main() -> int:
@@ -178,43 +292,57 @@ def main() -> int:
         tmp = Path(td)
         model = build_model(build_py, Path(a.model_dir) if a.model_dir else tmp / "tiny-llama")
         port = free_port()
-        for name, argv in servers(model, port).items():
+        for name, cmd in servers(model, port, a.conc).items():
             if a.only and name not in a.only.split(","):
                 continue
-            if argv is None:
+            if cmd is None:
                 rows.append({"server": name, "status": "not installed"})
                 continue
-            srv = Server(argv, {"VLLM_TARGET_DEVICE": "cpu"}, port=port, log_path=tmp / f"{name}.log")
-            row = {"server": name}
+            argv, env = cmd
+            log = tmp / f"{name}.log"
+            srv = Server(argv, env, port=port, log_path=log)
+            row = {"server": name, "argv": argv}
             t0 = time.monotonic()
             try:
                 srv.start()
                 row["startup_s"] = round(srv.wait_ready(900), 1)
             except Exception as exc:  # noqa: BLE001 - report and go on to the next server
                 srv.stop()
-                row.update(status="did not start", error=str(exc)[:300])
+                row.update(status="did not start", error=str(exc)[:300], log_tail=tail(log, 8))
+                row["leftovers"] = leftovers(srv, port)
                 rows.append(row)
                 ok = False
                 continue
             try:
                 mid = httpx.get(srv.url + "/v1/models", timeout=5).json()["data"][0]["id"]
                 tok = model if name != "guidellm-mock" else None
-                own0 = vllm_own(srv.url) if name == "vllm" else None
-                row["gpubox"] = gpubox_bench(srv.url, a.out, a.conc, tmp, tok)
-                if name == "vllm":
-                    d = vllm_own(srv.url, own0)
-                    row["own"] = {"ttft_ms": d["time_to_first_token_seconds_sum"] / max(d["time_to_first_token_seconds_count"], 1) * 1000,
-                                  "tpot_ms": d["time_per_output_token_seconds_sum"] / max(d["time_per_output_token_seconds_count"], 1) * 1000,
-                                  "note": "mean over gpubox's requests (vLLM histograms)"}
-                elif name == "guidellm-mock":
-                    row["own"] = {"ttft_ms": 50.0, "tpot_ms": 10.0, "note": "configured sleeps (not measured)"}
-                row["guidellm"] = guidellm_run(srv.url, mid, a.out, a.conc, tmp, model)
+                row["gpubox"], row["own"], row["guidellm"] = {}, {}, {}
+                for wname, wl in workloads(a.out, a.conc).items():
+                    own0 = vllm_own(srv.url) if name == "vllm" else None
+                    at = log.stat().st_size
+                    g = gpubox_bench(srv.url, wl, tmp, tok)
+                    if "error" in g:
+                        row["gpubox"].setdefault("error", g["error"])
+                        continue
+                    row["gpubox"].setdefault("client", g["client"])
+                    row["gpubox"].setdefault("measurements", {}).update(g["measurements"])
+                    own = own_timing(name, srv.url, own0, log, at, a.out)
+                    for key in g["measurements"]:
+                        row["own"][key] = own
+                # GuideLLM after all of gpubox's runs: a request of its that hangs (llama-cpp-python,
+                # chat completions) keeps the server busy and must not spoil gpubox's figures
+                for wname, wl in workloads(a.out, a.conc).items():
+                    streams = 1 if wl["kind"] == "decode" else a.conc
+                    prev = next(iter(row["guidellm"].values()), {"status": "ok"})
+                    row["guidellm"][wname] = (guidellm_run(srv.url, mid, a.out, streams, tmp, model)
+                                              if prev["status"] == "ok" else prev)
                 row["status"] = "ok"
                 ok &= all(m["status"] == "ok" for m in row["gpubox"].get("measurements", {}).values()) \
                     and "error" not in row["gpubox"]
             finally:
                 srv.stop()
-                row["teardown_clean"] = not srv.alive()
+                row["leftovers"] = leftovers(srv, port)
+                row["teardown_clean"] = not srv.alive() and not row["leftovers"]
                 row["wall_s"] = round(time.monotonic() - t0, 1)
             rows.append(row)
     if a.json:
@@ -226,12 +354,17 @@ def main() -> int:
     for r in rows:
         if r.get("status") != "ok":
             print(f"{r['server']:<17} {r.get('status')}: {r.get('error', '')}")
+            for line in (r.get("log_tail") or "").splitlines()[-3:]:
+                print(f"{'':<17}   log: {line[:150]}")
+            if r.get("leftovers"):
+                print(f"{'':<17}   LEFT PROCESSES: {r['leftovers']}")
             continue
-        g, own, gl = r["gpubox"], r.get("own") or {}, r.get("guidellm") or {}
+        g = r["gpubox"]
         if "error" in g:
             print(f"{r['server']:<17} gpubox rc={g['rc']}: {g['error']}")
             continue
         for w, m in g["measurements"].items():
+            own, gl = r["own"].get(w) or {}, r["guidellm"].get(w) or {}
             glc = (f"{f(gl.get('ttft_ms')):>13} {f(gl.get('tpot_ms')):>7}" if gl.get("status") == "ok"
                    else f"{gl.get('status', '-')[:21]:>21}")
             print(f"{r['server']:<17} {w:<12} {m['status']:<7} | {f(m['ttft_ms']):>11} {f(m['tpot_ms']):>7} | "
@@ -242,7 +375,8 @@ def main() -> int:
         notes = (g.get("client") or {}).get("notes") or []
         for n in notes:
             print(f"{'':<17}   note: {n}")
-        print(f"{'':<17}   startup {r.get('startup_s')} s, teardown {'clean' if r.get('teardown_clean') else 'LEFT PROCESSES'}")
+        print(f"{'':<17}   startup {r.get('startup_s')} s, teardown {'clean' if r.get('teardown_clean') else 'LEFT PROCESSES'}"
+              f"{'' if r.get('teardown_clean') else ': ' + str(r.get('leftovers'))}")
     return 0 if ok else 1
 
 

@@ -3,6 +3,7 @@ sources), custom templates, port-in-use detection, crash-on-start with the log t
 process-group teardown that leaves no process behind."""
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -109,6 +110,35 @@ def test_port_in_use_is_found_before_start(tmp_path):
             other.start()
         assert other.proc is None  # nothing was started
     assert not port_in_use("127.0.0.1", s.port)
+
+
+def test_port_free_again_while_previous_connections_wait(tmp_path):
+    """A server that closed its connections first leaves them in TIME_WAIT on its port; the next
+    server (which binds with SO_REUSEADDR, as uvicorn, vLLM and llama-server do) starts fine, so
+    the launcher must not call the port in use (seen in benchmarks/interop.py after transformers
+    serve: every later server was refused)."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server closes first: TIME_WAIT on 127.0.0.1:port
+    cli.recv(1)
+    cli.close()
+    srv.close()
+    tcp = Path("/proc/net/tcp").read_text().splitlines()[1:]  # read only: state 06 is TIME_WAIT
+    assert any(ln.split()[1].endswith(f":{port:04X}") and ln.split()[3] == "06" for ln in tcp)
+    assert not port_in_use("127.0.0.1", port)
+    again = Server([sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port)], {}, port=port,
+                   log_path=tmp_path / "again.log")
+    again.start()
+    try:
+        again.wait_ready(timeout=30)
+        assert port_in_use("127.0.0.1", port)  # a listener still counts
+    finally:
+        again.stop()
 
 
 def test_crash_during_start_reports_log_tail(tmp_path):

