@@ -35,10 +35,12 @@ import httpx
 from gpubox.bench.clientnet import arrival, clock, sent, timed_transport
 from gpubox.errors import GpuboxError
 
-WORDS = ("the of and to in is was for on that with as by at from his it an were are which this be "
-         "or has had not but after first new who they have her she two their its one been all also "
-         "into other more time over year some only most when can would there made many part city "
-         "world state during both three later under then about").split()
+WORDS = (
+    "the of and to in is was for on that with as by at from his it an were are which this be "
+    "or has had not but after first new who they have her she two their its one been all also "
+    "into other more time over year some only most when can would there made many part city "
+    "world state during both three later under then about"
+).split()
 
 
 MAX_JSON_BYTES = 1 << 20  # /v1/models, /tokenize, error bodies: more is not an API answer
@@ -111,10 +113,14 @@ class Request:
         return self.messages is not None
 
     def payload(self, model: str, extras: bool = True) -> dict[str, Any]:
-        p: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "stream": True,
-                             "stream_options": {"include_usage": True},
-                             # explicit: server defaults come from generation_config.json (FACTS)
-                             "temperature": self.temperature}
+        p: dict[str, Any] = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            # explicit: server defaults come from generation_config.json (FACTS)
+            "temperature": self.temperature,
+        }
         if self.ignore_eos and extras:  # fixed output length (vLLM sampling params)
             p["ignore_eos"] = True
             p["min_tokens"] = self.max_tokens
@@ -143,8 +149,12 @@ def _line_error(body: bytes, status: int) -> str:
     try:
         d = json.loads(body)
         err = d.get("error") if isinstance(d, dict) else None
-        msg = (d.get("message") or (err.get("message") if isinstance(err, dict) else err)
-               or d.get("detail") or body[:200].decode(errors="replace"))
+        msg = (
+            d.get("message")
+            or (err.get("message") if isinstance(err, dict) else err)
+            or d.get("detail")
+            or body[:200].decode(errors="replace")
+        )
     except Exception:
         msg = body[:200].decode(errors="replace").strip() or "no body"
     return f"HTTP {status}: {' '.join(str(msg).split())[:300]}"
@@ -203,7 +213,7 @@ class SSEReader:
                 if len(self.buf) > MAX_LINE_BYTES:
                     raise BadAnswer(f"SSE line longer than {MAX_LINE_BYTES >> 10} KiB")
                 return False
-            line, self.buf = self.buf[:i].rstrip(b"\r"), self.buf[i + 1:]
+            line, self.buf = self.buf[:i].rstrip(b"\r"), self.buf[i + 1 :]
             if line.startswith(b"data:") and self._data(line[5:].strip(), stamp):
                 return True
 
@@ -214,8 +224,9 @@ class SSEReader:
         try:
             d = json.loads(data)
         except ValueError:
-            raise BadAnswer(f"malformed SSE data after {self.chunks} chunks: "
-                            f"{data[:60].decode(errors='replace')!r}") from None
+            raise BadAnswer(
+                f"malformed SSE data after {self.chunks} chunks: {data[:60].decode(errors='replace')!r}"
+            ) from None
         if not isinstance(d, dict):
             raise BadAnswer(f"SSE data is not a JSON object: {data[:60].decode(errors='replace')!r}")
         if d.get("error"):
@@ -250,15 +261,26 @@ class Client:
     `phase_timeout` bounds each whole control request (/v1/models, /tokenize, probes): a server
     that trickles a byte every few seconds never trips a per-read timeout, this one it does."""
 
-    def __init__(self, base_url: str, *, timeout: float = 60.0, connect_timeout: float = 5.0,
-                 max_connections: int = 256, phase_timeout: float = 30.0, tokenizer=None):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 60.0,
+        connect_timeout: float = 5.0,
+        max_connections: int = 256,
+        phase_timeout: float = 30.0,
+        tokenizer=None,
+    ):
         self.base = base_url.rstrip("/")
         self.timeout = timeout
         self.phase_timeout = phase_timeout
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(
-            base_url=self.base, timeout=httpx.Timeout(timeout, connect=connect_timeout), limits=limits,
-            transport=timed_transport(limits) if self.base.startswith("http://") else None)
+            base_url=self.base,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=limits,
+            transport=timed_transport(limits) if self.base.startswith("http://") else None,
+        )
         self.info: ServerInfo | None = None
         self.tokenizer = tokenizer  # bench.sizing.LocalTokenizer or None
         self.extras_ok: bool | None = None  # None: not tried yet
@@ -278,6 +300,7 @@ class Client:
     # -- bounded control requests ----------------------------------------------------------------
     async def request_json(self, method: str, path: str, body: Any = None) -> tuple[int, Any, bytes]:
         """(status, parsed JSON or None, raw body) within phase_timeout and MAX_JSON_BYTES."""
+
         async def go():
             async with self._http.stream(method, path, json=body) as r:
                 raw = await _read_bounded(r, MAX_JSON_BYTES)
@@ -285,10 +308,13 @@ class Client:
                     return r.status_code, json.loads(raw), raw
                 except ValueError:
                     return r.status_code, None, raw
+
         try:
             return await asyncio.wait_for(go(), self.phase_timeout)
         except asyncio.TimeoutError:
-            raise BadAnswer(f"{method} {path}: no complete answer within {self.phase_timeout:.0f} s") from None
+            raise BadAnswer(
+                f"{method} {path}: no complete answer within {self.phase_timeout:.0f} s"
+            ) from None
 
     # -- server facts ------------------------------------------------------------------------
     async def server_info(self) -> ServerInfo:
@@ -297,8 +323,9 @@ class Client:
             try:
                 status, d, raw = await self.request_json("GET", "/v1/models")
             except (httpx.HTTPError, BadAnswer) as exc:
-                raise GpuboxError(f"{self.base}/v1/models did not answer: {type(exc).__name__}: {exc}",
-                                  fix) from None
+                raise GpuboxError(
+                    f"{self.base}/v1/models did not answer: {type(exc).__name__}: {exc}", fix
+                ) from None
             if status != 200:
                 raise GpuboxError(f"{self.base}/v1/models answered {_line_error(raw, status)}", fix)
             try:
@@ -318,6 +345,7 @@ class Client:
         """Tokens in `text` as the server counts them (bench.sizing picks how)."""
         if self.sizer is None:
             from .sizing import Sizer
+
             self.sizer = Sizer(self)
         return await self.sizer.count(text)
 
@@ -348,17 +376,23 @@ class Client:
             else:
                 hi = mid - 1
         if best is None:
-            raise GpuboxError(f"cannot build a prompt of {tokens} tokens: one word is already more",
-                              "use a larger --prompt-len")
+            raise GpuboxError(
+                f"cannot build a prompt of {tokens} tokens: one word is already more",
+                "use a larger --prompt-len",
+            )
         for suffix in (" ", ".", " a", ",", "\n", " ."):
             if await self.count(text(best) + suffix) == tokens:
                 return text(best) + suffix
         if tokens - best_c <= max(1, tokens // 100):
-            self.note(f"prompts sized to within 1% (e.g. {best_c} for {tokens}): the server's tokenizer "
-                      "cannot give every length")
+            self.note(
+                f"prompts sized to within 1% (e.g. {best_c} for {tokens}): the server's tokenizer "
+                "cannot give every length"
+            )
             return text(best)
-        raise GpuboxError(f"could not build a prompt of {tokens} tokens (nearest {best_c})",
-                          "the server's tokenizer merges words unexpectedly; give --tokenizer DIR")
+        raise GpuboxError(
+            f"could not build a prompt of {tokens} tokens (nearest {best_c})",
+            "the server's tokenizer merges words unexpectedly; give --tokenizer DIR",
+        )
 
     async def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse before sending what the server would answer with HTTP 400 (FACTS: seed's 25k case)."""
@@ -399,18 +433,23 @@ class Client:
     async def _stream_adapting(self, path: str, req: Request, model: str, s: Sample) -> None:
         """Send with the extra sampling fields unless known unwelcome; retry once without them."""
         extras = req.ignore_eos and self.extras_ok is not False
-        status = await self._stream(path, req.payload(model, extras), s, req.max_tokens, extras, req.ignore_eos)
+        status = await self._stream(
+            path, req.payload(model, extras), s, req.max_tokens, extras, req.ignore_eos
+        )
         if status == "extras-rejected":
             self.extras_ok = False
-            self.note(f"server rejected {'/'.join(EXTRAS)} ({s.error}); sent without them, so the "
-                      "model may stop early at EOS")
+            self.note(
+                f"server rejected {'/'.join(EXTRAS)} ({s.error}); sent without them, so the "
+                "model may stop early at EOS"
+            )
             s.error, s.chunks = None, 0
             await self._stream(path, req.payload(model, False), s, req.max_tokens, False, req.ignore_eos)
         elif extras and s.ok:
             self.extras_ok = True
 
-    async def _stream(self, path: str, payload: dict, s: Sample, asked: int, extras: bool,
-                      fixed: bool = True) -> str | None:
+    async def _stream(
+        self, path: str, payload: dict, s: Sample, asked: int, extras: bool, fixed: bool = True
+    ) -> str | None:
         """One request. `fixed`: the caller asked for exactly `asked` tokens, so fewer is a failure."""
         t0 = time.perf_counter()
         s.started = t0
@@ -450,8 +489,9 @@ class Client:
             s.error = f"server reported {n} tokens for max_tokens {asked}"
         return None
 
-    def _output_tokens(self, usage: dict | None, text_parts: list[str], s: Sample, token_chunks: int,
-                       asked: int) -> int:
+    def _output_tokens(
+        self, usage: dict | None, text_parts: list[str], s: Sample, token_chunks: int, asked: int
+    ) -> int:
         """usage.completion_tokens, else the local tokenizer over the text, else the chunk count.
 
         Without usage both fallbacks undercount (seen on llama-cpp-python 0.3.36, which streams one
@@ -463,8 +503,10 @@ class Client:
             if usage.get("prompt_tokens") is not None:
                 s.prompt_tokens = _int(usage["prompt_tokens"], "usage.prompt_tokens")
             return _int(usage["completion_tokens"], "usage.completion_tokens")
-        self.note("server sends no usage in streams: output tokens counted "
-                  + ("with the local tokenizer" if self.tokenizer else "by chunks (less exact)"))
+        self.note(
+            "server sends no usage in streams: output tokens counted "
+            + ("with the local tokenizer" if self.tokenizer else "by chunks (less exact)")
+        )
         if self.tokenizer is not None:
             s.tokens_source = "tokenizer"
             return min(max(self.tokenizer.count("".join(text_parts), special=False), token_chunks), asked)
@@ -477,12 +519,19 @@ class ContextTooLong(GpuboxError):
         super().__init__(
             f"prompt {prompt_tokens} + max_tokens {max_tokens} = {prompt_tokens + max_tokens} tokens "
             f"exceeds the server's max_model_len {mml} (the server would answer HTTP 400)",
-            "start the server with a larger --max-model-len, or use a shorter prompt")
+            "start the server with a larger --max-model-len, or use a shorter prompt",
+        )
         self.prompt_tokens, self.max_tokens, self.max_model_len = prompt_tokens, max_tokens, mml
 
 
-async def run_concurrent(client: Client, requests: list[Request], concurrency: int, *, rep: int = 0,
-                         deadline_s: float | None = None) -> tuple[list[Sample], float]:
+async def run_concurrent(
+    client: Client,
+    requests: list[Request],
+    concurrency: int,
+    *,
+    rep: int = 0,
+    deadline_s: float | None = None,
+) -> tuple[list[Sample], float]:
     """Send `requests` keeping `concurrency` in flight; returns samples and wall time (s)."""
     sem = asyncio.Semaphore(max(concurrency, 1))
 

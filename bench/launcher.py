@@ -52,7 +52,9 @@ def parse_method(label: str) -> tuple[str, int | None, str]:
     name, _, b = str(label).strip().partition(":")
     name = {"dflash": "linear"}.get(name, name)
     if name not in METHODS:
-        raise GpuboxError(f"unknown method {label!r}", "use one of auto, linear[:B], ddtree[:B] (e.g. ddtree:15)")
+        raise GpuboxError(
+            f"unknown method {label!r}", "use one of auto, linear[:B], ddtree[:B] (e.g. ddtree:15)"
+        )
     if name == "auto":
         if b:
             raise GpuboxError(f"method {label!r}: auto takes no budget", "write just 'auto'")
@@ -75,6 +77,7 @@ def gpus_for_tp(n: int, ctx=None) -> list[int]:
     from gpubox.hwtune import topology
 
     from .gpus import box_topology
+
     choice = topology.gpus_for_tp(box_topology(ctx), n)
     if not choice.fits:
         raise GpuboxError(f"{ctx.box.name}: {choice.reason}", "use a TP size the box can hold")
@@ -90,6 +93,7 @@ def nccl_env(ctx) -> dict[str, str]:
     if not name:
         return {}
     from gpubox.hwtune import nccl
+
     return dict(nccl.load_profile(str(name)).env)
 
 
@@ -108,7 +112,9 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
     template: list[str] | str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    attention: str = "flag"  # vLLM TREE_ATTN via --attention-backend ("flag") or VLLM_ATTENTION_BACKEND ("env")
+    attention: str = (
+        "flag"  # vLLM TREE_ATTN via --attention-backend ("flag") or VLLM_ATTENTION_BACKEND ("env")
+    )
     vllm_bin: str = "vllm"
     python: str = "python3"
 
@@ -119,8 +125,10 @@ class ServerSpec:
 
 def _need_drafter(spec: ServerSpec) -> str:
     if not spec.drafter:
-        raise GpuboxError(f"method {spec.label} needs a drafter model path",
-                          "set gpubox_drafter.dest (or gpubox_bench.drafter) in the inventory")
+        raise GpuboxError(
+            f"method {spec.label} needs a drafter model path",
+            "set gpubox_drafter.dest (or gpubox_bench.drafter) in the inventory",
+        )
     return spec.drafter
 
 
@@ -135,13 +143,25 @@ def build_command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
     env.update(spec.env)
     budget = spec.budget or DEFAULT_BUDGET
     if spec.engine == "vllm":
-        argv = [spec.vllm_bin, "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
-                "--tensor-parallel-size", str(spec.tp)]
+        argv = [
+            spec.vllm_bin,
+            "serve",
+            spec.model,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--tensor-parallel-size",
+            str(spec.tp),
+        ]
         if spec.max_model_len:
             argv += ["--max-model-len", str(spec.max_model_len)]
         if spec.method in ("linear", "ddtree"):
-            cfg = {"method": "dflash" if spec.method == "linear" else "ddtree",
-                   "model": _need_drafter(spec), "num_speculative_tokens": budget}
+            cfg = {
+                "method": "dflash" if spec.method == "linear" else "ddtree",
+                "model": _need_drafter(spec),
+                "num_speculative_tokens": budget,
+            }
             argv += ["--speculative-config", json.dumps(cfg, separators=(",", ":"))]
         if spec.method == "ddtree":
             if spec.attention == "env":  # older vLLM: only the environment variable exists
@@ -149,30 +169,67 @@ def build_command(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
             else:
                 argv += ["--attention-backend", "TREE_ATTN"]
     elif spec.engine == "sglang":
-        argv = [spec.python, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host,
-                "--port", str(spec.port), "--tp-size", str(spec.tp)]
+        argv = [
+            spec.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            spec.model,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--tp-size",
+            str(spec.tp),
+        ]
         if spec.max_model_len:
             argv += ["--context-length", str(spec.max_model_len)]
         if spec.method == "linear":
-            argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", _need_drafter(spec),
-                     "--speculative-num-draft-tokens", str(budget)]
+            argv += [
+                "--speculative-algorithm",
+                "DFLASH",
+                "--speculative-draft-model-path",
+                _need_drafter(spec),
+                "--speculative-num-draft-tokens",
+                str(budget),
+            ]
         elif spec.method == "ddtree":
-            argv += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", _need_drafter(spec),
-                     "--speculative-ddtree-budget", str(budget)]
+            argv += [
+                "--speculative-algorithm",
+                "DDTREE",
+                "--speculative-draft-model-path",
+                _need_drafter(spec),
+                "--speculative-ddtree-budget",
+                str(budget),
+            ]
     else:
         if not spec.template:
-            raise GpuboxError("engine custom needs a command template",
-                              "set gpubox_bench.command, e.g. [my-server, --port, '{port}', --tp, '{tp}']")
-        parts = shlex.split(spec.template) if isinstance(spec.template, str) else [str(p) for p in spec.template]
-        values = {"model": spec.model, "drafter": spec.drafter or "", "tp": spec.tp, "port": spec.port,
-                  "budget": spec.budget if spec.budget is not None else 0, "gpus": ",".join(map(str, gpus)),
-                  "method": spec.method, "max_model_len": spec.max_model_len or "", "host": spec.host,
-                  "python": sys.executable}
+            raise GpuboxError(
+                "engine custom needs a command template",
+                "set gpubox_bench.command, e.g. [my-server, --port, '{port}', --tp, '{tp}']",
+            )
+        parts = (
+            shlex.split(spec.template) if isinstance(spec.template, str) else [str(p) for p in spec.template]
+        )
+        values = {
+            "model": spec.model,
+            "drafter": spec.drafter or "",
+            "tp": spec.tp,
+            "port": spec.port,
+            "budget": spec.budget if spec.budget is not None else 0,
+            "gpus": ",".join(map(str, gpus)),
+            "method": spec.method,
+            "max_model_len": spec.max_model_len or "",
+            "host": spec.host,
+            "python": sys.executable,
+        }
         try:
             argv = [p.format(**values) for p in parts]
         except (KeyError, IndexError, ValueError) as exc:
-            raise GpuboxError(f"command template: unknown or bad placeholder {exc}",
-                              f"use only {{{'}, {'.join(sorted(values))}}}") from None
+            raise GpuboxError(
+                f"command template: unknown or bad placeholder {exc}",
+                f"use only {{{'}, {'.join(sorted(values))}}}",
+            ) from None
     return argv + list(spec.extra_args), env
 
 
@@ -218,8 +275,16 @@ class Server:
     tears down the whole group (SIGTERM, then SIGKILL), waiting until every process is gone.
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, host: str = "127.0.0.1", port: int,
-                 log_path: Path | str, cwd: str | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        host: str = "127.0.0.1",
+        port: int,
+        log_path: Path | str,
+        cwd: str | None = None,
+    ):
         self.argv, self.env, self.host, self.port = list(argv), dict(env), host, port
         self.log_path = Path(log_path)
         self.cwd = cwd
@@ -234,19 +299,29 @@ class Server:
 
     def start(self) -> None:
         if port_in_use(self.host, self.port):
-            raise LaunchError(f"port {self.port} on {self.host} is already in use",
-                              "stop whatever listens there (`ss -ltnp`) or set gpubox_bench.port")
+            raise LaunchError(
+                f"port {self.port} on {self.host} is already in use",
+                "stop whatever listens there (`ss -ltnp`) or set gpubox_bench.port",
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         log.write(f"# gpubox: {' '.join(shlex.quote(a) for a in self.argv)}\n".encode())
         log.flush()
         try:
-            self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.cwd)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cwd,
+            )
         except OSError as exc:
-            raise LaunchError(f"cannot start `{self.argv[0]}`: {exc.strerror}",
-                              "is the server installed in the container and on PATH?") from None
+            raise LaunchError(
+                f"cannot start `{self.argv[0]}`: {exc.strerror}",
+                "is the server installed in the container and on PATH?",
+            ) from None
         finally:
             log.close()
         self._t0 = time.monotonic()
@@ -267,8 +342,11 @@ class Server:
 
     def crashed(self, when: str) -> LaunchError:
         rc = self.proc.returncode if self.proc else None
-        return LaunchError(f"server exited with status {rc} {when} (log {self.log_path})",
-                           "see the log tail; fix the server command or the box", tail(self.log_path))
+        return LaunchError(
+            f"server exited with status {rc} {when} (log {self.log_path})",
+            "see the log tail; fix the server command or the box",
+            tail(self.log_path),
+        )
 
     def wait_ready(self, timeout: float = 900.0, poll: float = 0.1) -> float:
         """Poll until /v1/models answers 200 and /health is 200 or absent; seconds it took.
@@ -293,8 +371,11 @@ class Server:
                     return self.startup_s
                 if time.monotonic() > deadline:
                     said = ", ".join(f"{p} {v}" for p, v in seen.items())
-                    raise LaunchError(f"server not ready after {timeout:.0f} s (last: {said})",
-                                      "raise gpubox_bench.ready_timeout or check the log", tail(self.log_path))
+                    raise LaunchError(
+                        f"server not ready after {timeout:.0f} s (last: {said})",
+                        "raise gpubox_bench.ready_timeout or check the log",
+                        tail(self.log_path),
+                    )
                 time.sleep(poll)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -336,6 +417,7 @@ def wait_gpus_free(pids: list[int], timeout: float = 60.0) -> bool:
     """Wait until no GPU reports a compute process among `pids` (NVML); True when there is no NVML."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
     except Exception:
         return True
@@ -369,9 +451,21 @@ def spec_from_box(ctx, method_label: str, tp: int, settings: dict[str, Any] | No
         extra = shlex.split(extra)
     env = {str(k): str(v) for k, v in (b.get("env") or {}).items()}
     env = {**nccl_env(ctx), **env}
-    return ServerSpec(engine=str(b.get("engine", "vllm")), method=method, budget=budget, tp=int(tp),
-                      port=int(b.get("port", 8000)), model=str(model), drafter=drafter,
-                      max_model_len=b.get("max_model_len"), host=str(b.get("host", "127.0.0.1")),
-                      gpus=gpus_for_tp(int(tp), ctx), extra_args=[str(x) for x in extra],
-                      template=b.get("command"), env=env, attention=str(b.get("attention", "flag")),
-                      vllm_bin=str(b.get("vllm_bin", "vllm")), python=str(b.get("python", "python3")))
+    return ServerSpec(
+        engine=str(b.get("engine", "vllm")),
+        method=method,
+        budget=budget,
+        tp=int(tp),
+        port=int(b.get("port", 8000)),
+        model=str(model),
+        drafter=drafter,
+        max_model_len=b.get("max_model_len"),
+        host=str(b.get("host", "127.0.0.1")),
+        gpus=gpus_for_tp(int(tp), ctx),
+        extra_args=[str(x) for x in extra],
+        template=b.get("command"),
+        env=env,
+        attention=str(b.get("attention", "flag")),
+        vllm_bin=str(b.get("vllm_bin", "vllm")),
+        python=str(b.get("python", "python3")),
+    )

@@ -43,6 +43,7 @@ class LocalTokenizer:
         tj = d / "tokenizer.json" if d.is_dir() else d
         try:
             from tokenizers import Tokenizer
+
             if tj.is_file():
                 tok = Tokenizer.from_file(str(tj))
                 return cls(lambda t, sp: tok.encode(t, add_special_tokens=sp).ids, f"tokenizers:{tj}")
@@ -52,6 +53,7 @@ class LocalTokenizer:
             pass
         try:
             from transformers import AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
             return cls(lambda t, sp: tok(t, add_special_tokens=sp)["input_ids"], f"transformers:{d}")
         except Exception:
@@ -119,11 +121,15 @@ class Sizer:
             a, b = await self._probe(PROBE), await self._probe(PROBE + " " + PROBE)
         except Exception as exc:  # noqa: BLE001
             self.tried.append(f"usage probe: {type(exc).__name__}: {str(exc)[:80]}")
-            raise GpuboxError("cannot size prompts in tokens: " + "; ".join(self.tried),
-                              "give the model's tokenizer (--tokenizer DIR) or a server with /tokenize or usage")
+            raise GpuboxError(
+                "cannot size prompts in tokens: " + "; ".join(self.tried),
+                "give the model's tokenizer (--tokenizer DIR) or a server with /tokenize or usage",
+            ) from None
         if not 0 < a < b:
-            raise GpuboxError(f"cannot size prompts: usage.prompt_tokens {a}, {b} for growing prompts",
-                              "give the model's tokenizer (--tokenizer DIR)")
+            raise GpuboxError(
+                f"cannot size prompts: usage.prompt_tokens {a}, {b} for growing prompts",
+                "give the model's tokenizer (--tokenizer DIR)",
+            )
         self.source, self._fn = "usage.prompt_tokens of probe requests (calibration)", self._probe
 
     async def _local(self, text: str) -> int:
@@ -138,14 +144,17 @@ class Sizer:
             if n is None:
                 raise ValueError(f"no count in {raw[:60]!r}")
             return n
+
         return fn
 
     async def _probe(self, text: str) -> int:
         """Prompt tokens of `text` from a 1-token completion's usage."""
         info = await self.c.server_info()
         status, d, raw = await self.c.request_json(
-            "POST", "/v1/completions", {"model": info.model, "prompt": text, "max_tokens": 1,
-                                        "temperature": 0.0, "stream": False})
+            "POST",
+            "/v1/completions",
+            {"model": info.model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "stream": False},
+        )
         if status != 200:
             raise ValueError(f"HTTP {status}: {raw[:80]!r}")
         n = (d.get("usage") or {}).get("prompt_tokens") if isinstance(d, dict) else None

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpubox.bench.launcher import Server, ServerSpec, build_command, free_port, tail  # noqa: E402
 
-BUILD = r'''
+BUILD = r"""
 import json, random, sys
 from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
@@ -69,14 +69,17 @@ cfg = LlamaConfig(vocab_size=len(t), hidden_size=128, intermediate_size=256, num
                   bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, tie_word_embeddings=True)
 LlamaForCausalLM(cfg).save_pretrained(out)
 print(json.dumps({"dir": str(out), "vocab": len(t)}))
-'''
+"""
 
 
 def build_model(py: str, dest: Path) -> Path:
     from gpubox.bench.client import WORDS
+
     if (dest / "config.json").exists():
         return dest
-    r = subprocess.run([py, "-c", BUILD, str(dest), " ".join(WORDS)], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [py, "-c", BUILD, str(dest), " ".join(WORDS)], capture_output=True, text=True, timeout=900
+    )
     if r.returncode != 0:
         raise SystemExit(f"model build failed: {r.stderr.strip().splitlines()[-1:]}")
     return dest
@@ -93,36 +96,116 @@ def servers(model: Path, port: int, conc: int) -> dict[str, tuple[list[str], dic
     vbin = env("VLLM_BIN") or (str(Path(env("VLLM_PY")).with_name("vllm")) if env("VLLM_PY") else None)
     gguf = env("LLAMA_GGUF")
     out: dict[str, tuple[list[str], dict[str, str]] | None] = {
-        "guidellm-mock": ([gl, "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "tiny-llama",
-                           "--ttft-ms", "50", "--itl-ms", "10"], {}) if gl else None,
-        "transformers": ([str(Path(tpy).with_name("transformers")), "serve", "--host", "127.0.0.1", "--port",
-                          str(port), str(model)], {}) if tpy else None,
-        "vllm": None, "llama-server": None, "llama-cpp-python": None, "sglang": None,
+        "guidellm-mock": (
+            [
+                gl,
+                "mock-server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model",
+                "tiny-llama",
+                "--ttft-ms",
+                "50",
+                "--itl-ms",
+                "10",
+            ],
+            {},
+        )
+        if gl
+        else None,
+        "transformers": (
+            [
+                str(Path(tpy).with_name("transformers")),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                str(model),
+            ],
+            {},
+        )
+        if tpy
+        else None,
+        "vllm": None,
+        "llama-server": None,
+        "llama-cpp-python": None,
+        "sglang": None,
     }
     if vbin:
         # vLLM's CPU backend reserves --gpu-memory-utilization (0.92) of the node's memory for the KV
         # cache and refuses to start when less is free ("Available memory on node 0 ... is less than
         # desired CPU memory utilization"): 0.15 and a 1 GiB KV cache fit a 24 GiB shared machine.
-        spec = ServerSpec(engine="vllm", method="auto", budget=None, tp=1, port=port, model=str(model),
-                          max_model_len=4096, vllm_bin=vbin,
-                          extra_args=["--dtype", "float32", "--gpu-memory-utilization", "0.15"],
-                          env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"})
+        spec = ServerSpec(
+            engine="vllm",
+            method="auto",
+            budget=None,
+            tp=1,
+            port=port,
+            model=str(model),
+            max_model_len=4096,
+            vllm_bin=vbin,
+            extra_args=["--dtype", "float32", "--gpu-memory-utilization", "0.15"],
+            env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        )
         out["vllm"] = build_command(spec)
     if env("SGLANG_PY"):
-        spec = ServerSpec(engine="sglang", method="auto", budget=None, tp=1, port=port, model=str(model),
-                          max_model_len=4096, python=env("SGLANG_PY"), extra_args=["--device", "cpu"])
+        spec = ServerSpec(
+            engine="sglang",
+            method="auto",
+            budget=None,
+            tp=1,
+            port=port,
+            model=str(model),
+            max_model_len=4096,
+            python=env("SGLANG_PY"),
+            extra_args=["--device", "cpu"],
+        )
         out["sglang"] = build_command(spec)
     if env("LLAMA_SERVER") and gguf:
         # one slot per stream, 4096 tokens each (-c is the total over all slots)
-        out["llama-server"] = ([env("LLAMA_SERVER"), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-                                "-np", str(conc), "-c", str(4096 * conc), "-t", "2"], {})
+        out["llama-server"] = (
+            [
+                env("LLAMA_SERVER"),
+                "-m",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-np",
+                str(conc),
+                "-c",
+                str(4096 * conc),
+                "-t",
+                "2",
+            ],
+            {},
+        )
     if env("LLAMA_PY") and gguf:
         # interrupt_requests (default True) cuts a running stream off when the next request comes
         # (one token, then [DONE]: tests/fixtures/bench/realworld/llama-cpp-python-0.3.36-interrupted.sse);
         # unbuffered so its llama_perf lines reach the log per request
-        out["llama-cpp-python"] = ([env("LLAMA_PY"), "-m", "llama_cpp.server", "--model", gguf, "--host",
-                                    "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
-                                    "--interrupt_requests", "False"], {"PYTHONUNBUFFERED": "1"})
+        out["llama-cpp-python"] = (
+            [
+                env("LLAMA_PY"),
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--n_ctx",
+                "4096",
+                "--interrupt_requests",
+                "False",
+            ],
+            {"PYTHONUNBUFFERED": "1"},
+        )
     return out
 
 
@@ -145,36 +228,68 @@ def llama_own(log_text: str, out: int) -> dict:
             if pending is not None:
                 prompt.append(pending)
             pending = None
-    med = (lambda xs: sorted(xs)[len(xs) // 2] if xs else None)
-    return {"ttft_ms": med(prompt), "tpot_ms": med(tpot), "requests": len(tpot),
-            "note": "median over gpubox's requests (server log: prompt eval / eval per token)"}
+
+    def med(xs):
+        return sorted(xs)[len(xs) // 2] if xs else None
+
+    return {
+        "ttft_ms": med(prompt),
+        "tpot_ms": med(tpot),
+        "requests": len(tpot),
+        "note": "median over gpubox's requests (server log: prompt eval / eval per token)",
+    }
 
 
 def workloads(out: int, conc: int) -> dict[str, dict]:
     """One gpubox run per workload, so the server's own figures (taken as a delta around each run)
     belong to exactly one workload."""
-    return {"decode": {"kind": "decode", "output_lens": [out]},
-            "concurrency": {"kind": "concurrency", "concurrency": [conc], "output_len": out}}
+    return {
+        "decode": {"kind": "decode", "output_lens": [out]},
+        "concurrency": {"kind": "concurrency", "concurrency": [conc], "output_len": out},
+    }
 
 
 def gpubox_bench(url: str, workload: dict, tmp: Path, tokenizer: Path | None) -> dict:
     prof = tmp / "interop-profile.yml"
     prof.write_text(json.dumps({"warmup": 1, "repetitions": 3, "prompt_tokens": 64, "workloads": [workload]}))
-    argv = [sys.executable, "-m", "gpubox.cli", "bench", "run", "--url", url, "--profile-file", str(prof),
-            "--out", str(tmp / "results"), "--json"] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp / "state")})
+    argv = [
+        sys.executable,
+        "-m",
+        "gpubox.cli",
+        "bench",
+        "run",
+        "--url",
+        url,
+        "--profile-file",
+        str(prof),
+        "--out",
+        str(tmp / "results"),
+        "--json",
+    ] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
+    r = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp / "state")},
+    )
     if not r.stdout.strip():
         return {"rc": r.returncode, "error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
     doc = json.loads(r.stdout)
-    res = {"rc": r.returncode, "verdict": doc["verdict"]["status"], "client": doc["servers"][0].get("client"),
-           "measurements": {}}
+    res = {
+        "rc": r.returncode,
+        "verdict": doc["verdict"]["status"],
+        "client": doc["servers"][0].get("client"),
+        "measurements": {},
+    }
     for m in doc["measurements"]:
         res["measurements"][m["workload"]] = {
-            "status": m["status"], "reason": m.get("reason"),
+            "status": m["status"],
+            "reason": m.get("reason"),
             "ttft_ms": (m.get("ttft_s") or {}).get("p50") and m["ttft_s"]["p50"] * 1000,
             "tpot_ms": (m.get("tpot_ms") or {}).get("p50"),
-            "tokens": sorted({s.get("tokens_source") for s in m["samples"]} - {None})}
+            "tokens": sorted({s.get("tokens_source") for s in m["samples"]} - {None}),
+        }
     return res
 
 
@@ -186,17 +301,29 @@ def guidellm_run(url: str, model: str, out: int, conc: int, tmp: Path, tokenizer
     # GuideLLM validates with GET /health and gives up where there is none (llama-cpp-python)
     health = httpx.get(url + "/health", timeout=5).status_code
     val = "" if health == 200 else ",validate_backend=false"
-    cmd = [exe, "run", "--backend", f"kind=openai_http,target={url},model={model}{val}",
-           "--profile", f"kind=concurrent,streams={conc}", "--constraint", f"kind=max_requests,count={3 * conc}",
-           "--data", f"kind=synthetic_text,prompt_tokens=64,output_tokens={out}",
-           "--output", f"kind=json,path={outp}", "--disable-progress"]
+    cmd = [
+        exe,
+        "run",
+        "--backend",
+        f"kind=openai_http,target={url},model={model}{val}",
+        "--profile",
+        f"kind=concurrent,streams={conc}",
+        "--constraint",
+        f"kind=max_requests,count={3 * conc}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens=64,output_tokens={out}",
+        "--output",
+        f"kind=json,path={outp}",
+        "--disable-progress",
+    ]
     if tokenizer:
         cmd += ["--tokenizer", f"kind=hf_auto,model={tokenizer}"]
     limit = int(os.environ.get("GUIDELLM_TIMEOUT", 300))
     # its own process group: GuideLLM runs workers in child processes, and killing only the main
     # one on a timeout left a worker behind (seen against llama-cpp-python)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -211,8 +338,13 @@ def guidellm_run(url: str, model: str, out: int, conc: int, tmp: Path, tokenizer
     def med(name):
         x = (m.get(name) or {}).get("successful") or {}
         return x.get("median")
-    return {"status": "ok", "ttft_ms": med("time_to_first_token_ms"), "tpot_ms": med("time_per_output_token_ms"),
-            "itl_ms": med("inter_token_latency_ms")}
+
+    return {
+        "status": "ok",
+        "ttft_ms": med("time_to_first_token_ms"),
+        "tpot_ms": med("time_per_output_token_ms"),
+        "itl_ms": med("inter_token_latency_ms"),
+    }
 
 
 def vllm_own(url: str, before: dict | None = None) -> dict:
@@ -231,8 +363,12 @@ def vllm_metrics(txt: str) -> dict[str, float]:
     got = {}
     # vLLM 0.32 names the per-request TPOT histogram request_time_per_output_token_seconds (older:
     # time_per_output_token_seconds, which newer releases give to the inter-token gap)
-    for name in ("time_to_first_token_seconds", "request_time_per_output_token_seconds",
-                 "time_per_output_token_seconds", "inter_token_latency_seconds"):
+    for name in (
+        "time_to_first_token_seconds",
+        "request_time_per_output_token_seconds",
+        "time_per_output_token_seconds",
+        "inter_token_latency_seconds",
+    ):
         for kind in ("sum", "count"):
             vals = re.findall(rf"^vllm:{name}_{kind}\{{[^}}]*\}} ([0-9.e+-]+)", txt, re.M)
             got[f"{name}_{kind}"] = sum(float(v) for v in vals)
@@ -243,14 +379,23 @@ def own_timing(name: str, url: str, before: dict | None, log: Path, at: int, out
     """The server's own TTFT/TPOT for the requests of one gpubox run, where it reports any."""
     if name == "vllm":
         d = vllm_own(url, before)
-        tp = next((k for k in ("request_time_per_output_token_seconds", "time_per_output_token_seconds")
-                   if d.get(k + "_count")), None)
+        tp = next(
+            (
+                k
+                for k in ("request_time_per_output_token_seconds", "time_per_output_token_seconds")
+                if d.get(k + "_count")
+            ),
+            None,
+        )
         n1 = d.get("time_to_first_token_seconds_count")
         if not n1 or not tp:
             return {}
-        return {"ttft_ms": d["time_to_first_token_seconds_sum"] / n1 * 1000,
-                "tpot_ms": d[tp + "_sum"] / d[tp + "_count"] * 1000,
-                "requests": int(n1), "note": "mean over gpubox's requests (vLLM /metrics histograms)"}
+        return {
+            "ttft_ms": d["time_to_first_token_seconds_sum"] / n1 * 1000,
+            "tpot_ms": d[tp + "_sum"] / d[tp + "_count"] * 1000,
+            "requests": int(n1),
+            "note": "mean over gpubox's requests (vLLM /metrics histograms)",
+        }
     if name in ("llama-server", "llama-cpp-python"):
         with open(log, "rb") as fh:
             fh.seek(at)
@@ -283,7 +428,9 @@ def main() -> int:
     ap.add_argument("--only", default=None)
     ap.add_argument("--out", type=int, default=64)
     ap.add_argument("--conc", type=int, default=4)
-    ap.add_argument("--model-dir", default=None, help="reuse a built tiny model (default: build in a temp dir)")
+    ap.add_argument(
+        "--model-dir", default=None, help="reuse a built tiny model (default: build in a temp dir)"
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     build_py = os.environ.get("BUILD_PY") or os.environ.get("TRANSFORMERS_PY") or sys.executable
@@ -334,11 +481,16 @@ def main() -> int:
                 for wname, wl in workloads(a.out, a.conc).items():
                     streams = 1 if wl["kind"] == "decode" else a.conc
                     prev = next(iter(row["guidellm"].values()), {"status": "ok"})
-                    row["guidellm"][wname] = (guidellm_run(srv.url, mid, a.out, streams, tmp, model)
-                                              if prev["status"] == "ok" else prev)
+                    row["guidellm"][wname] = (
+                        guidellm_run(srv.url, mid, a.out, streams, tmp, model)
+                        if prev["status"] == "ok"
+                        else prev
+                    )
                 row["status"] = "ok"
-                ok &= all(m["status"] == "ok" for m in row["gpubox"].get("measurements", {}).values()) \
+                ok &= (
+                    all(m["status"] == "ok" for m in row["gpubox"].get("measurements", {}).values())
                     and "error" not in row["gpubox"]
+                )
             finally:
                 srv.stop()
                 row["leftovers"] = leftovers(srv, port)
@@ -348,9 +500,14 @@ def main() -> int:
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0 if ok else 1
-    f = (lambda x: "-" if x is None else f"{x:.2f}")
-    print(f"{'server':<17} {'workload':<12} {'status':<7} | {'gpubox TTFT':>11} {'TPOT':>7} | {'own TTFT':>8} {'TPOT':>7} |"
-          f" {'GuideLLM TTFT':>13} {'TPOT':>7} | tokens / sizing")
+
+    def f(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    print(
+        f"{'server':<17} {'workload':<12} {'status':<7} | {'gpubox TTFT':>11} {'TPOT':>7} | {'own TTFT':>8} {'TPOT':>7} |"
+        f" {'GuideLLM TTFT':>13} {'TPOT':>7} | tokens / sizing"
+    )
     for r in rows:
         if r.get("status") != "ok":
             print(f"{r['server']:<17} {r.get('status')}: {r.get('error', '')}")
@@ -365,18 +522,25 @@ def main() -> int:
             continue
         for w, m in g["measurements"].items():
             own, gl = r["own"].get(w) or {}, r["guidellm"].get(w) or {}
-            glc = (f"{f(gl.get('ttft_ms')):>13} {f(gl.get('tpot_ms')):>7}" if gl.get("status") == "ok"
-                   else f"{gl.get('status', '-')[:21]:>21}")
-            print(f"{r['server']:<17} {w:<12} {m['status']:<7} | {f(m['ttft_ms']):>11} {f(m['tpot_ms']):>7} | "
-                  f"{f(own.get('ttft_ms')):>8} {f(own.get('tpot_ms')):>7} | {glc} | {','.join(m['tokens'])} / "
-                  f"{(g.get('client') or {}).get('prompt_sizing')}")
+            glc = (
+                f"{f(gl.get('ttft_ms')):>13} {f(gl.get('tpot_ms')):>7}"
+                if gl.get("status") == "ok"
+                else f"{gl.get('status', '-')[:21]:>21}"
+            )
+            print(
+                f"{r['server']:<17} {w:<12} {m['status']:<7} | {f(m['ttft_ms']):>11} {f(m['tpot_ms']):>7} | "
+                f"{f(own.get('ttft_ms')):>8} {f(own.get('tpot_ms')):>7} | {glc} | {','.join(m['tokens'])} / "
+                f"{(g.get('client') or {}).get('prompt_sizing')}"
+            )
             if m["status"] != "ok":
                 print(f"{'':<17}   reason: {m['reason']}")
         notes = (g.get("client") or {}).get("notes") or []
         for n in notes:
             print(f"{'':<17}   note: {n}")
-        print(f"{'':<17}   startup {r.get('startup_s')} s, teardown {'clean' if r.get('teardown_clean') else 'LEFT PROCESSES'}"
-              f"{'' if r.get('teardown_clean') else ': ' + str(r.get('leftovers'))}")
+        print(
+            f"{'':<17}   startup {r.get('startup_s')} s, teardown {'clean' if r.get('teardown_clean') else 'LEFT PROCESSES'}"
+            f"{'' if r.get('teardown_clean') else ': ' + str(r.get('leftovers'))}"
+        )
     return 0 if ok else 1
 
 

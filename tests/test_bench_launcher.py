@@ -10,10 +10,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpubox.bench.launcher import (LaunchError, Server, ServerSpec, build_command, free_port, parse_method,
-                            port_in_use)
+from gpubox.bench.launcher import (
+    LaunchError,
+    Server,
+    ServerSpec,
+    build_command,
+    free_port,
+    parse_method,
+    port_in_use,
+)
 from gpubox.errors import GpuboxError
-
 from tests.bench_helpers import simserver
 
 FLAGS = json.loads((Path(__file__).parent / "data" / "bench_flags.json").read_text())
@@ -21,8 +27,18 @@ M, D = "/dev/shm/Qwen3.6-27B", "/dev/shm/Qwen3.6-27B-DFlash"
 
 
 def spec(engine, method, budget=None, tp=4, **kw):
-    return ServerSpec(engine=engine, method=method, budget=budget, tp=tp, port=8000, model=M, drafter=D,
-                      max_model_len=131072, gpus=[0, 1, 2, 3][:tp] if tp <= 4 else list(range(tp)), **kw)
+    return ServerSpec(
+        engine=engine,
+        method=method,
+        budget=budget,
+        tp=tp,
+        port=8000,
+        model=M,
+        drafter=D,
+        max_model_len=131072,
+        gpus=[0, 1, 2, 3][:tp] if tp <= 4 else list(range(tp)),
+        **kw,
+    )
 
 
 def flags_of(argv):
@@ -48,8 +64,11 @@ def test_vllm_presets_use_only_real_flags(method, budget):
     else:
         cfg = json.loads(value(argv, "--speculative-config"))
         assert set(cfg) == set(FLAGS["vllm"]["speculative_config_keys"])
-        assert cfg == {"method": "dflash" if method == "linear" else "ddtree", "model": D,
-                       "num_speculative_tokens": budget}
+        assert cfg == {
+            "method": "dflash" if method == "linear" else "ddtree",
+            "model": D,
+            "num_speculative_tokens": budget,
+        }
     assert ("--attention-backend" in argv) == (method == "ddtree")
     if method == "ddtree":
         assert value(argv, "--attention-backend") == "TREE_ATTN"
@@ -62,9 +81,14 @@ def test_vllm_ddtree_env_backend_for_older_vllm():
     assert "VLLM_ATTENTION_BACKEND" in FLAGS["vllm"]["env"]
 
 
-@pytest.mark.parametrize("method,algo,budget_flag", [("linear", "DFLASH", "--speculative-num-draft-tokens"),
-                                                      ("ddtree", "DDTREE", "--speculative-ddtree-budget"),
-                                                      ("auto", None, None)])
+@pytest.mark.parametrize(
+    "method,algo,budget_flag",
+    [
+        ("linear", "DFLASH", "--speculative-num-draft-tokens"),
+        ("ddtree", "DDTREE", "--speculative-ddtree-budget"),
+        ("auto", None, None),
+    ],
+)
 def test_sglang_presets_use_only_real_flags(method, algo, budget_flag):
     argv, env = build_command(spec("sglang", method, 15 if algo else None, tp=8))
     assert argv[:3] == ["python3", "-m", FLAGS["sglang"]["module"]]
@@ -81,7 +105,9 @@ def test_sglang_presets_use_only_real_flags(method, algo, budget_flag):
 
 
 def test_custom_template_substitutes_per_element_and_cannot_inject():
-    s = spec("custom", "ddtree", 32, tp=4, template="my-server --m {model} --port {port} --gpus {gpus} -b {budget}")
+    s = spec(
+        "custom", "ddtree", 32, tp=4, template="my-server --m {model} --port {port} --gpus {gpus} -b {budget}"
+    )
     s.model = "/m; rm -rf /"  # a hostile value stays one argv element
     argv, _ = build_command(s)
     assert argv == ["my-server", "--m", "/m; rm -rf /", "--port", "8000", "--gpus", "0,1,2,3", "-b", "32"]
@@ -131,8 +157,12 @@ def test_port_free_again_while_previous_connections_wait(tmp_path):
     tcp = Path("/proc/net/tcp").read_text().splitlines()[1:]  # read only: state 06 is TIME_WAIT
     assert any(ln.split()[1].endswith(f":{port:04X}") and ln.split()[3] == "06" for ln in tcp)
     assert not port_in_use("127.0.0.1", port)
-    again = Server([sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port)], {}, port=port,
-                   log_path=tmp_path / "again.log")
+    again = Server(
+        [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port)],
+        {},
+        port=port,
+        log_path=tmp_path / "again.log",
+    )
     again.start()
     try:
         again.wait_ready(timeout=30)
@@ -143,8 +173,12 @@ def test_port_free_again_while_previous_connections_wait(tmp_path):
 
 def test_crash_during_start_reports_log_tail(tmp_path):
     port = free_port()
-    s = Server([sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--fail-start"], {}, port=port,
-               log_path=tmp_path / "srv.log")
+    s = Server(
+        [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--fail-start"],
+        {},
+        port=port,
+        log_path=tmp_path / "srv.log",
+    )
     s.start()
     with pytest.raises(LaunchError) as ei:
         s.wait_ready(timeout=20)
@@ -155,7 +189,9 @@ def test_crash_during_start_reports_log_tail(tmp_path):
 
 def test_not_ready_in_time(tmp_path):
     port = free_port()
-    s = Server([sys.executable, "-c", "import time; time.sleep(30)"], {}, port=port, log_path=tmp_path / "s.log")
+    s = Server(
+        [sys.executable, "-c", "import time; time.sleep(30)"], {}, port=port, log_path=tmp_path / "s.log"
+    )
     s.start()
     with pytest.raises(LaunchError, match="not ready after"):
         s.wait_ready(timeout=0.5)

@@ -9,12 +9,12 @@ completions with usage and [DONE]) so each case breaks exactly one thing.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import socket
 import threading
 import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 MODEL = "hostile/tiny"
 
@@ -46,7 +46,9 @@ class Handler(BaseHTTPRequestHandler):
         b = self.server.b
         if self.path == "/v1/models":
             if b.get("models") == "html":
-                return self._json(b"<!doctype html><html><body>Welcome to nginx!</body></html>", 200, "text/html")
+                return self._json(
+                    b"<!doctype html><html><body>Welcome to nginx!</body></html>", 200, "text/html"
+                )
             if b.get("models") == "trickle":
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -60,8 +62,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._json({"object": "list", "data": [{"id": MODEL, "max_model_len": 8192}]})
         if self.path == "/metrics":
             if b.get("metrics") == "garbage":
-                return self._json(b'vllm:spec_decode_num_drafts_total{position="x" 12 garbage\n\x00{{{', 200,
-                                  "text/plain")
+                return self._json(
+                    b'vllm:spec_decode_num_drafts_total{position="x" 12 garbage\n\x00{{{', 200, "text/plain"
+                )
             return self._json(b"# nothing\n", 200, "text/plain")
         if self.path == "/health":
             return self._json(b"", {"absent": 404, "loading": 503}.get(b.get("health"), 200))
@@ -88,12 +91,22 @@ class Handler(BaseHTTPRequestHandler):
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self._json({"detail": "Not Found"}, 404)
         if b.get("extras") == "reject" and ("ignore_eos" in req or "min_tokens" in req):
-            return self._json({"detail": [{"type": "extra_forbidden", "loc": ["body", "ignore_eos"],
-                                           "msg": "Unexpected fields"}]}, 422)
+            return self._json(
+                {
+                    "detail": [
+                        {"type": "extra_forbidden", "loc": ["body", "ignore_eos"], "msg": "Unexpected fields"}
+                    ]
+                },
+                422,
+            )
         if not req.get("stream"):  # calibration probe
             n = len(str(req.get("prompt", "")).split())
-            return self._json({"choices": [{"text": "x", "finish_reason": "length"}],
-                               "usage": {"prompt_tokens": n, "completion_tokens": 1}})
+            return self._json(
+                {
+                    "choices": [{"text": "x", "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": n, "completion_tokens": 1},
+                }
+            )
         self._stream(req, b)
 
     def _stream(self, req: dict, b: dict) -> None:
@@ -141,8 +154,16 @@ class Handler(BaseHTTPRequestHandler):
                 w.flush()
                 time.sleep(0.005)  # a decode step: TPOT must be measurable on a busy machine
             if bad != "no-usage":
-                w.write(b"data: " + json.dumps({"choices": [], "usage": {
-                    "prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}}).encode() + b"\n\n")
+                w.write(
+                    b"data: "
+                    + json.dumps(
+                        {
+                            "choices": [],
+                            "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
+                        }
+                    ).encode()
+                    + b"\n\n"
+                )
             if bad not in ("no-done", "no-usage"):
                 w.write(b"data: [DONE]\n\n")
             w.flush()
@@ -176,6 +197,7 @@ def hostile(**behaviour):
 
 if __name__ == "__main__":  # python -m tests.hostile.server PORT KEY=VALUE...: a launchable server
     import sys
+
     srv = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
     srv.b = dict(a.split("=", 1) for a in sys.argv[2:])
     srv.serve_forever()

@@ -22,8 +22,12 @@ from gpubox.bench import results
 from tests.hostile.server import hostile
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILE = {"warmup": 0, "repetitions": 1, "prompt_tokens": 16,
-           "workloads": [{"kind": "decode", "output_lens": [7, 16]}]}
+PROFILE = {
+    "warmup": 0,
+    "repetitions": 1,
+    "prompt_tokens": 16,
+    "workloads": [{"kind": "decode", "output_lens": [7, 16]}],
+}
 
 
 def bench(tmp_path: Path, url: str, *extra: str, timeout: float = 60) -> tuple[int, dict | None, str, int]:
@@ -31,11 +35,31 @@ def bench(tmp_path: Path, url: str, *extra: str, timeout: float = 60) -> tuple[i
     prof = tmp_path / "profile.yml"
     prof.write_text(yaml.safe_dump(PROFILE))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp_path / "state")}
-    code = ("import resource, sys\nfrom gpubox.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
-            "    sys.stderr.write('\\nMAXRSS %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
-    p = subprocess.run([sys.executable, "-c", code, "bench", "run", "--url", url, "--profile-file", str(prof),
-                        "--out", str(tmp_path / "out"), "--json", *extra],
-                       capture_output=True, text=True, env=env, timeout=timeout)
+    code = (
+        "import resource, sys\nfrom gpubox.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
+        "    sys.stderr.write('\\nMAXRSS %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "bench",
+            "run",
+            "--url",
+            url,
+            "--profile-file",
+            str(prof),
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     err, _, rss = p.stderr.rpartition("MAXRSS ")
     doc = json.loads(p.stdout) if p.stdout.strip() else None
     return p.returncode, doc, err, int(rss) // 1024
@@ -51,14 +75,17 @@ def assert_clean(err: str) -> None:
 
 
 # -- a broken answer fails that measurement (out7), never the run (out16 stays ok) ----------------
-@pytest.mark.parametrize("stream,short,reason", [
-    ("short", 1, "short answer: 1 of 7 tokens"),
-    ("short", 5, "short answer: 5 of 7 tokens"),
-    ("malformed", None, "malformed SSE data"),
-    ("endless", None, "endless body"),
-    ("endless-line", None, "SSE line longer than"),
-    ("endless-comments", None, "endless body"),
-])
+@pytest.mark.parametrize(
+    "stream,short,reason",
+    [
+        ("short", 1, "short answer: 1 of 7 tokens"),
+        ("short", 5, "short answer: 5 of 7 tokens"),
+        ("malformed", None, "malformed SSE data"),
+        ("endless", None, "endless body"),
+        ("endless-line", None, "SSE line longer than"),
+        ("endless-comments", None, "endless body"),
+    ],
+)
 def test_broken_stream_fails_one_measurement(tmp_path, stream, short, reason):
     with hostile(stream=stream, short=short, only_max_tokens=7) as s:
         rc, doc, err, rss = bench(tmp_path, s.url)
@@ -81,22 +108,27 @@ def test_short_answer_on_every_request_is_failed_never_ok(tmp_path):
 
 
 # -- odd but legal servers: measured, and the document says how ------------------------------------
-@pytest.mark.parametrize("behaviour,sizing,note", [
-    ({"tokenize": "many"}, "calibration", None),            # /tokenize {"count": "many"}
-    ({"tokenize": "absent"}, "calibration", None),          # transformers serve, llama-cpp-python
-    ({"tokenize": "llama.cpp"}, "llama.cpp shape", None),   # llama-server: {"tokens": [...]}
-    ({"tokenize": "llama-cpp-python"}, "/extras/tokenize (llama-cpp-python shape)", None),
-    ({"metrics": "garbage"}, "vllm shape", None),           # issue 19 #10: non-Prometheus /metrics
-    ({"extras": "reject"}, "vllm shape", "rejected ignore_eos/min_tokens"),  # transformers serve 422
-    ({"stream": "no-done"}, "vllm shape", None),            # ends at finish_reason, no [DONE]
-    ({"stream": "no-usage"}, "vllm shape", "by chunks (less exact)"),  # llama-cpp-python
-])
+@pytest.mark.parametrize(
+    "behaviour,sizing,note",
+    [
+        ({"tokenize": "many"}, "calibration", None),  # /tokenize {"count": "many"}
+        ({"tokenize": "absent"}, "calibration", None),  # transformers serve, llama-cpp-python
+        ({"tokenize": "llama.cpp"}, "llama.cpp shape", None),  # llama-server: {"tokens": [...]}
+        ({"tokenize": "llama-cpp-python"}, "/extras/tokenize (llama-cpp-python shape)", None),
+        ({"metrics": "garbage"}, "vllm shape", None),  # issue 19 #10: non-Prometheus /metrics
+        ({"extras": "reject"}, "vllm shape", "rejected ignore_eos/min_tokens"),  # transformers serve 422
+        ({"stream": "no-done"}, "vllm shape", None),  # ends at finish_reason, no [DONE]
+        ({"stream": "no-usage"}, "vllm shape", "by chunks (less exact)"),  # llama-cpp-python
+    ],
+)
 def test_quirky_server_is_measured(tmp_path, behaviour, sizing, note):
     with hostile(**behaviour) as s:
         rc, doc, err, _ = bench(tmp_path, s.url)
     assert_clean(err)
     assert results.validate(doc) == []
-    assert [m["status"] for m in doc["measurements"]] == ["ok", "ok"], [m["reason"] for m in doc["measurements"]]
+    assert [m["status"] for m in doc["measurements"]] == ["ok", "ok"], [
+        m["reason"] for m in doc["measurements"]
+    ]
     learned = doc["servers"][0]["client"]
     assert sizing in learned["prompt_sizing"], learned
     if note:
@@ -105,10 +137,13 @@ def test_quirky_server_is_measured(tmp_path, behaviour, sizing, note):
 
 
 # -- not an API at all, or one that never finishes answering: exit 2, one line ---------------------
-@pytest.mark.parametrize("behaviour,extra,msg", [
-    ({"models": "html"}, [], "answered 200 but not JSON"),
-    ({"models": "trickle"}, ["--timeout", "3"], "no complete answer within 3 s"),
-])
+@pytest.mark.parametrize(
+    "behaviour,extra,msg",
+    [
+        ({"models": "html"}, [], "answered 200 but not JSON"),
+        ({"models": "trickle"}, ["--timeout", "3"], "no complete answer within 3 s"),
+    ],
+)
 def test_not_an_api_is_exit_2_one_line(tmp_path, behaviour, extra, msg):
     with hostile(**behaviour) as s:
         rc, doc, err, _ = bench(tmp_path, s.url, *extra, timeout=30)
@@ -128,12 +163,15 @@ def test_history_is_per_server_not_one_url_bucket(tmp_path):
 REAL = ROOT / "tests" / "fixtures" / "bench" / "realworld"
 
 
-@pytest.mark.parametrize("recorded,status,tokens,reason", [
-    # 64 tokens, one chunk each, 5 of them special tokens with text "", no usage: all 64 count
-    ("llama-cpp-python-0.3.36-completions.sse", "ok", 64, None),
-    # cut off by the next request (interrupt_requests): one token, [DONE], no finish_reason
-    ("llama-cpp-python-0.3.36-interrupted.sse", "failed", None, "short answer: 1 of 64 tokens"),
-])
+@pytest.mark.parametrize(
+    "recorded,status,tokens,reason",
+    [
+        # 64 tokens, one chunk each, 5 of them special tokens with text "", no usage: all 64 count
+        ("llama-cpp-python-0.3.36-completions.sse", "ok", 64, None),
+        # cut off by the next request (interrupt_requests): one token, [DONE], no finish_reason
+        ("llama-cpp-python-0.3.36-interrupted.sse", "failed", None, "short answer: 1 of 64 tokens"),
+    ],
+)
 def test_recorded_llama_cpp_python_stream(tmp_path, monkeypatch, recorded, status, tokens, reason):
     monkeypatch.setitem(PROFILE, "workloads", [{"kind": "decode", "output_lens": [64]}])
     with hostile(replay=str(REAL / recorded), tokenize="llama-cpp-python") as s:

