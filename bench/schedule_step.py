@@ -80,11 +80,9 @@ def _prereq_failure(s: Spec, path: str) -> Finding:
     )
 
 
-class ScheduleStep(Step):
-    """Install (or confirm) the box's timer/cron entry."""
+class _SpecStep(Step):
+    """A step about one schedule spec: it acts where the spec runs (the host or the container)."""
 
-    name = "schedule"
-    title = "scheduled health check"
     where = "container"
 
     def __init__(self, spec: Spec | None = None):
@@ -94,6 +92,14 @@ class ScheduleStep(Step):
 
     def options(self, ctx) -> Options:
         return Options(self.spec)
+
+
+class ScheduleStep(_SpecStep):
+    """Install (or confirm) the box's timer/cron entry."""
+
+    name = "schedule"
+    title = "scheduled health check"
+    where = "container"
 
     def gather(self, ctx) -> Facts:
         s = self.spec
@@ -157,20 +163,12 @@ class RemoveFacts:
     systemd: bool = False  # the target runs systemd (read only when units are present)
 
 
-class RemoveStep(Step):
+class RemoveStep(_SpecStep):
     """Disable and delete the box's timer/cron entry."""
 
     name = "schedule-remove"
     title = "remove scheduled health check"
     where = "container"
-
-    def __init__(self, spec: Spec | None = None):
-        self.spec = spec
-        if spec is not None:
-            self.where = "host" if spec.on == "host" else "container"
-
-    def options(self, ctx) -> Options:
-        return Options(self.spec)
 
     def gather(self, ctx) -> RemoveFacts:
         s = self.spec
