@@ -68,8 +68,11 @@ def make_report(
         raise GpuboxError(f"{out_dir} exists and is not a directory", "choose another -o DIR")
 
     from . import markdown, model, plots
+    from .advise import advise_all
+    from .advise_io import server_logs
 
-    rep = model.build(runs, compare=compare, title=title)
+    advice = advise_all(runs, logs={r.name: server_logs(r) for r in runs})
+    rep = model.build(runs, compare=compare, title=title, advice=advice)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = plots.make_all(runs, out_dir / "figures", "pdf" if fmt == "latex" else "png", compare=compare)
     render = {"latex": latex.render, "md": markdown.render_markdown, "html": markdown.render_html}[fmt]
