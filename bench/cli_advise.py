@@ -64,8 +64,9 @@ def advise(
     over the runner-up and whether that margin is larger than the measured noise; the reasons; a
     serving plan (default and when to switch); and the runs that would decide what the data cannot.
 
-    Exit status: 0 every row of the serving plan is beyond the noise, 1 some row is not (inside the
-    noise, noise unknown, or no plan at all), 2 bad input.
+    Exit status: 0 every row of the serving plan is beyond the noise and nothing the run tried
+    failed; 1 some row is not (inside the noise, noise unknown, no plan at all) or a measurement
+    failed, was skipped or was cut by the context window; 2 bad input.
 
     \b
     Examples:
@@ -87,7 +88,7 @@ def advise(
     probe = load_probe(probe_path) if probe_path else None
     hist = {r.box: history_docs(r.box) for r in runs} if history else {}
     advices = advise_all(runs, hist, probe, {r.name: server_logs(r) for r in runs})
-    rc = 0 if all(a.decided for a in advices) else 1
+    rc = max(a.exit_code for a in advices)
     if as_json:
         print_json({"advice": [a.to_dict() for a in advices], "exit_code": rc})
         sys.exit(rc)
@@ -167,4 +168,6 @@ def _print(advices: list) -> None:
                 con.print(Text("- ", style="blue") + Text(f"{w.title}: {reason}"))
         for g in a.gaps:
             con.print(Text("! ", style="red") + Text(f"gap: {g.text}"))
+        for n in a.notes:
+            con.print(Text(f"note: {n}", style="yellow"))
         con.print(Text(f"noise rule: {a.rule}", style="dim"))

@@ -10,8 +10,8 @@ than the noise only when a noise estimate exists and
     margin > NOISE_K x pooled sd,   pooled sd = sqrt((sd_best^2 + sd_runner_up^2) / 2)
 
 where sd is the standard deviation of one figure: from the run's repetitions (the recorded
-min/max spread over n repetitions, divided by the range constant d2(n), NIST/SEMATECH
-e-Handbook of Statistical Methods section 6.3.2) or from the box's earlier healthy runs (sample
+min/max spread over n repetitions, divided by the range constant d2(n): the expected range of
+n standard normal draws, Tippett 1925) or from the box's earlier healthy runs (sample
 standard deviation over at least MIN_HISTORY of them); the larger when both exist, since a
 decision must survive a restart, not only the next repetition. With NOISE_K = 2 two single runs
 of the two configurations come out in the same order about 92% of the time (normal noise:
@@ -25,6 +25,7 @@ inside the noise (more repetitions), a failed or context-cut measurement (never 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -38,23 +39,6 @@ from .findings import findings as run_findings
 NOISE_K = 2.0
 MIN_HISTORY = 3  # earlier healthy runs needed for a history noise estimate
 HISTORY_RUNS = 10  # at most this many of the newest earlier runs
-# d2(n): expected range of n normal draws in units of sigma (control-chart constant).
-D2 = {
-    2: 1.128,
-    3: 1.693,
-    4: 2.059,
-    5: 2.326,
-    6: 2.534,
-    7: 2.704,
-    8: 2.847,
-    9: 2.970,
-    10: 3.078,
-    11: 3.173,
-    12: 3.258,
-    13: 3.336,
-    14: 3.407,
-    15: 3.472,
-}
 RULE = (
     f"a margin is larger than the noise when it exceeds {NOISE_K:g} x the pooled standard deviation "
     "of one figure; the standard deviation comes from the run's repetitions (min/max spread / d2(n)) "
@@ -262,11 +246,22 @@ class Advice:
     plan: list[PlanRow]
     gaps: list[Gap]
     rule: str = RULE
+    notes: list[str] = field(default_factory=list)
 
     @property
     def decided(self) -> bool:
         """A default exists and every row of the plan is beyond the noise."""
         return bool(self.plan) and all(r.decided for r in self.plan)
+
+    @property
+    def broken(self) -> list[Gap]:
+        """Gaps where the run tried and did not get a figure (failed, skipped, cut by the context)."""
+        return [g for g in self.gaps if g.kind in ("failed", "skipped", "cut_by_context")]
+
+    @property
+    def exit_code(self) -> int:
+        """0 the plan is decided and nothing the run tried failed; 1 otherwise (problems remain)."""
+        return 0 if self.decided and not self.broken else 1
 
     def to_dict(self) -> dict:
         return {
@@ -274,11 +269,13 @@ class Advice:
             "box": self.box,
             "simulated": self.simulated,
             "decided": self.decided,
+            "exit_code": self.exit_code,
             "rule": self.rule,
             "noise_k": NOISE_K,
             "plan": [r.to_dict() for r in self.plan],
             "workloads": [w.to_dict() for w in self.workloads],
             "gaps": [g.to_dict() for g in self.gaps],
+            "notes": self.notes,
         }
 
 
@@ -301,6 +298,25 @@ def allreduce_busbw(probe: Mapping[str, Any] | None) -> dict[tuple[int, ...], tu
     return out
 
 
+def _bus(b: Any) -> str:
+    """'00000000:17:00.0' (NVML) and '0000:17:00.0' (sysfs) -> '17:00.0'."""
+    return ":".join(str(b).lower().split(":")[-2:]) if b else ""
+
+
+def probe_mismatch(run: Run, probe: Mapping[str, Any] | None) -> str | None:
+    """Why the probe is not of this run's box (GPU bus ids differ by index), None when it fits or
+    cannot be told. Matching all-reduce sets by index only makes sense on the same GPUs."""
+    nv = (probe or {}).get("nvml") if isinstance(probe, Mapping) else None
+    pg = {g.get("index"): _bus(g.get("bus_id")) for g in (nv or {}).get("gpus") or [] if isinstance(g, dict)}
+    rg = {g.get("index"): _bus(g.get("bus_id")) for g in run.facts.get("gpus") or [] if isinstance(g, dict)}
+    both = [i for i in rg if i in pg and rg[i] and pg[i]]
+    bad = [i for i in both if rg[i] != pg[i]]
+    if bad:
+        i = bad[0]
+        return f"GPU {i} is {rg[i]} in the run and {pg[i]} in the probe"
+    return None
+
+
 def kv_cache(text: str | None) -> dict[str, float]:
     """KV cache capacity a vLLM server logged at start: tokens and GiB per GPU (last seen)."""
     out: dict[str, float] = {}
@@ -315,6 +331,24 @@ def kv_cache(text: str | None) -> dict[str, float]:
 # --- noise --------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
+def d2(n: int) -> float:
+    """The expected range of n standard normal draws (the control-chart constant d2, Tippett 1925):
+    integral of 1 - Phi(x)^n - (1 - Phi(x))^n over x, by Simpson's rule; d2(2) = 1.128,
+    d2(3) = 1.693, d2(4) = 2.059. Computed rather than tabled so any repetition count works."""
+    if n < 2:
+        raise ValueError("d2 needs n >= 2")
+
+    def f(x: float) -> float:
+        phi = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+        return 1 - phi**n - (1 - phi) ** n
+
+    lo, hi, k = -10.0, 10.0, 4000
+    h = (hi - lo) / k
+    total = f(lo) + f(hi) + sum((4 if i % 2 else 2) * f(lo + i * h) for i in range(1, k))
+    return total * h / 3
+
+
 def repeat_noise(m: Measurement) -> Noise | None:
     """sd of one figure from the min/max spread over the measurement's repetitions."""
     n, spread = m.raw.get("repetitions"), m.raw.get("tok_s_spread")
@@ -323,7 +357,7 @@ def repeat_noise(m: Measurement) -> Noise | None:
     lo, hi = spread
     if not all(isinstance(x, (int, float)) for x in (lo, hi)) or hi < lo:
         return None
-    sd = (hi - lo) / D2[min(n, max(D2))]
+    sd = (hi - lo) / d2(n)
     detail = f"spread of {n} repetitions"
     if m.workload == "concurrency":  # the spread is of per-request tok/s: scale it to the aggregate
         tok = m.raw.get("tok_s")
@@ -522,7 +556,8 @@ def _tp_reasons(run: Run, w: WorkloadAdvice, fs: list[Finding], busbw: dict) -> 
         ]
         out.append(
             f"probe all-reduce busbw at {sb // 2**20} MiB: {vb:.1f} GB/s over GPUs {_span(gb)} (TP{b.tp}) "
-            f"vs {vr:.1f} GB/s over GPUs {_span(gr)} (TP{r.tp})" + (f"; {'; '.join(cross)}" if cross else "")
+            f"vs {vr:.1f} GB/s over GPUs {_span(gr)} (TP{r.tp}, {(vr / vb - 1) * 100:+.0f}%)"
+            + (f"; {'; '.join(cross)}" if cross else "")
         )
     return out
 
@@ -732,7 +767,8 @@ def plan(run: Run, points: list[WorkloadAdvice]) -> tuple[list[PlanRow], list[Ga
         if w is base:
             continue
         if w.best.config == default:
-            won.append(w)
+            if w.runner_up is not None:  # measured alone it beat nothing: no claim, a gap names the rest
+                won.append(w)
         elif any(p.config == default for p in w.ranking):
             lost.append(w)
     when = ["default"]
@@ -815,6 +851,10 @@ def advise(
     ]
     points = workload_points(run, hist)
     fs = run_findings([run])
+    notes = []
+    if probe is not None and (why := probe_mismatch(run, probe)):
+        notes.append(f"the probe's all-reduce figures are not used: it is of other GPUs ({why})")
+        probe = None
     ref, busbw, logs = ref_len(run), allreduce_busbw(probe), logs or {}
     for w in points:
         if w.best is None:
@@ -847,7 +887,7 @@ def advise(
     gaps = list(
         {g.text: g for g in [*(g for w in points for g in w.gaps), *plan_gaps, *server_gaps]}.values()
     )
-    return Advice(run.name, run.box, bool(run.doc.get("simulated")), points, rows, gaps)
+    return Advice(run.name, run.box, bool(run.doc.get("simulated")), points, rows, gaps, notes=notes)
 
 
 def advise_all(
