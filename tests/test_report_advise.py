@@ -156,6 +156,44 @@ def test_d2_is_the_expected_range_of_normal_draws():
     assert d2(2) == pytest.approx(2 / 3.141592653589793**0.5, abs=1e-9)  # E|X - Y| for N(0,1): 2/sqrt(pi)
 
 
+def test_real_context_window_errors_are_named_as_cuts():
+    errs = json.loads((FIX / "realworld" / "context_errors.json").read_text())["errors"]
+    ms = [
+        meas(4, "ddtree:15", "long_context", 80.0, ctx=100000, out=256, spread=[79.0, 81.0]),
+        meas(8, "ddtree:15", "long_context", 90.0, ctx=100000, out=256, spread=[89.0, 91.0]),
+    ]
+    for i, e in enumerate(errs):
+        head = f"HTTP {e['status']}: " if e["status"] else ""
+        ms.append(
+            meas(
+                1,
+                f"ddtree:{16 + i}",
+                "long_context",
+                None,
+                ctx=100000,
+                out=256,
+                status="failed",
+                reason=f"3 of 3 requests failed: {head}{e['message']}",
+            )
+        )
+    # not a context cut (made up here): a 400 for a rejected field stays a plain failure
+    ms.append(
+        meas(
+            1,
+            "auto",
+            "long_context",
+            None,
+            ctx=100000,
+            out=256,
+            status="failed",
+            reason="HTTP 400: unknown field 'ignore_eos'",
+        )
+    )
+    a = advise(sim_run(ms))
+    kinds = [g.kind for g in a.gaps if g.key and g.key.startswith("tp1/")]
+    assert kinds == ["cut_by_context"] * len(errs) + ["failed"]
+
+
 # --- simulated runs with a known answer ---------------------------------------------------------
 
 

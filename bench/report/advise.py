@@ -45,7 +45,11 @@ RULE = (
     f"or from the box's earlier healthy runs (at least {MIN_HISTORY}), the larger when both exist; "
     "without either the noise is unknown"
 )
-_CUT = re.compile(r"max_model_len|max-model-len|context (window|length)|HTTP 400", re.I)
+# a reason that names the context limit: gpubox's own refusal (ContextTooLong: "... exceeds the
+# server's max_model_len ..."), vLLM's HTTP 400 ("This model's maximum context length is ...") and
+# its scheduler ("Input prompt (N tokens) is too long and exceeds limit of M"). A bare HTTP 400 is
+# not enough: servers answer 400 for other reasons too (rejected sampling fields).
+_CUT = re.compile(r"max_model_len|max-model-len|context (window|length)|too long and exceeds limit", re.I)
 _KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _KV_GIB = re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB")
 AUTO = ("auto", "ar", "autoregressive")
