@@ -533,6 +533,11 @@ def test_every_report_leads_with_the_advice(capsys, tmp_path):
         assert "TP4 DDTree b15" in text[: text.index(first)]
     rc, out, _ = gpubox(capsys, "report", AFTER, "--format", "md", "-o", str(tmp_path / "j"), "--json")
     assert json.loads(out)["advice"][0]["plan"][0]["config"]["name"] == "TP4 DDTree b15"
+    before = str(FIX / "seed-before.json")
+    rc, out, _ = gpubox(
+        capsys, "report", before, AFTER, "--compare", "--format", "md", "-o", str(tmp_path / "c"), "--json"
+    )
+    assert rc == 0 and [a["run"] for a in json.loads(out)["advice"]] == ["seed-after"]  # not the baseline
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,8 @@ def make_report(
     from .advise import advise_all
     from .advise_io import server_logs
 
-    advice = advise_all(runs, logs={r.name: server_logs(r) for r in runs})
+    advised = runs[1:] if compare else runs  # with --compare the first run is the baseline being replaced
+    advice = advise_all(advised, logs={r.name: server_logs(r) for r in advised})
     rep = model.build(runs, compare=compare, title=title, advice=advice)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = plots.make_all(runs, out_dir / "figures", "pdf" if fmt == "latex" else "png", compare=compare)

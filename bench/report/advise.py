@@ -354,8 +354,9 @@ def d2(n: int) -> float:
 
 
 def repeat_noise(m: Measurement) -> Noise | None:
-    """sd of one figure from the min/max spread over the measurement's repetitions."""
-    n, spread = m.raw.get("repetitions"), m.raw.get("tok_s_spread")
+    """sd of one figure from the min/max spread over the measurement's repetitions. Fields are
+    read by attribute (schema names) so a typed Measurement serves as well as the dict-backed one."""
+    n, spread = getattr(m, "repetitions", None), getattr(m, "tok_s_spread", None)
     if not isinstance(n, int) or n < 2 or not isinstance(spread, list) or len(spread) != 2:
         return None
     lo, hi = spread
@@ -364,7 +365,7 @@ def repeat_noise(m: Measurement) -> Noise | None:
     sd = (hi - lo) / d2(n)
     detail = f"spread of {n} repetitions"
     if m.workload == "concurrency":  # the spread is of per-request tok/s: scale it to the aggregate
-        tok = m.raw.get("tok_s")
+        tok = getattr(m, "tok_s", None)
         if not isinstance(tok, (int, float)) or tok <= 0 or m.value is None:
             return None
         sd *= m.value / tok
@@ -388,7 +389,7 @@ def history_noise(key: str, history: list[Run]) -> Noise | None:
 def point_noise(m: Measurement, history: list[Run]) -> Noise:
     found = [n for n in (repeat_noise(m), history_noise(m.key, history)) if n is not None]
     if not found:
-        reps = m.raw.get("repetitions")
+        reps = getattr(m, "repetitions", None)
         have = (
             f"{reps} repetition" + ("s" if reps != 1 else "") if isinstance(reps, int) else "no repetitions"
         )
@@ -436,7 +437,7 @@ def _titles(run: Run, pid: str, m: Measurement) -> tuple[str, str, str]:
     c = ctx_name(m.context_tokens)
     if w == "long_context":
         return f"long context, {c} tokens", f"at {c} context", "tok/s"
-    turns = m.raw.get("turns")
+    turns = getattr(m, "turns", None)
     t = f", {turns} turns" if turns else ""
     return f"agentic prompt, {c} context{t}", f"at agentic {c} context{t}", "tok/s"
 

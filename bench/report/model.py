@@ -182,5 +182,5 @@ def build(
         comparisons=comps,
         verdicts=[verdict(r) for r in runs],
         appendices=[appendix(r) for r in runs],
-        advice=advise_all(runs) if advice is None else advice,
+        advice=advise_all(runs[1:] if compare else runs) if advice is None else advice,
     )
