@@ -573,3 +573,30 @@ def test_probe_inside_gpubox_probe_json_is_accepted(capsys):
     )
     # a real one-GPU H200 probe: accepted, but of other GPUs than the seed box, so not used
     assert rc == 0 and any("not used" in n for n in json.loads(out)["advice"][0]["notes"])
+
+
+def test_advise_on_a_result_the_benchmark_really_wrote(tmp_path, capsys):
+    """`gpubox bench` against the simulated box (real server processes, real client) writes the
+    result; advise reads it as it is. The health profile runs one repetition per point, so there is
+    no noise estimate: the advice must say so and not decide. Which TP wins depends on this
+    machine's load, so the winner is not asserted."""
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box")
+    rc, out, _ = gpubox(
+        capsys, "-i", sim.inventory_path, "bench", "ct200", "--tp", "4,8", "--methods", "ddtree:15",
+        "--out", tmp_path / "out", "--json",
+    )  # fmt: skip
+    doc = json.loads(out)
+    path = tmp_path / "out" / f"{doc['run_id']}.json"
+    rc, out, _ = gpubox(capsys, "advise", str(path), "--no-history", "--json")
+    a = json.loads(out)["advice"][0]
+    assert rc == 1 and a["simulated"] is True and a["decided"] is False
+    ids = [w["id"] for w in a["workloads"]]
+    assert ids == ["decode/out1024", "concurrency/c8"]
+    for w in a["workloads"]:
+        assert {p["config"]["name"] for p in w["ranking"]} == {"TP4 DDTree b15", "TP8 DDTree b15"}
+        assert w["decision"] == "noise_unknown" and w["exceeds_noise"] is None
+        assert "1 repetition" in w["best"]["noise"]["detail"]
+    assert a["plan"][0]["config"]["name"] in ("TP4 DDTree b15", "TP8 DDTree b15")
+    assert any(g["kind"] == "noise_unknown" for g in a["gaps"])

@@ -393,7 +393,7 @@ def point_noise(m: Measurement, history: list[Run]) -> Noise:
         have = (
             f"{reps} repetition" + ("s" if reps != 1 else "") if isinstance(reps, int) else "no repetitions"
         )
-        return Noise(None, "none", f"{have} with a spread, no history of the box")
+        return Noise(None, "none", f"{have}, fewer than {MIN_HISTORY} earlier healthy runs of the box")
     top = max(found, key=lambda n: n.sd)
     if len(found) == 2:
         other = found[1] if top is found[0] else found[0]
