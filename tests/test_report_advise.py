@@ -577,8 +577,9 @@ def test_probe_inside_gpubox_probe_json_is_accepted(capsys):
 
 def test_advise_on_a_result_the_benchmark_really_wrote(tmp_path, capsys):
     """`gpubox bench` against the simulated box (real server processes, real client) writes the
-    result; advise reads it as it is. The health profile runs one repetition per point, so there is
-    no noise estimate: the advice must say so and not decide. Which TP wins depends on this
+    result; advise reads it as it is. The simulated box's inventory runs one repetition per point
+    (gpubox/simbox/server.py, to stay fast), so there is no noise estimate: the advice must say so
+    and not decide. Which TP wins depends on this
     machine's load, so the winner is not asserted."""
     from gpubox.simbox import build
 
