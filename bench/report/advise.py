@@ -437,7 +437,7 @@ def _titles(run: Run, pid: str, m: Measurement) -> tuple[str, str, str]:
     c = ctx_name(m.context_tokens)
     if w == "long_context":
         return f"long context, {c} tokens", f"at {c} context", "tok/s"
-    turns = getattr(m, "turns", None)
+    turns = getattr(m, "turns", None) or next(iter(re.findall(r"turns(\d+)", pid)), None)
     t = f", {turns} turns" if turns else ""
     return f"agentic prompt, {c} context{t}", f"at agentic {c} context{t}", "tok/s"
 
