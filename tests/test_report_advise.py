@@ -316,8 +316,9 @@ def test_history_is_the_noise_when_the_run_has_no_repeats():
     assert w.best.noise.source == "history" and "4 earlier healthy runs" in w.best.noise.detail
     assert w.best.noise.sd == pytest.approx(statistics.stdev(healthy))
     assert w.decision == CLEAR  # 10 > 2 x ~3.4
-    # too little history: noise unknown
-    w = advise(now, history=history_runs(healthy[:2])).workloads[0]
+    # too little history: noise unknown; a damaged history entry is left out, not an error
+    damaged = {"schema": "gpubox.bench/1", "run_id": "box-bad", "measurements": [{"key": "k"}]}
+    w = advise(now, history=history_runs(healthy[:2]) + [damaged]).workloads[0]
     assert w.decision == UNKNOWN
 
 

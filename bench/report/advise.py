@@ -32,6 +32,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from gpubox.errors import GpuboxError
+
 from .data import Measurement, Run, from_doc, method_name, method_order
 from .findings import Finding, ctx_name, f1, ref_len
 from .findings import findings as run_findings
@@ -841,6 +843,17 @@ def plan(run: Run, points: list[WorkloadAdvice]) -> tuple[list[PlanRow], list[Ga
 # --- the whole advice ---------------------------------------------------------------------------
 
 
+def _as_run(h: dict | Run) -> Run | None:
+    """A history entry as a Run; a damaged one is left out (it may cost the noise estimate, never
+    the advice)."""
+    if isinstance(h, Run):
+        return h
+    try:
+        return from_doc(h, "<history>", "history")
+    except GpuboxError:
+        return None
+
+
 def advise(
     run: Run,
     history: Iterable[dict | Run] = (),
@@ -850,9 +863,7 @@ def advise(
     """Advice for one run. history: the box's earlier result documents (or Runs), oldest first;
     probe: a gpubox.probe/1 document of the same box; logs: server log text by (tp, label)."""
     hist = [
-        h if isinstance(h, Run) else from_doc(h, "<history>", "history")
-        for h in history
-        if (h.doc if isinstance(h, Run) else h).get("run_id") != run.doc.get("run_id")
+        h for h in map(_as_run, history) if h is not None and h.doc.get("run_id") != run.doc.get("run_id")
     ]
     points = workload_points(run, hist)
     fs = run_findings([run])
