@@ -443,7 +443,7 @@ def test_server_log_kv_figures_back_the_long_context_reason(tmp_path):
     assert (4, "ddtree:15") not in logs
     w = by_id(advise(run, logs=logs))["long_context/ctx100000/out256"]
     r = next(r for r in w.reasons if "shards the KV cache" in r)
-    assert "TP8: 8.1 GiB KV cache per GPU, 178,880 KV tokens" in r and "TP4: 382 GiB GPU memory in all" in r
+    assert "TP8: 8.1 GiB KV cache per GPU, 178,880 KV tokens" in r and "TP4: 4 x 95.6 GiB GPUs" in r
 
 
 # --- CLI and formats ----------------------------------------------------------------------------

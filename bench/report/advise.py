@@ -585,7 +585,13 @@ def _memory_reason(run: Run, w: WorkloadAdvice, logs: Mapping[tuple[int, str], s
         if "tokens" in kv:
             bits.append(f"{kv['tokens']:,.0f} KV tokens")
         if not bits and g and all(isinstance(mem.get(i), (int, float)) for i in g):
-            bits.append(f"{sum(mem[i] for i in g) / 1024:.0f} GiB GPU memory in all")
+            sizes = sorted({mem[i] for i in g})
+            each = (
+                f"{sizes[0] / 1024:.1f} GiB"
+                if len(sizes) == 1
+                else f"{sizes[0] / 1024:.1f}-{sizes[-1] / 1024:.1f} GiB"
+            )
+            bits.append(f"{len(g)} x {each} GPUs")
         if bits:
             parts.append(f"TP{c.tp}: {', '.join(bits)}")
     text = (
