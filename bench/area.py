@@ -12,6 +12,7 @@ AREA = Area(
     commands={
         "bench": "gpubox.bench.cli:bench",
         "report": "gpubox.bench.cli_report:report",
+        "advise": "gpubox.bench.cli_advise:advise",
         "history": "gpubox.bench.cli_history:history",
         "schedule": "gpubox.bench.cli_schedule:schedule",
     },

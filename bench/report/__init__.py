@@ -68,8 +68,12 @@ def make_report(
         raise GpuboxError(f"{out_dir} exists and is not a directory", "choose another -o DIR")
 
     from . import markdown, model, plots
+    from .advise import advise_all
+    from .advise_io import server_logs
 
-    rep = model.build(runs, compare=compare, title=title)
+    advised = runs[1:] if compare else runs  # with --compare the first run is the baseline being replaced
+    advice = advise_all(advised, logs={r.name: server_logs(r) for r in advised})
+    rep = model.build(runs, compare=compare, title=title, advice=advice)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = plots.make_all(runs, out_dir / "figures", "pdf" if fmt == "latex" else "png", compare=compare)
     render = {"latex": latex.render, "md": markdown.render_markdown, "html": markdown.render_html}[fmt]

@@ -73,7 +73,7 @@ def _align(table) -> MdSafe:
 LEVEL_MD = {"good": "✅", "warn": "⚠️", "info": "ℹ️"}
 
 
-def render_markdown(report, outdir: Path, figures: list) -> Path:
+def md_environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=False,
@@ -90,6 +90,21 @@ def render_markdown(report, outdir: Path, figures: list) -> Path:
         raw=lambda s: MdSafe(s),
         level=lambda lv: MdSafe(LEVEL_MD.get(lv, "-")),
     )
+    return env
+
+
+def html_environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def render_markdown(report, outdir: Path, figures: list) -> Path:
+    env = md_environment()
     figs = [
         {
             "title": f.title,
@@ -106,13 +121,7 @@ def render_markdown(report, outdir: Path, figures: list) -> Path:
 
 
 def render_html(report, outdir: Path, figures: list) -> Path:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        autoescape=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        undefined=jinja2.StrictUndefined,
-    )
+    env = html_environment()
     figs = [
         {
             "title": f.title,

@@ -34,6 +34,7 @@ class Report:
     comparisons: list[T.Table]
     verdicts: list[dict]
     appendices: list[Appendix] = field(default_factory=list)
+    advice: list = field(default_factory=list)  # advise.Advice per run: the report leads with it
 
     @property
     def finding_groups(self) -> list[tuple[str | None, list[Finding]]]:
@@ -61,6 +62,7 @@ class Report:
             "tables": [t.to_dict() for t in self.tables],
             "comparisons": [t.to_dict() for t in self.comparisons],
             "verdicts": self.verdicts,
+            "advice": [a.to_dict() for a in self.advice],
         }
 
 
@@ -160,7 +162,12 @@ def verdict(run: Run) -> dict:
     }
 
 
-def build(runs: list[Run], compare: bool = False, title: str | None = None) -> Report:
+def build(
+    runs: list[Run], compare: bool = False, title: str | None = None, advice: list | None = None
+) -> Report:
+    """The report; `advice` (advise.Advice per run) is computed from the runs alone when not given."""
+    from .advise import advise_all
+
     boxes = list(dict.fromkeys(r.box for r in runs))
     title = title or ("Benchmark report: " + ", ".join(boxes))
     comps = []
@@ -175,4 +182,5 @@ def build(runs: list[Run], compare: bool = False, title: str | None = None) -> R
         comparisons=comps,
         verdicts=[verdict(r) for r in runs],
         appendices=[appendix(r) for r in runs],
+        advice=advise_all(runs[1:] if compare else runs) if advice is None else advice,
     )
