@@ -296,7 +296,7 @@ def stream_per_file(src: Path) -> float | None:
 def anchors(src: Path, n: int) -> dict:
     """name -> () -> seconds | None: the read strategies measured for the disk anchor."""
     out = {}
-    for threads, block in ((n, 4 * MIB), (2 * n, 8 * MIB), (4 * n, 2 * MIB), (4 * n, 16 * MIB)):
+    for threads, block in ((n, 4 * MIB), (2 * n, 8 * MIB), (4 * n, 16 * MIB)):
         out[f"O_DIRECT {threads} thr x {block // MIB} MiB"] = lambda t=threads, b=block: read_ranges(
             src, t, b, direct=True
         )
