@@ -1,23 +1,29 @@
 """Stage a model directory into tmpfs (/dev/shm): fast, hash-verified, atomic, resumable.
 
-Stdlib only (rich is optional and imported lazily) so the same file can run inside a container
-that has no gpubox: `python3 - ARGS` with `payload()` on stdin. With a local transport gpubox calls
-`run_request()` in-process on paths under the container's root prefix.
+Stdlib only (rich and xxhash are optional and imported where present) so the same file can run
+inside a container that has no gpubox: `python3 - ARGS` with `payload()` on stdin. With a local
+transport gpubox calls `run_request()` in-process on paths under the container's root prefix.
 
-Which hash, and why crc32 by default:
+Which checksum, and why XXH3 by default:
 - The threat is accidental: a copy from trusted local storage that was cut short, truncated, or
   had bits flipped (a bad disk/NFS read, a crash mid-copy), not an adversary who forges content.
   Storage systems check exactly this with fast non-cryptographic checksums: ZFS's default
-  checksum is fletcher4, GCS and S3 use CRC32C per object/part. So the default chunk hash is
-  zlib.crc32 ("crc32-tree-64MiB"): per core on the 2-core dev machine 4.2 GB/s vs sha256 (SHA-NI)
-  1.8 (best of 3; 1.84 vs 1.11 under load), and zlib releases the GIL for buffers > 5 KiB, so it
-  scales over threads like hashlib does.
-  `hash="sha256"` ("sha256-tree-64MiB") stays available for who wants a cryptographic digest.
+  checksum is fletcher4, GCS and S3 use CRC32C per object/part. So the default is XXH3-64 per
+  64 MiB range ("xxh3-tree-64MiB", python-xxhash, a dependency): measured from 1 MiB buffers, one
+  thread, best of 7 on the loaded 2-core dev machine: xxh3 25.8 GB/s, crc32c (crc32c package) 6.3,
+  BLAKE3 1.4, zlib.crc32 1.3, sha256 (SHA-NI) 0.4; all of them release the GIL. At that rate the
+  checksum is ~2% of a copy's CPU; crc32 was ~25%, sha256 ~45%. google-crc32c was not taken: it
+  refuses a writable buffer (our reads land in one), so it would need a copy.
+- Where xxhash is missing (the standalone payload in a bare container) the default is zlib.crc32
+  ("crc32-tree-64MiB"); `hash="sha256"` ("sha256-tree-64MiB") stays for who wants a cryptographic
+  digest of the staged copy.
 - A Hugging Face cache source is still checked against the hub's sha256 (the LFS blob name)
   whatever the chunk hash: that sequential whole-file sha256 is the hub's own identity check.
 - Every file entry records its algorithm ("algo"); --verify, resume/skip and check use the entry's
-  own algorithm, so a directory staged with sha256 stays staged (and verifiable) when crc32 is the
-  request, and vice versa. Only changed files are re-copied (with the requested algorithm).
+  own algorithm, so a directory staged with sha256 stays staged (and verifiable) when xxh3 is the
+  request, and vice versa. Only changed files are re-copied (with the requested algorithm). An entry
+  whose algorithm cannot be computed here (xxh3 without xxhash) passes the cheap check, and --verify
+  re-copies it with one that can.
 
 How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/stage_vs_cp.py the run):
 - Every file is cut into 64 MiB chunks; worker threads read each chunk with preadv through a 1 MiB
@@ -28,19 +34,25 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
   switches (GIL hand-offs between 16 threads) and 1.4x the wall on 32 cores; 4 MiB fall out of L2.
 - Plain reads cannot SIGBUS: a source truncated under the copy gives a short read, which is the
   "source shrank" error (a read of a mapping past a new EOF kills the process with SIGBUS).
-- tmpfs takes the inode lock for every write to a file, so workers writing the same file queue:
-  _Schedule gives each worker a file of its own while there are enough files. Each reader opens
-  the source itself (POSIX_FADV_SEQUENTIAL), so the kernel's readahead follows each stream: cold,
-  this read at 1.11x the device's O_DIRECT rate on 32 cores. Chunks that are not cached are now
-  read with O_DIRECT instead (see "reading a cold source" below: half the CPU on 2 cores).
+- tmpfs takes the inode lock for every write to a file, so writers of one file queue: _Schedule
+  spreads workers over files first, then splits the large shards into their 64 MiB ranges across
+  workers (each pwrite()s into the one NAME.partial at its offsets), so the last big shard is not
+  left to one stream. Each reader opens the source itself (POSIX_FADV_SEQUENTIAL), so the
+  kernel's readahead follows each stream.
+- A cold source (mostly not in the page cache: after a reboot) is read with at least COLD_THREADS
+  threads whatever the core count (a thread blocked in a read holds no core), either with O_DIRECT
+  in 4 MiB reads or buffered with 16 MiB of POSIX_FADV_WILLNEED in flight per stream, whichever a
+  short probe measured faster on this box (see "reading a cold source" below).
 - sendfile/copy_file_range cannot hash without a second read (copy_file_range also fails across
   filesystems: EXDEV); sendfile + hashing the destination measured slower (1.27 vs 0.68 CPU-s/GB
   on 2 cores), and so did preadv straight into an mmap of the destination (page faults: 1.17).
-- A file's digest is sha256 over its chunk digests (crc32: 4 bytes big-endian each), so chunks of
-  one big shard hash in parallel; a whole-file hash is a sequential chain and would leave one
-  core busy with the largest shard at the end.
+- A file's digest is sha256 over its range digests (xxh3: 8 bytes big-endian each, crc32: 4), so
+  ranges of one big shard hash in parallel and in any order; a whole-file hash is a sequential
+  chain and would leave one core busy with the largest shard at the end. The range digests are
+  kept (manifest "ranges"), so --verify names the damaged byte ranges.
 - Each file is written as NAME.partial and renamed when complete; a journal
-  (.gpubox-journal.jsonl) records finished files, so an interrupted run resumes where it stopped;
+  (.gpubox-journal.jsonl) records every range written and every finished file, so a killed run
+  resumes where it stopped, inside a file too (its kept ranges are re-hashed in the partial first);
   the manifest (.gpubox-manifest.json: size, mtime, hash and algo per file; the source's identity)
   is written last, atomically, and the directory only counts as staged when it exists. Before
   changing a staged directory the manifest is removed first (its entries move to the journal).
@@ -416,9 +428,9 @@ def _buf() -> memoryview:
 
 # -- reading a cold source ---------------------------------------------------------------------
 # After a reboot the source is not in the page cache. Two ways to read it, and which is faster
-# depends on the box (measured: on one 16-core VM buffered parallel reads beat one O_DIRECT stream
-# per file, 1.66 vs 1.47 GB/s; on a 32-core one O_DIRECT was as fast and used half the CPU), so a
-# short probe decides (_probe_modes):
+# depends on the box (measured, docs/stage.md: on a 16-core VM `xargs -P16 cp`'s buffered reads
+# reached 1.66 GB/s and one O_DIRECT stream per file 1.47; on a 32-core one 2.28 and 2.23; on the
+# 2-core VM O_DIRECT took half the CPU of buffered reads), so a short probe decides (_probe_modes):
 # - O_DIRECT: the device writes into our buffer, no page-cache insertion (allocation, LRU, later
 #   reclaim; the pages would also be charged to the container's memory cgroup next to the tmpfs
 #   copy). DIRECT_BLOCK per read, COLD_THREADS threads: enough requests in flight.
@@ -731,11 +743,12 @@ def _read_mode_setting() -> str:
 PROBE_BYTES = 8 << 20  # per thread and mode
 
 
-def _probe_modes(ranges: list[tuple[str, tuple[int, int], int]], threads: int) -> dict:
+def _probe_modes(ranges: list[tuple[str, tuple[int, int], int]], threads: int, algo: str) -> dict:
     """Time the two cold read paths on this box, each with `threads` readers at once over distinct
     uncached ranges (path, ident, offset) of the source: O_DIRECT in DIRECT_BLOCK reads, and
-    buffered reads with PREFETCH in flight. Reads only; the buffered half's pages stay cached and
-    are copied from the cache. Returns {"direct": GB/s, "buffered": GB/s} (a mode that failed: 0)."""
+    buffered reads with PREFETCH in flight, hashing as the copy does. Reads only; the buffered
+    half's pages stay cached and are copied from the cache. Returns {"direct": GB/s, "buffered":
+    GB/s} (a mode that failed: 0)."""
     half = len(ranges) // 2
     out = {}
     for mode, part in (("direct", ranges[:half]), ("buffered", ranges[half:])):
@@ -748,9 +761,9 @@ def _probe_modes(ranges: list[tuple[str, tuple[int, int], int]], threads: int) -
                 return
             try:
                 if mode == "direct":
-                    _chunk(fd, None, off, off + PROBE_BYTES, HASHES["crc32"], block=DIRECT_BLOCK)
+                    _chunk(fd, None, off, off + PROBE_BYTES, algo, block=DIRECT_BLOCK)
                 else:
-                    _chunk(fd, None, off, off + PROBE_BYTES, HASHES["crc32"], prefetch=PREFETCH)
+                    _chunk(fd, None, off, off + PROBE_BYTES, algo, prefetch=PREFETCH)
             except (OSError, StageError):
                 failed.append(mode)
             finally:
@@ -829,7 +842,7 @@ class Copier:
             if len(ranges) >= 4 * threads:  # enough uncached ranges for both modes at full depth
                 step = len(ranges) / (2 * threads)
                 pick = [ranges[int(k * step)] for k in range(2 * threads)]
-                rates = _probe_modes(pick, threads)
+                rates = _probe_modes(pick, threads, self.algo)
                 self.read["probe_gb_s"] = {k: round(v, 3) for k, v in rates.items()}
                 self.read["mode"] = "direct" if rates["direct"] >= rates["buffered"] else "buffered"
             else:  # too little to measure: O_DIRECT (no page-cache copy charged to the container)
