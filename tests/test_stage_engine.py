@@ -676,3 +676,66 @@ def test_cold_read_mode_can_be_set(tmp_path, monkeypatch, setting, mode):
     assert out["read"]["mode"] == mode and "probe_gb_s" not in out["read"]
     assert (out["read_direct_bytes"] > 0) == (mode == "direct")
     assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
+
+
+# -- the default checksum against the reference implementation's own known answers -------------
+VECTORS = Path(__file__).parent / "fixtures" / "stage" / "realworld" / "xxh3_sanity_vectors.txt"
+
+
+def _sanity_buffer(n: int) -> bytes:
+    """xxHash's self-test input (see the fixture's provenance)."""
+    g, out = 2654435761, bytearray(n)
+    for i in range(n):
+        out[i] = g >> 56
+        g = g * 11400714785074694797 % (1 << 64)
+    return bytes(out)
+
+
+def _vectors() -> list[tuple[int, int]]:
+    rows = [ln.split() for ln in VECTORS.read_text().splitlines() if ln and not ln.startswith("#")]
+    return [(int(n), int(h, 16)) for n, h in rows]
+
+
+def test_xxh3_range_digest_matches_the_reference_known_answers():
+    """The copier's xxh3 checksum, fed in uneven slices as reads deliver them, gives the reference
+    XXH3_64bits value of every length class, stored big-endian (XXH3's canonical form)."""
+    make = st._CHUNK_HASH["xxh3-tree-64MiB"]
+    for n, want in _vectors():
+        data = memoryview(_sanity_buffer(n))
+        h, off, step = make(), 0, 1
+        while off < n:
+            h.update(data[off : off + step])
+            off, step = off + step, step * 3 + 1
+        assert h.digest() == want.to_bytes(8, "big"), n
+
+
+def test_staged_file_hash_is_sha256_of_the_reference_xxh3(model, tmp_path):
+    n, want = _vectors()[-1]
+    (model / "sanity.bin").write_bytes(_sanity_buffer(n))
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    entry = json.loads((dest / st.MANIFEST).read_text())["files"]["sanity.bin"]
+    assert entry["algo"] == "xxh3-tree-64MiB"
+    assert entry["hash"] == hashlib.sha256(want.to_bytes(8, "big")).hexdigest()
+
+
+def test_unreadable_range_records_are_not_trusted(tmp_path, monkeypatch):
+    """Range lines cut or garbled by the kill (bad digest, range out of the file) resume nothing:
+    the partial is removed and the file copied whole."""
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src, dest = tmp_path / "s", tmp_path / "d"
+    shard = _big_model(src, seed=28)
+    _kill_mid_range(src, dest, after=4)
+    lines = (dest / st.JOURNAL).read_text().splitlines()
+    bad = []
+    for ln in lines:
+        e = json.loads(ln)
+        if "range" in e:
+            e["digest"] = "not hex" if e["range"] % 2 else e["digest"]
+            e["range"] = e["range"] if e["range"] % 2 else 10**6
+        bad.append(json.dumps(e))
+    (dest / st.JOURNAL).write_text("\n".join(bad) + '\n{"rel": "model.safe')
+    out = _stage(src, dest)
+    assert out["resumed_bytes"] == 0
+    assert (dest / shard.name).read_bytes() == shard.read_bytes()
+    assert not list(dest.rglob("*" + st.PARTIAL))
