@@ -25,10 +25,10 @@ from gpubox.output import console, print_json
 @click.option(
     "--hash",
     "hash_name",
-    type=click.Choice(["crc32", "sha256"]),
+    type=click.Choice(["xxh3", "crc32", "sha256"]),
     default=None,
-    help="Chunk hash for the files copied: crc32 (default; catches accidental corruption, fast) or "
-    "sha256. BOX: also gpubox_stage_hash. Staged files keep theirs for checks and --verify.",
+    help="Chunk hash for the files copied: xxh3 (default; catches accidental corruption, fastest), "
+    "crc32 (stdlib) or sha256. BOX: also gpubox_stage_hash. Staged files keep theirs for checks and --verify.",
 )
 @click.option(
     "--follow-links",

@@ -13,9 +13,10 @@ Inventory (`gpubox_model` / `gpubox_drafter` on the container):
     cache_dir: /mnt/models/hf            # repo ids only: persistent HF cache (default: HF's own)
     offline: false                       # repo ids only: never download (also $HF_HUB_OFFLINE)
 
-Chunk hash (box-level, both models): `gpubox_stage_hash: crc32` (default) or `sha256`; the CLI's
-`--hash` wins. It applies to the files a run copies; a staged directory keeps the algorithm its
-manifest records, and checks/--verify use that one (see provision.stage for why crc32).
+Chunk hash (box-level, both models): `gpubox_stage_hash: xxh3` (default; crc32 where the copier
+runs without the xxhash package), `crc32` or `sha256`; the CLI's `--hash` wins. It applies to the
+files a run copies; a staged directory keeps the algorithm its manifest records, and checks/--verify
+use that one (see provision.stage for why a non-cryptographic checksum).
 
 The copier runs where the container's files are: in-process for a local transport (paths under
 the container's root prefix), else as `python3 - --request JSON` with the stdlib-only copier on
@@ -91,7 +92,8 @@ def model_spec(ctx, var: str) -> dict | None:
 
 def stage_hash(ctx) -> str | None:
     """The requested chunk hash: --hash, else the box's gpubox_stage_hash, else None (the copier's
-    default, crc32). Checked here so a typo is exit 2 before anything runs."""
+    default: xxh3, or crc32 where it runs without xxhash). Checked here so a typo is exit 2 before
+    anything runs."""
     name = ctx.opt("hash") or ctx.box.var("gpubox_stage_hash")
     if name is None:
         return None

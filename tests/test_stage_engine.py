@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from gpubox.provision import safetensors_check as stc
 from gpubox.provision import stage as st
@@ -50,20 +51,23 @@ def test_stage_copies_everything_and_writes_manifest_last(model, tmp_path):
     assert st.check(str(model), str(dest))["staged"] is True
 
 
-@pytest.mark.parametrize("name", [None, "crc32", "sha256"])
+@pytest.mark.parametrize("name", [None, "xxh3", "crc32", "sha256"])
 def test_tree_hash_is_sha256_over_chunk_hashes(tmp_path, monkeypatch, name):
-    """crc32 (the default): 4 big-endian bytes per chunk; sha256: the chunk digests; file = sha256 of them."""
+    """xxh3 (the default): XXH3-64 per chunk, 8 bytes big-endian; crc32: 4 big-endian bytes; sha256: the
+    chunk digests; file = sha256 of them. The per-range digests are in the manifest too."""
     monkeypatch.setattr(st, "CHUNK", 64 << 10)  # several chunks in a small file
     src = tmp_path / "s"
     make_model(src, [400_000], seed=3)
     dest = tmp_path / "d"
     out = _stage(src, dest, hash=name)
-    algo = {None: "crc32-tree-64MiB", "crc32": "crc32-tree-64MiB", "sha256": "sha256-tree-64MiB"}[name]
+    algo = {None: st.HASH_ALGO, **{k: v for k, v in st.HASHES.items()}}[name]
     man = json.loads((dest / st.MANIFEST).read_text())
     assert out["hash"] == man["hash"] == algo
     data = (src / "model.safetensors").read_bytes()
     parts = [data[i : i + st.CHUNK] for i in range(0, len(data), st.CHUNK)]
-    if algo.startswith("crc32"):
+    if algo.startswith("xxh3"):
+        chunks = [xxhash.xxh3_64(p).intdigest().to_bytes(8, "big") for p in parts]
+    elif algo.startswith("crc32"):
         chunks = [zlib.crc32(p).to_bytes(4, "big") for p in parts]
     else:
         chunks = [hashlib.sha256(p).digest() for p in parts]
@@ -71,6 +75,7 @@ def test_tree_hash_is_sha256_over_chunk_hashes(tmp_path, monkeypatch, name):
     entry = man["files"]["model.safetensors"]
     assert entry["algo"] == algo and entry["hash"] == hashlib.sha256(b"".join(chunks)).hexdigest()
     assert {e["algo"] for e in man["files"].values()} == {algo}
+    assert entry["ranges"] == [c.hex() for c in chunks]
 
 
 def test_second_run_copies_nothing(model, tmp_path):
@@ -357,7 +362,7 @@ def test_header_checks(tmp_path):
     assert "has trailing bytes" in stc.check_shard(str(p))[0][0]
 
 
-# -- the hash choice (crc32 default, sha256 on request) and the mmap reader -------------------
+# -- the hash choice (xxh3 default, crc32 without xxhash, sha256 on request) --------------------
 def _flip_byte(path: Path, back: int = 5) -> None:
     """Flip one tensor byte near the end, keeping size and mtime (what stat cannot see)."""
     s0 = path.stat()
@@ -369,15 +374,15 @@ def _flip_byte(path: Path, back: int = 5) -> None:
     os.utime(path, ns=(s0.st_atime_ns, s0.st_mtime_ns))
 
 
-def test_crc32_default_finds_a_flipped_bit_with_verify(model, tmp_path):
+def test_default_hash_is_xxh3_and_finds_a_flipped_bit_with_verify(model, tmp_path):
     dest = tmp_path / "d"
     out = _stage(model, dest)
-    assert out["hash"] == "crc32-tree-64MiB"
+    assert st.DEFAULT_HASH == "xxh3" and out["hash"] == "xxh3-tree-64MiB"  # xxhash is a dependency
     shard = dest / "model-00002-of-00003.safetensors"
     _flip_byte(shard)
     assert st.check(str(model), str(dest))["staged"] is True
     v = st.check(str(model), str(dest), verify=True)
-    assert v["staged"] is False and v["mismatched"] == [shard.name] and v["hashes"] == ["crc32-tree-64MiB"]
+    assert v["staged"] is False and v["mismatched"] == [shard.name] and v["hashes"] == ["xxh3-tree-64MiB"]
     out = _stage(model, dest, verify=True)
     assert out["copied"] == 1 and out["reasons"] == {
         shard.name: "hash mismatch (corrupted in the destination)"
@@ -385,28 +390,28 @@ def test_crc32_default_finds_a_flipped_bit_with_verify(model, tmp_path):
     assert shard.read_bytes() == (model / shard.name).read_bytes()
 
 
-def test_sha256_staged_dir_stays_staged_and_verifies_under_crc32_default(model, tmp_path):
+def test_sha256_staged_dir_stays_staged_and_verifies_under_the_default(model, tmp_path):
     dest = tmp_path / "d"
     assert _stage(model, dest, hash="sha256")["hash"] == "sha256-tree-64MiB"
     n = len(_files(model))
     c = st.check(str(model), str(dest), verify=True)
     assert c["staged"] and c["verified"] == n and c["hashes"] == ["sha256-tree-64MiB"]
-    out = _stage(model, dest)  # default crc32 requested: nothing to re-copy
+    out = _stage(model, dest)  # the default (xxh3) requested: nothing to re-copy
     assert out["copied"] == 0 and out["skipped"] == n
     out = _stage(model, dest, verify=True)  # verified with the manifest's own sha256
     assert out["copied"] == 0 and out["verified"] == n
     _flip_byte(dest / "model-00001-of-00003.safetensors")
     v = st.check(str(model), str(dest), verify=True)
     assert v["mismatched"] == ["model-00001-of-00003.safetensors"] and v["verified"] == n - 1
-    # the repair copies that one file with the requested crc32; the others keep their sha256
+    # the repair copies that one file with the requested default; the others keep their sha256
     out = _stage(model, dest, verify=True)
-    assert out["copied"] == 1 and out["hash"] == "crc32-tree-64MiB"
+    assert out["copied"] == 1 and out["hash"] == "xxh3-tree-64MiB"
     man = json.loads((dest / st.MANIFEST).read_text())
     algos = {r: e["algo"] for r, e in man["files"].items()}
-    assert algos.pop("model-00001-of-00003.safetensors") == "crc32-tree-64MiB"
+    assert algos.pop("model-00001-of-00003.safetensors") == "xxh3-tree-64MiB"
     assert set(algos.values()) == {"sha256-tree-64MiB"}
     c = st.check(str(model), str(dest), verify=True)
-    assert c["staged"] and c["verified"] == n and c["hashes"] == ["crc32-tree-64MiB", "sha256-tree-64MiB"]
+    assert c["staged"] and c["verified"] == n and c["hashes"] == ["sha256-tree-64MiB", "xxh3-tree-64MiB"]
 
 
 def test_manifest_from_before_the_hash_choice_still_verifies(model, tmp_path):
@@ -423,13 +428,17 @@ def test_manifest_from_before_the_hash_choice_still_verifies(model, tmp_path):
     man["hash"] = "md5-tree-64MiB"  # an algorithm this copier does not know
     mpath.write_text(json.dumps(man))
     c = st.check(str(model), str(dest), verify=True)
-    assert not c["staged"] and "config.json: staged with an unknown hash 'md5-tree-64MiB'" in c["problems"]
+    assert (
+        not c["staged"]
+        and "config.json: staged with hash 'md5-tree-64MiB', which this copier cannot compute here"
+        in c["problems"]
+    )
 
 
 def test_unknown_hash_is_refused(model, tmp_path):
     with pytest.raises(st.StageError, match="unknown hash 'md5'") as ei:
         _stage(model, tmp_path / "d", hash="md5")
-    assert "crc32, sha256" in ei.value.fix
+    assert "xxh3, crc32, sha256" in ei.value.fix
     assert not (tmp_path / "d").exists()
 
 
@@ -485,3 +494,248 @@ def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypa
     for rel in _files(src):
         assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
     assert out["copied"] == len(_files(src))
+
+
+# -- ranges: one file split across workers, resumed after a kill, damage located ---------------
+def _big_model(src: Path, seed: int, size: int = 3 << 20) -> Path:
+    make_model(src, [size], seed=seed)
+    return src / "model.safetensors"
+
+
+def test_one_large_file_is_split_across_workers_into_one_partial(tmp_path, monkeypatch):
+    """With more workers than files, the ranges of one shard go to several workers, each pwrite()ing
+    into the same NAME.partial: the copy is exact and its range digests are the source's."""
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src = tmp_path / "s"
+    shard = _big_model(src, seed=21)
+    writers: dict[int, set] = {}
+    real = st._chunk
+
+    def spy(sfd, dfd, start, end, *a, **kw):
+        if dfd is not None and end - start == st.CHUNK:
+            writers.setdefault(os.fstat(dfd).st_ino, set()).add(__import__("threading").get_ident())
+        return real(sfd, dfd, start, end, *a, **kw)
+
+    monkeypatch.setattr(st, "_chunk", spy)
+    out = _stage(src, tmp_path / "d", workers=4)
+    assert (tmp_path / "d" / shard.name).read_bytes() == shard.read_bytes()
+    assert max(len(t) for t in writers.values()) > 1  # several threads wrote the one shard
+    entry = json.loads((tmp_path / "d" / st.MANIFEST).read_text())["files"][shard.name]
+    data = shard.read_bytes()
+    assert entry["ranges"] == [
+        xxhash.xxh3_64(data[i : i + st.CHUNK]).digest().hex() for i in range(0, len(data), st.CHUNK)
+    ]
+    assert out["copied_bytes"] == sum(p.stat().st_size for p in src.iterdir())
+
+
+KILLER = """
+import os, signal, sys
+from gpubox.provision import stage as st
+st.CHUNK = 128 << 10
+n = [0]
+real = st.Copier._journal_range
+def journal_then_die(self, job, i):
+    real(self, job, i)
+    n[0] += 1
+    if n[0] == int(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGKILL)  # no finally, no cleanup: a kill -9 mid-file
+st.Copier._journal_range = journal_then_die
+st.stage(sys.argv[1], sys.argv[2], workers=1)
+"""
+
+
+def _kill_mid_range(src: Path, dest: Path, after: int) -> None:
+    r = subprocess.run([sys.executable, "-c", KILLER, str(src), str(dest), str(after)], capture_output=True)
+    assert r.returncode == -9, r.stderr.decode()[-500:]
+
+
+def test_resume_after_a_kill_mid_file_keeps_the_journaled_ranges(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src, dest = tmp_path / "s", tmp_path / "d"
+    shard = _big_model(src, seed=22)
+    _kill_mid_range(src, dest, after=5)
+    partial = Path(st.temp_path(str(dest / shard.name)))
+    assert partial.exists() and not (dest / st.MANIFEST).exists()
+    recs = [json.loads(x) for x in (dest / st.JOURNAL).read_text().splitlines()]
+    assert len([r for r in recs if "range" in r]) == 5
+    c = st.check(str(src), str(dest))
+    assert not c["staged"] and c["problems"][0].startswith("manifest absent")
+    # one kept range damaged after the kill: it is found by its digest and copied again
+    with open(partial, "r+b") as f:
+        f.seek(st.CHUNK + 10)
+        b = f.read(1)
+        f.seek(st.CHUNK + 10)
+        f.write(bytes([b[0] ^ 0xFF]))
+    out = _stage(src, dest)
+    assert out["resumed_bytes"] == 4 * st.CHUNK
+    assert (dest / shard.name).read_bytes() == shard.read_bytes()
+    assert not partial.exists() and not (dest / st.JOURNAL).exists()
+    assert st.check(str(src), str(dest), verify=True)["verified"] == len(_files(src))
+
+
+def test_partial_of_a_changed_source_is_not_resumed(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src, dest = tmp_path / "s", tmp_path / "d"
+    shard = _big_model(src, seed=23)
+    _kill_mid_range(src, dest, after=3)
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 1
+    shard.write_bytes(bytes(data))  # new mtime: the journaled ranges are of an older file
+    out = _stage(src, dest)
+    assert out["resumed_bytes"] == 0
+    assert (dest / shard.name).read_bytes() == bytes(data)
+    assert not list(dest.rglob("*" + st.PARTIAL))
+
+
+def test_resumed_partial_counts_as_room_already_taken(tmp_path, monkeypatch):
+    """The space check asks only for what the kept partial does not hold yet."""
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src, dest = tmp_path / "s", tmp_path / "d"
+    _big_model(src, seed=24)
+    _kill_mid_range(src, dest, after=8)
+    total = sum(p.stat().st_size for p in src.iterdir())
+    free = total - 8 * st.CHUNK + (64 << 10)  # too little for everything, enough for the rest
+    out = _stage(src, dest, tmpfs=True, free_space=lambda d: free, margin=0)
+    assert out["resumed_bytes"] == 8 * st.CHUNK and out["room"]["need"] <= total - 8 * st.CHUNK
+    with pytest.raises(st.StageError, match="needs"):
+        _stage(src, tmp_path / "fresh", tmpfs=True, free_space=lambda d: free, margin=0)
+
+
+def test_verify_names_the_damaged_range(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src, dest = tmp_path / "s", tmp_path / "d"
+    shard = _big_model(src, seed=25)
+    _stage(src, dest)
+    _flip_byte(dest / shard.name, back=st.CHUNK * 3)
+    size = shard.stat().st_size
+    i = (size - st.CHUNK * 3) // st.CHUNK
+    v = st.stage(str(src), str(dest), verify=True, dry_run=True)
+    want = f"hash mismatch (corrupted in the destination): bytes {i * st.CHUNK}-{(i + 1) * st.CHUNK - 1}"
+    assert v["reasons"] == {shard.name: want}
+
+
+def test_without_xxhash_the_default_is_crc32_and_xxh3_entries_are_recopied(model, tmp_path, monkeypatch):
+    """The standalone copier may run where only the stdlib is: crc32 then, and a directory staged
+    with xxh3 stays staged for the cheap check but cannot be re-hashed there (so --verify re-copies)."""
+    dest = tmp_path / "d"
+    _stage(model, dest)  # xxh3
+    code = (
+        "import sys; sys.modules['xxhash'] = None\n"
+        "from gpubox.provision import stage as st\n"
+        "print(st.DEFAULT_HASH, st.HASH_ALGO)\n"
+        "try:\n st.algorithm('xxh3')\nexcept st.StageError as e:\n print(e.problem, '|', e.fix)\n"
+        f"print(st.check({str(model)!r}, {str(dest)!r})['staged'])\n"
+        f"print(st.check({str(model)!r}, {str(dest)!r}, verify=True)['problems'][0])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "crc32 crc32-tree-64MiB", r.stderr
+    assert "needs the Python package xxhash" in lines[1] and "--hash crc32" in lines[1]
+    assert lines[2] == "True"
+    assert "staged with hash 'xxh3-tree-64MiB', which this copier cannot compute here" in lines[3]
+
+
+def _cold_src(tmp_path: Path, seed: int) -> Path:
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [4 << 20], seed=seed)
+    probe = os.open(src / "config.json", os.O_RDONLY)
+    try:
+        have = st.cached_bytes(probe, 0, 1 << 20)
+    finally:
+        os.close(probe)
+    if have is None or st._fstype(str(src)) not in st.DIRECT_FS:
+        pytest.skip("needs cachestat(2) (Linux 6.5+) and a local block filesystem under tmp_path")
+    return src
+
+
+def test_cold_read_mode_chosen_by_a_probe_of_both(tmp_path, monkeypatch):
+    """A cold source: both read paths are timed on uncached ranges before the copy, the faster is
+    used (O_DIRECT only by a margin), and the copy is exact either way."""
+    monkeypatch.setattr(st, "CHUNK", 256 << 10)
+    monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(st, "COLD_THREADS", 2)
+    src = _cold_src(tmp_path, seed=26)
+    evict(src)
+    out = _stage(src, tmp_path / "d")
+    read = out["read"]
+    assert read["mode"] in ("direct", "buffered") and read["threads"] == 2 and read["cold_share"] > 0.5
+    rates = read["probe_gb_s"]
+    assert set(rates) == {"direct", "buffered"} and min(rates.values()) > 0
+    assert (read["mode"] == "direct") == (rates["direct"] > st.DIRECT_MARGIN * rates["buffered"])
+    assert (out["read_direct_bytes"] > 0) == (read["mode"] == "direct")
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+
+
+@pytest.mark.parametrize("setting,mode", [("0", "buffered"), ("1", "direct")])
+def test_cold_read_mode_can_be_set(tmp_path, monkeypatch, setting, mode):
+    monkeypatch.setenv("GPUBOX_STAGE_DIRECT", setting)
+    src = _cold_src(tmp_path, seed=27)
+    evict(src)
+    out = _stage(src, tmp_path / "d")
+    assert out["read"]["mode"] == mode and "probe_gb_s" not in out["read"]
+    assert (out["read_direct_bytes"] > 0) == (mode == "direct")
+    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
+
+
+# -- the default checksum against the reference implementation's own known answers -------------
+VECTORS = Path(__file__).parent / "fixtures" / "stage" / "realworld" / "xxh3_sanity_vectors.txt"
+
+
+def _sanity_buffer(n: int) -> bytes:
+    """xxHash's self-test input (see the fixture's provenance)."""
+    g, out = 2654435761, bytearray(n)
+    for i in range(n):
+        out[i] = g >> 56
+        g = g * 11400714785074694797 % (1 << 64)
+    return bytes(out)
+
+
+def _vectors() -> list[tuple[int, int]]:
+    rows = [ln.split() for ln in VECTORS.read_text().splitlines() if ln and not ln.startswith("#")]
+    return [(int(n), int(h, 16)) for n, h in rows]
+
+
+def test_xxh3_range_digest_matches_the_reference_known_answers():
+    """The copier's xxh3 checksum, fed in uneven slices as reads deliver them, gives the reference
+    XXH3_64bits value of every length class, stored big-endian (XXH3's canonical form)."""
+    make = st._CHUNK_HASH["xxh3-tree-64MiB"]
+    for n, want in _vectors():
+        data = memoryview(_sanity_buffer(n))
+        h, off, step = make(), 0, 1
+        while off < n:
+            h.update(data[off : off + step])
+            off, step = off + step, step * 3 + 1
+        assert h.digest() == want.to_bytes(8, "big"), n
+
+
+def test_staged_file_hash_is_sha256_of_the_reference_xxh3(model, tmp_path):
+    n, want = _vectors()[-1]
+    (model / "sanity.bin").write_bytes(_sanity_buffer(n))
+    dest = tmp_path / "d"
+    _stage(model, dest)
+    entry = json.loads((dest / st.MANIFEST).read_text())["files"]["sanity.bin"]
+    assert entry["algo"] == "xxh3-tree-64MiB"
+    assert entry["hash"] == hashlib.sha256(want.to_bytes(8, "big")).hexdigest()
+
+
+def test_unreadable_range_records_are_not_trusted(tmp_path, monkeypatch):
+    """Range lines cut or garbled by the kill (bad digest, range out of the file) resume nothing:
+    the partial is removed and the file copied whole."""
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src, dest = tmp_path / "s", tmp_path / "d"
+    shard = _big_model(src, seed=28)
+    _kill_mid_range(src, dest, after=4)
+    lines = (dest / st.JOURNAL).read_text().splitlines()
+    bad = []
+    for ln in lines:
+        e = json.loads(ln)
+        if "range" in e:
+            e["digest"] = "not hex" if e["range"] % 2 else e["digest"]
+            e["range"] = e["range"] if e["range"] % 2 else 10**6
+        bad.append(json.dumps(e))
+    (dest / st.JOURNAL).write_text("\n".join(bad) + '\n{"rel": "model.safe')
+    out = _stage(src, dest)
+    assert out["resumed_bytes"] == 0
+    assert (dest / shard.name).read_bytes() == shard.read_bytes()
+    assert not list(dest.rglob("*" + st.PARTIAL))

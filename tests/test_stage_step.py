@@ -230,7 +230,7 @@ def test_hash_sha256_on_request_then_default_keeps_it(tmp_path, capsys):
     assert man["hash"] == "sha256-tree-64MiB" and {e["algo"] for e in man["files"].values()} == {
         "sha256-tree-64MiB"
     }
-    # the default (crc32) neither re-stages nor distrusts a sha256-staged directory
+    # the default (xxh3) neither re-stages nor distrusts a sha256-staged directory
     code, out, _ = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box, "--verify", "--json")
     doc = json.loads(out)
     assert code == 0 and not doc["changed"]
@@ -250,7 +250,7 @@ def test_gpubox_stage_hash_inventory_setting(tmp_path, capsys):
     code, _, err = gpubox(capsys, "-i", sim.inventory_path, "stage", sim.box)
     assert (
         code == 2
-        and "gpubox_stage_hash 'md5' is not a hash the stager knows (use one of: crc32, sha256" in err
+        and "gpubox_stage_hash 'md5' is not a hash the stager knows (use one of: xxh3, crc32, sha256" in err
     )
 
 
@@ -260,6 +260,6 @@ def test_local_cli_hash_option(tmp_path, capsys):
     code, out, _ = gpubox(capsys, "stage", src, tmp_path / "a", "--hash", "sha256", "--json")
     assert code == 0 and json.loads(out)["hash"] == "sha256-tree-64MiB"
     code, out, _ = gpubox(capsys, "stage", src, tmp_path / "b", "--json")
-    assert code == 0 and json.loads(out)["hash"] == "crc32-tree-64MiB"
+    assert code == 0 and json.loads(out)["hash"] == "xxh3-tree-64MiB"
     code, _, err = gpubox(capsys, "stage", src, tmp_path / "c", "--hash", "md5")
     assert code == 2 and "md5" in err
