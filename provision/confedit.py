@@ -182,6 +182,7 @@ def review(
     mode: str | None = None,
     host_rdev=None,
     recorded: set[int] | frozenset = frozenset(),
+    host_exists=None,
 ) -> Review:
     """Issues in the main section and the edited text (identical text when nothing to change).
 
@@ -266,19 +267,14 @@ def review(
                     Issue(
                         "unparsable",
                         f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
-                        "the type and after major:minor, access r/w/m): "
-                        "the start fails",
+                        "the type and after major:minor, access r/w/m): it logs "
+                        '"Failed to parse device rule" and skips it, so it allows nothing',
                     )
                 )
-            else:
-                issues.append(
-                    Issue(
-                        "foreign-unparsable",
-                        f"`{l.raw.strip()}` is not an NVIDIA rule but lxc "
-                        "cannot parse it: the container does not start; "
-                        "fix it by hand",
-                        fixable=False,
-                    )
+            elif val:
+                warnings.append(
+                    f"`{l.raw.strip()}` is not an NVIDIA rule and lxc cannot parse it: lxc skips it "
+                    "(it allows nothing; the container still starts); fix it by hand"
                 )
             continue
         if r.is_global or r.kind == "path":
@@ -356,7 +352,7 @@ def review(
     else:
         node_mode = mode or "cgroup2"
 
-    model = StartModel.build(_entries(lines, drop, cur), rdev)
+    model = StartModel.build(_entries(lines, drop, cur), rdev, host_exists)
     # a node passed both ways: the NVIDIA mount entry goes, devN stays (it reads the major at start)
     for n in nodes:
         provs = model.providers(n.path)
@@ -384,7 +380,7 @@ def review(
                             fixable=False,
                         )
                     )
-    model = StartModel.build(_entries(lines, drop, cur), rdev)
+    model = StartModel.build(_entries(lines, drop, cur), rdev, host_exists)
 
     add_rules: list[Line] = []
     add_mounts: list[Line] = []
@@ -438,7 +434,9 @@ def review(
     new_lines = _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_nv_line, nl)
     new_conf = LxcConf([Section(conf.main.name, conf.main.header, new_lines), *conf.sections[1:]])
     new_text = new_conf.render()
-    after = StartModel.build([(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], rdev)
+    after = StartModel.build(
+        [(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], rdev, host_exists
+    )
     for e in after.errors:
         if not any(not i.fixable for i in issues):
             issues.append(Issue("would-not-start", f"the container would not start: {e}", fixable=False))

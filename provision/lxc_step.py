@@ -170,9 +170,19 @@ def _lookup(rdev: dict[str, Any]):
         if path not in rdev:
             raise KeyError(f"host path {path} was not gathered (provision.lxc.referenced_paths)")
         v = rdev[path]
-        return None if v is None else tuple(v)
+        return None if v is None or isinstance(v, str) else tuple(v)
 
     return get
+
+
+def _exists(rdev: dict[str, Any]):
+    """host_exists over the same facts: a device node, a plain file or a directory."""
+
+    def exists(path: str) -> bool:
+        return rdev.get(path) is not None
+
+    exists.is_dir = lambda path: rdev.get(path) == "dir"  # type: ignore[attr-defined]
+    return exists
 
 
 @dataclass
@@ -228,7 +238,7 @@ class ContainerConfigStep(Step):
                 evidence=ev,
             )
         hd = host_devices(facts.devices)
-        rev = review(conf, hd, opts.mode, _lookup(facts.rdev), set(facts.recorded))
+        rev = review(conf, hd, opts.mode, _lookup(facts.rdev), set(facts.recorded), _exists(facts.rdev))
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev.warnings = rev.warnings
         note = ""

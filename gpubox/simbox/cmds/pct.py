@@ -299,22 +299,22 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
     lxcmodel = areas.hook("sim.lxcmodel")
     StartModel, host_rdev_under = lxcmodel.StartModel, lxcmodel.host_rdev_under
     entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
+    entries += [(None, "unprivileged", str(conf.get("unprivileged", 0)))]
     entries += [(None, k, v) for k, v in conf.get("lxc", [])]
     model = StartModel.build(
-        entries, host_rdev_under(str(sim.hpath("/"))), lambda p: os.path.lexists(sim.hpath(p))
+        entries, host_rdev_under(str(sim.hpath("/"))), lxcmodel.host_exists_under(str(sim.hpath("/")))
     )
     for e in model.errors:
-        if e.startswith("Failed to parse device rule"):
-            raise StandinError(
-                "ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:"
-                f"bpf_device_cgroup_prepare:2891 - "
-                f"Invalid argument - {e}\nstartup for container '{vmid}' failed",
-                _TASK_FAIL,
-            )
         if e.startswith("Could not mknod"):
             raise StandinError(
                 f"{e}\nERROR    conf - ../src/lxc/conf.c:run_buffer:322 - "
                 "Script exited with status 255"
+                f"\nstartup for container '{vmid}' failed",
+                _TASK_FAIL,
+            )
+        if "bpf program" in e or "lxc.include" in e:
+            raise StandinError(
+                f"ERROR    cgfsng - ../src/lxc/cgroups/cgfsng.c:cgfsng_devices_activate - {e}"
                 f"\nstartup for container '{vmid}' failed",
                 _TASK_FAIL,
             )

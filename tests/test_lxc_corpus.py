@@ -1,0 +1,134 @@
+"""gpubox's start and access model (provision/lxcmodel.py) against the real kernel: every corpus entry
+(tests/fixtures/lxc/corpus, recorded from real LXC containers by tests/lxc_corpus.py) must agree on
+whether the container starts and on the verdict of every node the container probed. Where real LXC
+can run here, a sample is started again and must still give the recorded answers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpubox.provision.lxcconf import LxcConf
+from gpubox.provision.lxcmodel import StartModel, host_exists_under, host_mode_under, host_rdev_under
+from gpubox.simbox import lxcreal
+from tests import lxc_corpus
+
+ENTRIES = lxc_corpus.load()
+# CI re-runs these against real LXC (one per class the model got wrong before; a few seconds).
+SAMPLE = (
+    "matrix/only_195",
+    "matrix/unpriv_stale_uvm",
+    "matrix/deny_a_last",
+    "matrix/two_spaces",
+    "matrix/a_star_rwm",
+    "matrix/devn_deny_write",
+    "matrix/uvm_missing_optional",
+    "fixed/telmate_1138_nvidia_coral_dri",
+)
+
+
+def _model(entry: dict, root) -> StartModel:
+    lxc_corpus.host_from(entry["host"], root)
+    conf = LxcConf.parse(entry["config"])
+    entries = [(i, l.key, (l.value or "").strip()) for i, l in enumerate(conf.main.lines) if l.key]
+    r = str(root)
+    return StartModel.build(entries, host_rdev_under(r), host_exists_under(r), host_mode_under(r))
+
+
+def _compared(model: StartModel, path: str) -> bool:
+    """Paths the model speaks for: under /dev, or provided by a mount entry / devN (a path such as
+    /sys/kernel/security exists in the container for reasons that are no device's)."""
+    return path.startswith("/dev/") or model.node(path)[0] != "absent"
+
+
+def test_corpus_covers_every_real_config_and_the_matrix():
+    names = {e["name"] for e in ENTRIES}
+    real = sorted(p.stem for p in lxc_corpus.REAL.glob("*.conf"))
+    assert len(real) >= 20
+    for stem in real:
+        assert f"realworld/{stem}" in names and f"fixed/{stem}" in names
+    assert {f"matrix/{k}" for k in lxc_corpus.MATRIX} <= names
+    for e in ENTRIES:
+        assert e["recorded"]["command"].startswith(lxc_corpus.RECORD_CMD)
+        assert e["recorded"]["runtime"].startswith("lxc ")
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e["name"])
+def test_model_agrees_with_the_real_kernel(entry, tmp_path):
+    model = _model(entry, tmp_path / "host")
+    real = entry["real"]
+    assert model.starts == real["starts"], (model.errors, real["error"])
+    if not real["starts"]:
+        return
+    got = {p: model.verdict(p) for p in real["nodes"] if _compared(model, p)}
+    want = {p: v for p, v in real["nodes"].items() if p in got}
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in ENTRIES if e["name"].startswith("fixed/")], ids=lambda e: e["name"]
+)
+def test_after_the_fix_every_nvidia_node_opens_for_real(entry):
+    """`gpubox lxc fix`'s result, started for real: it starts and every NVIDIA node it passes is
+    read-write; only file modes (nvidia-caps 0400/0444 in an unprivileged CT) may refuse first."""
+    real = entry["real"]
+    if "openwrt" in entry["name"]:  # the phys NICs are dropped (lxc.net.*), the rest must start
+        assert real["starts"], real["error"]
+    assert real["starts"], real["error"]
+    for p, v in real["nodes"].items():
+        if p.startswith("/dev/nvidia"):
+            assert v in ("rw", "dir") or (v == "mode" and "nvidia-caps/" in p), (p, v)
+
+
+def _runtime():
+    rt = lxcreal.detect()
+    if not rt.real:
+        if os.environ.get("GPUBOX_REQUIRE_REAL_LXC"):
+            pytest.fail(f"real LXC required but not usable: {rt.reason}")
+        pytest.skip(f"no real LXC here ({rt.reason}): the recorded answers stand")
+    return rt
+
+
+@pytest.fixture
+def open_tmp():
+    """A temp dir every path component of which an unprivileged CT's root (uid 100000) can walk:
+    pytest's own tmp_path sits under a 0700 directory, where the bind mounts would fail."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="gpubox-corpus-")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_sample_still_gives_the_recorded_answers(open_tmp):
+    from pathlib import Path
+
+    rt = _runtime()
+    by_name = {e["name"]: e for e in ENTRIES}
+    specs = []
+    for i, name in enumerate(SAMPLE):
+        root = lxc_corpus.host_from(by_name[name]["host"], Path(open_tmp) / f"h{i}")
+        specs.append(lxcreal.Spec(by_name[name]["config"], str(root)))
+    answers = lxcreal.run(specs, rt)
+    for name, ans in zip(SAMPLE, answers):
+        rec = by_name[name]["real"]
+        assert ans["starts"] == rec["starts"], (name, ans["error"])
+        assert {p: n["verdict"] for p, n in ans["nodes"].items()} == rec["nodes"], name
+    import tempfile
+
+    mine = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"gpubox-lxc-{os.getpid()}-")]
+    assert mine == []
+
+
+def test_a_killed_batch_leaves_nothing_the_next_run_does_not_clean(tmp_path):
+    _runtime()
+    import tempfile
+
+    dead = tempfile.mkdtemp(prefix="gpubox-lxc-999999999-")  # a pid no process has
+    (tmp_path / "x").write_text("")
+    os.makedirs(os.path.join(dead, "gpubox-999999999-0", "rootfs"))
+    assert dead in lxcreal.clean_stale()
+    assert not os.path.exists(dead)
