@@ -29,8 +29,25 @@ CU_NAMES = {
 _VER = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
 
 
+NOTDEV = -1  # the path is a regular file, not a device node
+
+
 def _errname(code):
+    if code == NOTDEV:
+        return "NOTDEV"
     return errno.errorcode.get(code, str(code)) if code else None
+
+
+def _not_a_device(path):
+    """An `optional,create=file` mount whose host source was missing at start leaves an empty
+    regular file at the target (seen in a real container: tests/fixtures/lxc/corpus/matrix/
+    uvm_missing_optional.json): open() works, CUDA does not."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def kernel_version(text):
@@ -50,6 +67,8 @@ def lib_version(real_path):
 
 
 def real_open(path):
+    if _not_a_device(path):
+        return NOTDEV
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError as exc:
@@ -131,6 +150,8 @@ def sim_env(sim_dir):
         p = os.path.join(ct_root, path.lstrip("/"))
         if ct["status"] != "running" or not os.path.exists(p):
             return errno.ENOENT
+        if _not_a_device(p):
+            return NOTDEV
         rdev = os.stat(p).st_rdev
         ma, mi = os.major(rdev), os.minor(rdev)
         if not allowed(ma, mi):
@@ -231,6 +252,15 @@ def diagnose(res, box="BOX"):
                     "EPERM",
                     "the container's device cgroup denies %s (rule missing or for a stale major)" % path,
                     "%s (rewrites lxc.cgroup2.devices.allow, live-applies it with lxc-cgroup)" % fix,
+                )
+            )
+        elif state == "NOTDEV":
+            out.append(
+                (
+                    "not-a-device",
+                    "%s in the container is an empty regular file, not a device node: the host node "
+                    "was missing when the container started" % path,
+                    "restart it after host-devices: %s --restart always --yes" % fix,
                 )
             )
         elif state == "ENXIO":

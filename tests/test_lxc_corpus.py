@@ -132,3 +132,48 @@ def test_a_killed_batch_leaves_nothing_the_next_run_does_not_clean(tmp_path):
     os.makedirs(os.path.join(dead, "gpubox-999999999-0", "rootfs"))
     assert dead in lxcreal.clean_stale()
     assert not os.path.exists(dead)
+
+
+# -- mounts judged as LXC does (the real answers: matrix/plain_file_sources, relative_source*,
+#    uvm_missing_optional) -----------------------------------------------------------------------
+
+
+def test_plain_file_source_exists_and_relative_source_is_no_traceback(tmp_path):
+    from gpubox.provision.confedit import review
+    from gpubox.provision.devices import read_host_devices
+    from gpubox.provision.lxc import HostRdev, referenced_paths
+    from gpubox.provision.lxc_step import _exists, _lookup
+    from tests.lxc_fakehost import fake_host
+
+    root = tmp_path / "pve1"
+    h = fake_host(root)
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/nvidia-smi").write_bytes(b"\x7fELF")
+    text = (
+        "arch: amd64\n"
+        + lxc_corpus.GOOD
+        + lxc_corpus.NV_MOUNTS.replace("nvidia1", "nvidia0")
+        + "lxc.mount.entry: /usr/bin/nvidia-smi usr/bin/nvidia-smi none bind,create=file\n"
+        + "lxc.mount.entry: dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file\n"
+    )
+    hd = read_host_devices(h, 1)
+    facts = HostRdev.read(h, tuple(referenced_paths(text, hd)))
+    assert facts["/usr/bin/nvidia-smi"] == "file" and facts["dev/nvidia-modeset"] is None
+    rev = review(LxcConf.parse(text), hd, None, _lookup(facts), frozenset(), _exists(facts))
+    assert not [i for i in rev.issues if i.kind == "would-not-start"], rev.issues
+    # the model says what the real start did: a relative source without `optional` fails it
+    entries = [(0, "lxc.mount.entry", "dev/nvidia-modeset dev/nvidia-modeset none bind,create=file")]
+    model = StartModel.build(entries, _lookup(facts), _exists(facts))
+    assert not model.starts and 'Failed to mount "dev/nvidia-modeset"' in model.errors[0]
+
+
+def test_an_empty_file_where_a_node_should_be_is_named(tmp_path):
+    from gpubox.provision import cuda_probe
+
+    f = tmp_path / "nvidia-uvm"
+    f.write_bytes(b"")
+    assert cuda_probe._errname(cuda_probe.real_open(str(f))) == "NOTDEV"
+    found = cuda_probe.diagnose({"nodes": {"/dev/nvidia-uvm": "NOTDEV"}, "cuinit": 999}, "ct200")
+    cause, repair = next((c, r) for code, c, r in found if code == "not-a-device")
+    assert "host node was missing when the container started" in cause
+    assert repair.startswith("restart it after host-devices")
