@@ -132,14 +132,21 @@ def sim_env(sim_dir):
             in_char = s == "Character devices:"
         elif in_char and s:
             majors.add(int(s.split()[0]))
-    rules = []
-    for r in ct["cgroup_allow"]:
-        m = re.match(r"^([ac])(?:\s+(\*|\d+):(\*|\d+)\s*([rwm]*))?$", r.strip())
-        if m:
-            rules.append(m.groups())
 
-    def allowed(ma, mi):
-        for kind, rma, rmi, acc in rules:
+    def parse(strings):
+        out = []
+        for r in strings:
+            m = re.match(r"^([ac])(?:\s+(\*|\d+):(\*|\d+)\s*([rwm]*))?$", r.strip())
+            if m:
+                out.append(m.groups())
+        return out
+
+    rules = parse(ct["cgroup_allow"])
+
+    live = parse(ct["cgroup_allow"][ct.get("start_rules", len(ct["cgroup_allow"])) :])  # lxc-cgroup
+
+    def allowed(ma, mi, live_only=False):
+        for kind, rma, rmi, acc in live if live_only else rules:
             if kind == "a" and rma is None:
                 return True
             if rma in ("*", str(ma)) and rmi in ("*", str(mi)) and "r" in acc and "w" in acc:
@@ -154,7 +161,13 @@ def sim_env(sim_dir):
             return NOTDEV
         rdev = os.stat(p).st_rdev
         ma, mi = os.major(rdev), os.minor(rdev)
-        if not allowed(ma, mi):
+        real = (ct.get("real_nodes") or {}).get(path)
+        if real and real[1:] == [ma, mi]:  # a real LXC container answered at start (simbox.lxcreal)
+            if real[0] == "mode":
+                return errno.EACCES
+            if real[0] != "rw" and not allowed(ma, mi, live_only=True):
+                return errno.EPERM
+        elif not allowed(ma, mi):
             return errno.EPERM  # the device cgroup is checked before the driver
         if ma not in majors:
             return errno.ENXIO  # no driver registered at this major any more

@@ -177,3 +177,20 @@ def test_an_empty_file_where_a_node_should_be_is_named(tmp_path):
     cause, repair = next((c, r) for code, c, r in found if code == "not-a-device")
     assert "host node was missing when the container started" in cause
     assert repair.startswith("restart it after host-devices")
+
+
+def test_the_simulated_box_container_is_a_real_lxc_container(tmp_path, monkeypatch):
+    """`pct start` of the simulated box starts the config for real where it can: the stale uvm
+    rule's EPERM then comes from the kernel, and the runtime is named; GPUBOX_LXC=sim forces the
+    simulation (and says so)."""
+    from gpubox.simbox import build
+
+    rt = _runtime()
+    sim = build(tmp_path / "box", ["uvm_stale_major"], gpus=1)
+    ct = sim.read_state()["containers"]["200"]
+    assert ct["runtime"] == rt.name
+    assert ct["real_nodes"]["/dev/nvidia-uvm"][0] == "denied" and ct["real_nodes"]["/dev/nvidia0"][0] == "rw"
+    monkeypatch.setenv(lxcreal.ENV_FORCE, "sim")
+    sim2 = build(tmp_path / "box2", ["uvm_stale_major"], gpus=1)
+    ct2 = sim2.read_state()["containers"]["200"]
+    assert ct2["runtime"] == "simulation" and ct2["real_nodes"] == {}

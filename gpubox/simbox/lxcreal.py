@@ -175,6 +175,17 @@ def detect() -> Runtime:
     return Runtime(True, f"lxc {ver} (real kernel, {how})", hybrid=layout == "hybrid")
 
 
+_RUNTIME: Runtime | None = None
+
+
+def runtime() -> Runtime:
+    """detect(), once per process (the simulated box asks at every `pct start`)."""
+    global _RUNTIME
+    if _RUNTIME is None or os.environ.get(ENV_FORCE) == "sim":
+        _RUNTIME = detect()
+    return _RUNTIME
+
+
 def _cached_probe() -> Path:
     h = hashlib.sha256(PROBE_C.encode()).hexdigest()[:12]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpubox"
