@@ -245,6 +245,21 @@ class ContainerConfigStep(Step):
         if pending:
             note = f" (pending, applied at the next restart: {', '.join(pending)})"
         refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
+        if refused and rev.changed:
+            # a foreign line stops the start: gpubox's own lines are still brought right now (no
+            # restart: the container step is blocked), so the box is ready once the operator fixes theirs
+            commit = ConfCommit(opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()))
+            return Finding.drift(
+                "; ".join(i.text for i in rev.issues) + note,
+                cause="a line gpubox does not own stops the container from starting; gpubox's NVIDIA "
+                "lines are wrong too",
+                repair=f"gpubox lxc fix {opts.box} (rewrites the NVIDIA lines only), then edit {path} "
+                "by hand as said",
+                plan=Plan(
+                    f"rewrite the NVIDIA lines of the main section of {path}", rev.diff(path), [], commit
+                ),
+                evidence=ev,
+            )
         if refused:
             return Finding.failed(
                 "; ".join(i.text for i in refused) + note,

@@ -378,3 +378,20 @@ def test_rule_with_inline_comment_counts_in_config_and_in_the_started_container(
     assert rc == 0, doc
     assert _conf(sim) == before  # recognised: no duplicate rule added
     assert _steps(doc)["cuda"]["status"] == "ok"
+
+
+def test_a_foreign_line_that_stops_the_start_does_not_stop_gpubox_fixing_its_own(tmp_path, capsys):
+    """A devN whose device is gone (someone unplugged the iGPU) and a stale uvm rule: gpubox's own
+    lines are rewritten now, without a restart, and the foreign line is named with its repair."""
+    sim = _box(tmp_path, "uvm_stale_major")
+    _edit_main(sim, "dev7: /dev/dri/card9,gid=44")
+    boots = _boots(sim)
+    rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
+    text = _conf(sim).decode()
+    main = text.split("\n[")[0]
+    assert "lxc.cgroup2.devices.allow: c 511:* rwm" in main and "c 508:* rwm" not in main
+    assert "dev7: /dev/dri/card9,gid=44" in main  # not gpubox's: byte-identical
+    assert rc == 1 and _boots(sim) == boots  # problems remain; no restart into a start that fails
+    said = json.dumps(doc)
+    assert "`dev7: /dev/dri/card9,gid=44`" in said and "reconnect the device" in said
+    assert "remove the `dev7` line" in said
