@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV_FORCE = "GPUBOX_LXC"  # "sim": never start real containers; "real": fail when they cannot start
-LXC_CONFIG = "/usr/share/lxc/config"
+LXC_CONFIG = os.environ.get("GPUBOX_LXC_CONFIG", "/usr/share/lxc/config")  # lxc's own config dir
 # pve-container src/lxc-pve-userns.conf, installed as userns.conf.d/01-pve.conf (Makefile).
 PVE_USERNS_CONF = "lxc.cgroup2.devices.deny =\nlxc.cgroup2.devices.allow =\nlxc.cgroup2.devices.allow = a\n"
 DROPPED = ("lxc.net.", "lxc.hook.", "lxc.rootfs.", "lxc.init.", "lxc.console.", "lxc.log.")
@@ -437,7 +437,7 @@ def parse_probe(stdout: str) -> tuple[dict[str, dict], list[str]]:
                 "errno_ro": errno.errorcode.get(e_ro, str(e_ro)) if e_ro else "0",
                 "verdict": verdict(f[2], e_rw, e_ro),
             }
-        elif line.strip():
+        else:
             other.append(line)
     return nodes, other
 
@@ -625,6 +625,7 @@ def _start_one(base: Path, probe: str, s: dict) -> dict:
         nodes=nodes,
         cuinit=cuda_standin(nodes) if started else None,
         output=other,
+        stderr=stderr,
         dropped=dropped,
         lxc_config=conf,
     )
