@@ -80,7 +80,7 @@ def test_after_the_fix_every_nvidia_node_opens_for_real(entry):
 
 
 def _runtime():
-    rt = lxcreal.detect()
+    rt = lxcreal.runtime()
     if not rt.real:
         if os.environ.get("GPUBOX_REQUIRE_REAL_LXC"):
             pytest.fail(f"real LXC required but not usable: {rt.reason}")
@@ -241,3 +241,12 @@ def test_a_batch_killed_mid_start_is_cleaned_by_the_next_run(open_tmp):
     assert ans[0]["starts"]
     assert not list(tmp.glob(f"gpubox-lxc-{p.pid}-*"))
     assert not [c for c in _our_cgroups(rt.hybrid) if f"gpubox-{p.pid}-" in c]
+
+
+def test_a_machine_that_cannot_start_a_container_gets_the_simulation_and_says_why(monkeypatch):
+    monkeypatch.setattr(lxcreal, "_RUNTIME", None)
+    monkeypatch.setattr(lxcreal, "detect", lambda: lxcreal.Runtime(True, "lxc 5.0.2 (test)"))
+    err = ["ERROR    start - ../src/lxc/start.c:__lxc_start:2107 - Failed to spawn container"]
+    monkeypatch.setattr(lxcreal, "run", lambda specs, rt=None: [{"starts": False, "error": err}])
+    rt = lxcreal.runtime()
+    assert not rt.real and rt.name == "simulation" and "Failed to spawn container" in rt.reason

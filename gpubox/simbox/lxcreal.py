@@ -179,10 +179,22 @@ _RUNTIME: Runtime | None = None
 
 
 def runtime() -> Runtime:
-    """detect(), once per process (the simulated box asks at every `pct start`)."""
+    """detect() and one real start of an empty container, once per process (the simulated box asks
+    at every `pct start`): a machine that has everything but cannot start one (no CAP_SYS_ADMIN in a
+    CI container, say) gets the simulation, with LXC's reason."""
     global _RUNTIME
-    if _RUNTIME is None or os.environ.get(ENV_FORCE) == "sim":
-        _RUNTIME = detect()
+    if os.environ.get(ENV_FORCE) == "sim":
+        return detect()
+    if _RUNTIME is None:
+        rt = detect()
+        if rt.real:
+            try:
+                ans = run([Spec("arch: amd64\n", "/", probe=["/dev/null"])], rt)[0]
+                if not ans["starts"]:
+                    rt = Runtime(False, "simulation", "real LXC failed here: " + "; ".join(ans["error"][-2:]))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                rt = Runtime(False, "simulation", f"real LXC failed here: {exc}")
+        _RUNTIME = rt
     return _RUNTIME
 
 
