@@ -250,3 +250,18 @@ def test_a_machine_that_cannot_start_a_container_gets_the_simulation_and_says_wh
     monkeypatch.setattr(lxcreal, "run", lambda specs, rt=None: [{"starts": False, "error": err}])
     rt = lxcreal.runtime()
     assert not rt.real and rt.name == "simulation" and "Failed to spawn container" in rt.reason
+
+
+def test_the_cgroup_mount_is_replaced_only_on_a_hybrid_host():
+    """A cgroup2-only /sys/fs/cgroup (the H200 machine's line, as recorded) is used as it is: a new
+    mount there would clear nsdelegate machine-wide; a tmpfs with v1 controllers (CI) is replaced
+    in a private namespace."""
+    from tests.test_lxc_gpu_record import DOC
+
+    assert lxcreal.cgroup_layout("\n".join(DOC["cgroup_mount"])) == "cgroup2"
+    hybrid = (
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices\n"
+    )
+    assert lxcreal.cgroup_layout(hybrid) == "hybrid"
+    assert lxcreal.cgroup_layout("22 1 0:5 / /proc rw - proc proc rw\n") == "none"
