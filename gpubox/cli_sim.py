@@ -26,8 +26,9 @@ def create(dest: str, faults: tuple[str, ...], gpus: int, as_json: bool) -> None
 
     box = build(dest, faults, gpus=gpus)
     doc = {"dir": str(box.dest), "inventory": str(box.inventory_path), "faults": sorted(box.faults)}
-    ct = box.read_state()["containers"].get(str(box.vmid)) or {}
-    doc["container_runtime"] = ct.get("runtime", "simulation")  # real LXC where it runs (docs/lxc.md)
+    from .simbox import lxcreal
+
+    doc["container_runtime"] = lxcreal.runtime().describe()  # real LXC where it can run (docs/lxc.md)
     if as_json:
         print_json(doc)
     else:

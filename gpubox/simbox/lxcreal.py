@@ -123,6 +123,9 @@ class Runtime:
     reason: str = ""  # why not real
     hybrid: bool = False  # /sys/fs/cgroup must be replaced by cgroup2 in a private namespace
 
+    def describe(self) -> str:
+        return self.name if self.real else f"{self.name} ({self.reason})"
+
 
 def cgroup_layout(mountinfo: str) -> str:
     """'cgroup2' when /sys/fs/cgroup itself is a cgroup2 mount, 'hybrid' when it holds v1 mounts,
