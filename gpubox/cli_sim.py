@@ -26,11 +26,15 @@ def create(dest: str, faults: tuple[str, ...], gpus: int, as_json: bool) -> None
 
     box = build(dest, faults, gpus=gpus)
     doc = {"dir": str(box.dest), "inventory": str(box.inventory_path), "faults": sorted(box.faults)}
+    from .simbox import lxcreal
+
+    doc["container_runtime"] = lxcreal.runtime().describe()  # real LXC where it can run (docs/lxc.md)
     if as_json:
         print_json(doc)
     else:
         click.echo(
             f"simulated box in {box.dest}\n  faults: {', '.join(doc['faults']) or 'none'}\n"
+            f"  container: {doc['container_runtime']}\n"
             f"  try: gpubox -i {box.inventory_path} doctor {box.box}"
         )
 

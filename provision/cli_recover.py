@@ -166,6 +166,9 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     # The demo keeps its state (backups, history, results) inside its own directory.
     os.environ["GPUBOX_STATE_DIR"] = str(sim.dest / "state")
     con.print(f"[bold]simulated box[/] in {sim.dest} with faults: {', '.join(sorted(chosen))}")
+    from gpubox.simbox import lxcreal
+
+    con.print(f"container: {lxcreal.runtime().describe()}", markup=False)  # real LXC where it can run
     inv = Inventory(sim.inventory_path)
     box = inv.box(sim.box)
     c = Context(

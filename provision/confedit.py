@@ -182,6 +182,7 @@ def review(
     mode: str | None = None,
     host_rdev=None,
     recorded: set[int] | frozenset = frozenset(),
+    host_exists=None,
 ) -> Review:
     """Issues in the main section and the edited text (identical text when nothing to change).
 
@@ -266,19 +267,14 @@ def review(
                     Issue(
                         "unparsable",
                         f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
-                        "the type and after major:minor, access r/w/m): "
-                        "the start fails",
+                        "the type and after major:minor, access r/w/m): it logs "
+                        '"Failed to parse device rule" and skips it, so it allows nothing',
                     )
                 )
-            else:
-                issues.append(
-                    Issue(
-                        "foreign-unparsable",
-                        f"`{l.raw.strip()}` is not an NVIDIA rule but lxc "
-                        "cannot parse it: the container does not start; "
-                        "fix it by hand",
-                        fixable=False,
-                    )
+            elif val:
+                warnings.append(
+                    f"`{l.raw.strip()}` is not an NVIDIA rule and lxc cannot parse it: lxc skips it "
+                    "(it allows nothing; the container still starts); fix it by hand"
                 )
             continue
         if r.is_global or r.kind == "path":
@@ -356,7 +352,7 @@ def review(
     else:
         node_mode = mode or "cgroup2"
 
-    model = StartModel.build(_entries(lines, drop, cur), rdev)
+    model = StartModel.build(_entries(lines, drop, cur), rdev, host_exists)
     # a node passed both ways: the NVIDIA mount entry goes, devN stays (it reads the major at start)
     for n in nodes:
         provs = model.providers(n.path)
@@ -384,7 +380,7 @@ def review(
                             fixable=False,
                         )
                     )
-    model = StartModel.build(_entries(lines, drop, cur), rdev)
+    model = StartModel.build(_entries(lines, drop, cur), rdev, host_exists)
 
     add_rules: list[Line] = []
     add_mounts: list[Line] = []
@@ -433,16 +429,72 @@ def review(
         add_rules.append(_nl(format_line(ALLOW, rule_text(major), eq), nl))
         issues.append(Issue("missing-rule", f"no `{ALLOW}` rule allows {name} (major {major})"))
     if model.list_type_allows_all():
-        warnings.append(f"`{ALLOW}: a` lets the container use every device (not gpubox's to change)")
+        if model.unprivileged and not any(r is not None and r.is_global for *_, r in model.rules):
+            warnings.append(
+                "unprivileged container: pve-container's userns.conf.d resets the device rules and "
+                "allows `a`, so every device opens unless a deny rule matches (file modes and the "
+                "idmap decide the rest)"
+            )
+        else:
+            warnings.append(f"`{ALLOW}: a` lets the container use every device (not gpubox's to change)")
 
     new_lines = _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_nv_line, nl)
     new_conf = LxcConf([Section(conf.main.name, conf.main.header, new_lines), *conf.sections[1:]])
     new_text = new_conf.render()
-    after = StartModel.build([(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], rdev)
+    after = StartModel.build(
+        [(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], rdev, host_exists
+    )
     for e in after.errors:
         if not any(not i.fixable for i in issues):
-            issues.append(Issue("would-not-start", f"the container would not start: {e}", fixable=False))
+            issues.append(Issue("would-not-start", _blocker(e, new_lines), fixable=False))
     return Review(issues, old, new_text, warnings)
+
+
+def _blocker(error: str, lines: list[Line]) -> str:
+    """The start model's error with the line that causes it and that line's repair (the operator's
+    to make: the line is not gpubox's)."""
+    keyed = [l for l in lines if l.key]
+    m = re.match(r"^Device (\S+) does not exist$", error)
+    if m:
+        for l in keyed:
+            if _DEVN.match(l.key) and devn_path(l.value) == m.group(1):
+                return (
+                    f"the container would not start: `{l.raw.strip()}`: {m.group(1)} does not exist on "
+                    f'the host (pve: "{error}"); reconnect the device or load its driver, or remove '
+                    f"the `{l.key}` line"
+                )
+    m = re.search(r'Failed to mount "([^"]+)"', error)
+    if m:
+        for l in keyed:
+            if l.key == MOUNT and (l.value or "").split()[:1] == [m.group(1)]:
+                rel = (
+                    ""
+                    if m.group(1).startswith("/")
+                    else " (a relative source: lxc does not read it on the host)"
+                )
+                return (
+                    f"the container would not start: `{l.raw.strip()}`: its source {m.group(1)} is missing"
+                    f"{rel} and the entry is not `optional`, so lxc fails the mount; create the source, "
+                    "add `optional` to its options, or remove the line"
+                )
+    m = re.search(r'Failed to open file "([^"]+)" \(lxc.include\)', error)
+    if m:
+        return (
+            f"the container would not start: `lxc.include: {m.group(1)}` names a file missing on the "
+            "host (lxc cannot load the config); restore the file or remove the line"
+        )
+    if "bpf program" in error:
+        bad = [
+            l.raw.strip()
+            for l in keyed
+            if l.key in (ALLOW, DENY) and (l.value or "").strip().startswith("a ")
+        ]
+        return (
+            f"the container would not start: {', '.join(f'`{b}`' for b in bad) or 'a device rule'}: the "
+            "kernel refuses the BPF device program (an `a` rule with access); write "
+            f"`{ALLOW}: a` to allow every device, or remove the line"
+        )
+    return f"the container would not start: {error}"
 
 
 def _rdev_from(hd: HostDevices):

@@ -29,8 +29,25 @@ CU_NAMES = {
 _VER = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
 
 
+NOTDEV = -1  # the path is a regular file, not a device node
+
+
 def _errname(code):
+    if code == NOTDEV:
+        return "NOTDEV"
     return errno.errorcode.get(code, str(code)) if code else None
+
+
+def _not_a_device(path):
+    """An `optional,create=file` mount whose host source was missing at start leaves an empty
+    regular file at the target (seen in a real container: tests/fixtures/lxc/corpus/matrix/
+    uvm_missing_optional.json): open() works, CUDA does not."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def kernel_version(text):
@@ -50,6 +67,8 @@ def lib_version(real_path):
 
 
 def real_open(path):
+    if _not_a_device(path):
+        return NOTDEV
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError as exc:
@@ -113,14 +132,21 @@ def sim_env(sim_dir):
             in_char = s == "Character devices:"
         elif in_char and s:
             majors.add(int(s.split()[0]))
-    rules = []
-    for r in ct["cgroup_allow"]:
-        m = re.match(r"^([ac])(?:\s+(\*|\d+):(\*|\d+)\s*([rwm]*))?$", r.strip())
-        if m:
-            rules.append(m.groups())
 
-    def allowed(ma, mi):
-        for kind, rma, rmi, acc in rules:
+    def parse(strings):
+        out = []
+        for r in strings:
+            m = re.match(r"^([ac])(?:\s+(\*|\d+):(\*|\d+)\s*([rwm]*))?$", r.strip())
+            if m:
+                out.append(m.groups())
+        return out
+
+    rules = parse(ct["cgroup_allow"])
+
+    live = parse(ct["cgroup_allow"][ct.get("start_rules", len(ct["cgroup_allow"])) :])  # lxc-cgroup
+
+    def allowed(ma, mi, live_only=False):
+        for kind, rma, rmi, acc in live if live_only else rules:
             if kind == "a" and rma is None:
                 return True
             if rma in ("*", str(ma)) and rmi in ("*", str(mi)) and "r" in acc and "w" in acc:
@@ -131,9 +157,17 @@ def sim_env(sim_dir):
         p = os.path.join(ct_root, path.lstrip("/"))
         if ct["status"] != "running" or not os.path.exists(p):
             return errno.ENOENT
+        if _not_a_device(p):
+            return NOTDEV
         rdev = os.stat(p).st_rdev
         ma, mi = os.major(rdev), os.minor(rdev)
-        if not allowed(ma, mi):
+        real = (ct.get("real_nodes") or {}).get(path)
+        if real and real[1:] == [ma, mi]:  # a real LXC container answered at start (simbox.lxcreal)
+            if real[0] == "mode":
+                return errno.EACCES
+            if real[0] != "rw" and not allowed(ma, mi, live_only=True):
+                return errno.EPERM
+        elif not allowed(ma, mi):
             return errno.EPERM  # the device cgroup is checked before the driver
         if ma not in majors:
             return errno.ENXIO  # no driver registered at this major any more
@@ -231,6 +265,15 @@ def diagnose(res, box="BOX"):
                     "EPERM",
                     "the container's device cgroup denies %s (rule missing or for a stale major)" % path,
                     "%s (rewrites lxc.cgroup2.devices.allow, live-applies it with lxc-cgroup)" % fix,
+                )
+            )
+        elif state == "NOTDEV":
+            out.append(
+                (
+                    "not-a-device",
+                    "%s in the container is an empty regular file, not a device node: the host node "
+                    "was missing when the container started" % path,
+                    "restart it after host-devices: %s --restart always --yes" % fix,
                 )
             )
         elif state == "ENXIO":

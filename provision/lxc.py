@@ -190,6 +190,8 @@ def _host_rdev(host):
     def rdev(path: str):
         import stat as _st
 
+        if not path.startswith("/"):  # a relative mount source: lxc never reads it under the host root
+            return None
         st = host.stat(path)
         if st is None or not (_st.S_ISCHR(st.mode) or _st.S_ISBLK(st.mode)):
             return None
@@ -199,12 +201,23 @@ def _host_rdev(host):
 
 
 class HostRdev(Fact):
-    """("c"|"b", major, minor) of each given host path, None where absent or not a device."""
+    """("c"|"b", major, minor) of each given host path; "file" / "dir" where something that is no
+    device is there (a bind-mounted nvidia-smi or libcuda exists as a plain file: lxc mounts it);
+    None where absent (a relative path: lxc resolves it against its own working directory)."""
 
     @staticmethod
     def read(host, paths: tuple[str, ...]) -> dict[str, Any]:
+        import stat as _st
+
         rdev = _host_rdev(host)
-        return {p: rdev(p) for p in paths}
+        out: dict[str, Any] = {}
+        for p in paths:
+            out[p] = rdev(p)
+            if out[p] is None and p.startswith("/"):
+                st = host.stat(p)
+                if st is not None:
+                    out[p] = "dir" if _st.S_ISDIR(st.mode) else "file"
+        return out
 
 
 class ContainerStatus(Fact):
@@ -240,7 +253,8 @@ def referenced_paths(conf_text: str, hd: HostDevices) -> list[str]:
         f = (l.value or "").split() if l.key == MOUNT else []
         if len(f) >= 4:
             mounts.append((f[0], f[1].strip("/")))
-    out = [p for p in devn if p] + nodes + [src for src, _ in mounts]
+    includes = [(l.value or "").strip() for l in main if l.key == "lxc.include"]
+    out = [p for p in devn if p] + nodes + [src for src, _ in mounts] + [p for p in includes if p]
     for path in [p for p in devn if p] + nodes:
         for src, target in mounts:
             rel = path.strip("/")

@@ -170,9 +170,19 @@ def _lookup(rdev: dict[str, Any]):
         if path not in rdev:
             raise KeyError(f"host path {path} was not gathered (provision.lxc.referenced_paths)")
         v = rdev[path]
-        return None if v is None else tuple(v)
+        return None if v is None or isinstance(v, str) else tuple(v)
 
     return get
+
+
+def _exists(rdev: dict[str, Any]):
+    """host_exists over the same facts: a device node, a plain file or a directory."""
+
+    def exists(path: str) -> bool:
+        return rdev.get(path) is not None
+
+    exists.is_dir = lambda path: rdev.get(path) == "dir"  # type: ignore[attr-defined]
+    return exists
 
 
 @dataclass
@@ -228,13 +238,28 @@ class ContainerConfigStep(Step):
                 evidence=ev,
             )
         hd = host_devices(facts.devices)
-        rev = review(conf, hd, opts.mode, _lookup(facts.rdev), set(facts.recorded))
+        rev = review(conf, hd, opts.mode, _lookup(facts.rdev), set(facts.recorded), _exists(facts.rdev))
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev.warnings = rev.warnings
         note = ""
         if pending:
             note = f" (pending, applied at the next restart: {', '.join(pending)})"
         refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
+        if refused and rev.changed:
+            # a foreign line stops the start: gpubox's own lines are still brought right now (no
+            # restart: the container step is blocked), so the box is ready once the operator fixes theirs
+            commit = ConfCommit(opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()))
+            return Finding.drift(
+                "; ".join(i.text for i in rev.issues) + note,
+                cause="a line gpubox does not own stops the container from starting; gpubox's NVIDIA "
+                "lines are wrong too",
+                repair=f"gpubox lxc fix {opts.box} (rewrites the NVIDIA lines only), then edit {path} "
+                "by hand as said",
+                plan=Plan(
+                    f"rewrite the NVIDIA lines of the main section of {path}", rev.diff(path), [], commit
+                ),
+                evidence=ev,
+            )
         if refused:
             return Finding.failed(
                 "; ".join(i.text for i in refused) + note,
