@@ -37,6 +37,7 @@ from .lxc import (
 )
 from .lxc import _control as control
 from .lxcconf import LxcConf, conf_path, digest, write_conf
+from .nodehints import devn_paths, required_missing
 
 
 def _gpus(ctx):
@@ -52,6 +53,7 @@ class HostDevicesFacts:
     persist: dict[str, str] | None = None  # current text of each boot-persistence file (--persist)
     presence: GpuPresence | None = None  # driver / PCI bus / recorded bus ids (gpucheck)
     kernel: KernelModules | None = None  # read only when nvidia.ko is not loaded (hostdiag)
+    devn: dict[str, bool] | None = None  # NVIDIA paths the CT's devN entries name -> on the host
 
 
 @dataclass
@@ -91,6 +93,9 @@ class HostDevicesStep(Step):
         facts = HostDevicesFacts(scan, files, ctx.fact(GpuPresenceFact))
         if host_devices(scan).frontend is None:
             facts.kernel = ctx.fact(KernelModulesFact)
+        vmid = getattr(ctx.box, "vmid", None)
+        if vmid and ctx.host.exists(f"/etc/pve/lxc/{vmid}.conf"):
+            facts.devn = {p: ctx.host.exists(p) for p in devn_paths(ctx.fact(ConfText, vmid))}
         return facts
 
     def decide(self, facts: HostDevicesFacts, opts: HostDevicesOptions) -> Finding:
@@ -117,6 +122,16 @@ class HostDevicesStep(Step):
                 problems.append(f"{n.path} missing")
             elif n.want is not None:
                 problems.append(f"{n.path} is {describe_rdev(n.have)}, want {describe_rdev(n.want)}")
+        flagged = {p.split(" ", 1)[0] for p in problems}
+        devn_runs = []
+        for path, run in required_missing(
+            list(facts.devn or {}), {p for p, ok in (facts.devn or {}).items() if ok}
+        ):
+            if path in flagged:
+                continue
+            problems.append(f"{path} missing: a devN entry of the container requires it (the start fails)")
+            if run:
+                devn_runs.append(run)
         want_files = persist_files(hd.gpus)
         missing = (
             [p for p, text in want_files.items() if (facts.persist or {}).get(p, "") != text]
@@ -131,6 +146,7 @@ class HostDevicesStep(Step):
                 evidence=ev,
             )
         runs = needed_modprobe_runs(hd)
+        runs += [r for r in devn_runs if r not in runs]
         actions: list[Any] = [Run(argv, timeout=60, become=True) for argv in runs]
         actions += [Write(p, want_files[p], old=(facts.persist or {}).get(p, "")) for p in missing]
         what = (["create the nodes with nvidia-modprobe"] if runs else []) + (
@@ -139,7 +155,12 @@ class HostDevicesStep(Step):
         detail = "; ".join(problems + [f"boot persistence missing: {p}" for p in missing])
         return Finding.drift(
             detail,
-            cause="nvidia-uvm nodes absent or stale on the host"
+            cause=(
+                "a node the container's devN entries require is not created at boot (recent drivers "
+                "no longer create /dev/nvidia-modeset; nvidia-modprobe -m does)"
+                if devn_runs and len(problems) == len(devn_runs)
+                else "nvidia-uvm nodes absent or stale on the host"
+            )
             if problems
             else "nothing creates the uvm nodes at boot",
             repair="; ".join(" ".join(a) for a in runs or modprobe_argvs(hd.gpus, gpu_nodes=False))
