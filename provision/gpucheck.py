@@ -82,10 +82,10 @@ def shortfall(p: GpuPresence, expect: int | None) -> Shortfall | None:
     if pci is not None and drv is not None:
         for b in sorted(pci - drv):
             missing[b] = "is on the PCI bus but the NVIDIA driver does not hold it (probe failed)"
-    if pci is not None and pci:
+    if pci is not None:
         for b in sorted(rec - pci):
             missing[b] = "is gone from the PCI bus"
-    elif drv is not None and drv:
+    elif drv is not None:
         for b in sorted(rec - drv):
             missing[b] = "is not held by the NVIDIA driver"
     seen_set = drv if drv is not None else pci
