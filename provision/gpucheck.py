@@ -99,15 +99,26 @@ def shortfall(p: GpuPresence, expect: int | None) -> Shortfall | None:
     return Shortfall(seen, want, missing, unnamed)
 
 
+def gpu_functions(funcs) -> list[str]:
+    """Bus ids of the NVIDIA GPU-class functions among hwtune.pcie.PciFunctions' answer."""
+    return [f.bdf for f in funcs if f.vendor == NVIDIA_VENDOR and f.kind == "gpu"]
+
+
 class GpuPresenceFact(Fact):
-    """The driver's GPUs, the PCI bus's NVIDIA GPU functions and gpubox's recorded bus ids."""
+    """The driver's GPUs and gpubox's recorded bus ids (the PCI bus comes from PciFunctions,
+    read once per run and shared with the PCIe steps)."""
 
     @staticmethod
     def read(host) -> GpuPresence:
         driver = sorted(host.listdir(DRIVER_DIR)) if host.exists(DRIVER_DIR) else None
-        try:
-            funcs = PciFunctions.parse(PciFunctions.read(host))
-            pci = [f.bdf for f in funcs if f.vendor == NVIDIA_VENDOR and f.kind == "gpu"]
-        except GpuboxError:  # no sysfs under this root: the bus is simply not a source here
-            pci = None
-        return GpuPresence(driver, pci, unit_bdfs(host.read_text(UNIT_PATH, default="")))
+        return GpuPresence(driver, None, unit_bdfs(host.read_text(UNIT_PATH, default="")))
+
+
+def read_presence(ctx) -> GpuPresence:
+    """GpuPresence through the context's fact cache."""
+    p = ctx.fact(GpuPresenceFact)
+    try:
+        pci = gpu_functions(ctx.fact(PciFunctions))
+    except GpuboxError:  # no sysfs under this root: the bus is simply not a source here
+        pci = None
+    return GpuPresence(p.driver, pci, p.recorded)

@@ -17,7 +17,7 @@ from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 from . import cuda_probe
 from .confedit import review
 from .devices import DeviceScan, DeviceScanFact, HostDevices, describe_rdev, host_devices
-from .gpucheck import GpuPresence, GpuPresenceFact, shortfall
+from .gpucheck import GpuPresence, read_presence, shortfall
 from .hostdiag import KernelModules, KernelModulesFact, driver_not_loaded
 from .lxc import (
     RESTART_POLICIES,
@@ -90,7 +90,7 @@ class HostDevicesStep(Step):
         if ctx.opt("persist"):
             # the files as they would be for the box's full GPU count, never for fewer
             files = {p: ctx.fact(FileText, p) for p in persist_files(max(scan.gpus, int(_gpus(ctx) or 0)))}
-        facts = HostDevicesFacts(scan, files, ctx.fact(GpuPresenceFact))
+        facts = HostDevicesFacts(scan, files, read_presence(ctx))
         if host_devices(scan).frontend is None:
             facts.kernel = ctx.fact(KernelModulesFact)
         vmid = getattr(ctx.box, "vmid", None)
