@@ -16,8 +16,9 @@ gpubox does not own that file: the finding names the line and the operator's com
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpubox.facts import Fact
 
@@ -31,10 +32,39 @@ FIX = (
 )
 
 
+DOCKER_CONTAINERS = "/var/lib/docker/containers"
+_RULE = re.compile(r"^c\s+(\d+):(\*|\d+)\s+[rwm]+$")
+
+
 @dataclass
 class ToolkitFacts:
     config: str | None = None  # config.toml text, None when absent
     cli: bool = False  # nvidia-container-cli installed
+    # Docker containers' DeviceCgroupRules (hostconfig.json), id -> rules, and the char majors of
+    # /proc/devices (the host's: an LXC container shares the kernel's table)
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    proc_devices: str = ""
+
+
+def stale_rules(rules: dict[str, list[str]], proc_devices: str) -> list[str]:
+    """Pure: Docker device-cgroup rules that name a char major no driver holds while an NVIDIA
+    dynamic major exists -- a uvm major hard-coded in a compose file / docker run, changed at boot."""
+    from .devices import DYNAMIC_NAMES, parse_proc_devices
+
+    majors = parse_proc_devices(proc_devices)
+    nvidia = {n: m for n, m in majors.items() if n in DYNAMIC_NAMES}
+    if not nvidia:
+        return []
+    out = []
+    for cid, rs in sorted(rules.items()):
+        for r in rs:
+            m = _RULE.match(r.strip())
+            if m and int(m.group(1)) not in majors.values():
+                now = ", ".join(f"{n} is {v}" for n, v in sorted(nvidia.items()))
+                out.append(
+                    f"docker container {cid[:12]} allows `{r.strip()}`: no driver has major {m.group(1)} ({now})"
+                )
+    return out
 
 
 def no_cgroups(toml: str) -> bool | None:
@@ -57,6 +87,16 @@ def no_cgroups(toml: str) -> bool | None:
 
 def judge(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
     """Pure: (status, detail, cause, repair)."""
+    stale = stale_rules(f.rules, f.proc_devices)
+    if stale:
+        return (
+            "failed",
+            "; ".join(stale),
+            "a device-cgroup rule with a hard-coded nvidia-uvm major: the major changed at boot, so the "
+            "Docker container cannot open /dev/nvidia-uvm (CUDA error 999)",
+            "give Docker the device instead of a major (--device /dev/nvidia-uvm, compose `devices:`), or "
+            "use CDI (nvidia-ctk cdi generate); recreate the container",
+        )
     if f.config is None and not f.cli:
         return "ok", "no NVIDIA Container Toolkit in the container", None, None
     if f.config is None:
@@ -87,4 +127,15 @@ class ToolkitFact(Fact):
     @staticmethod
     def read(host) -> ToolkitFacts:
         text = host.read_text(CONFIG, default=None) if host.exists(CONFIG) else None
-        return ToolkitFacts(text, any(host.exists(p) for p in CLI_PATHS))
+        rules: dict[str, list[str]] = {}
+        if host.exists(DOCKER_CONTAINERS):
+            for cid in sorted(host.listdir(DOCKER_CONTAINERS))[:200]:
+                raw = host.read_text(f"{DOCKER_CONTAINERS}/{cid}/hostconfig.json", default="")
+                try:
+                    got = (json.loads(raw) if raw else {}).get("DeviceCgroupRules") or []
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(got, list) and got:
+                    rules[cid] = [str(r) for r in got]
+        proc = host.read_text("/proc/devices", default="") if rules else ""
+        return ToolkitFacts(text, any(host.exists(p) for p in CLI_PATHS), rules, proc)
