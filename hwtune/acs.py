@@ -133,6 +133,16 @@ def judge(f: AcsFacts) -> Finding:
     return Finding.ok(detail, evidence=ev)
 
 
+def _port_and_acs(host, b: Bridge) -> None:
+    """Port type (PCIe capability) and ACS Control (ECAP_ACS+6) of one bridge; None where absent."""
+    t = host.run([*setpci_base(host), "-s", b.bdf, "CAP_EXP+2.w"], timeout=30)
+    if t.rc == 0 and t.stdout.strip():
+        b.port_type = (int(t.stdout.split()[0], 16) >> 4) & 0xF
+    a = host.run([*setpci_base(host), "-s", b.bdf, "ECAP_ACS+6.w"], timeout=30)
+    if a.rc == 0 and a.stdout.strip():
+        b.acsctl = int(a.stdout.split()[0], 16)
+
+
 class AcsRead(Fact):
     """For each bridge above a GPU: bus range, port type and ACS Control, through the real setpci."""
 
@@ -141,25 +151,20 @@ class AcsRead(Fact):
         funcs = PciFunctions.parse(PciFunctions.read(host))
         gpus = [f.bdf for f in funcs if f.vendor == NVIDIA_VENDOR and f.kind == "gpu"]
         out = AcsFacts(gpus)
-        for f in funcs:
-            if f.base_class != BRIDGE_CLASS:
-                continue
-            r = host.run(
-                [*setpci_base(host), "-s", f.bdf, "SECONDARY_BUS.b", "SUBORDINATE_BUS.b"], timeout=30
-            )
+        bridges = [f.bdf for f in funcs if f.base_class == BRIDGE_CLASS]
+        if gpus and bridges:
+            # one setpci run for every bridge's bus range (type 1 headers always have both registers)
+            argv = [*setpci_base(host)]
+            for bdf in bridges:
+                argv += ["-s", bdf, "SECONDARY_BUS.b", "SUBORDINATE_BUS.b"]
+            r = host.run(argv, timeout=60)
             vals = r.stdout.split()
-            if r.rc != 0 or len(vals) != 2:
-                continue
-            b = Bridge(f.bdf, int(vals[0], 16), int(vals[1], 16))
-            if not _below(b, gpus):
-                continue
-            t = host.run([*setpci_base(host), "-s", f.bdf, "CAP_EXP+2.w"], timeout=30)
-            if t.rc == 0 and t.stdout.strip():
-                b.port_type = (int(t.stdout.split()[0], 16) >> 4) & 0xF
-            a = host.run([*setpci_base(host), "-s", f.bdf, "ECAP_ACS+6.w"], timeout=30)
-            if a.rc == 0 and a.stdout.strip():
-                b.acsctl = int(a.stdout.split()[0], 16)
-            out.bridges.append(b)
+            if r.rc == 0 and len(vals) == 2 * len(bridges):
+                for k, bdf in enumerate(bridges):
+                    b = Bridge(bdf, int(vals[2 * k], 16), int(vals[2 * k + 1], 16))
+                    if _below(b, gpus):
+                        _port_and_acs(host, b)
+                        out.bridges.append(b)
         for g in gpus:
             out.iommu[g] = host.read_text(f"/sys/bus/pci/devices/{g}/iommu_group/type", default="").strip()
         return out
