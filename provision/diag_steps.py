@@ -39,7 +39,7 @@ class ToolkitEvidence:
 class ContainerToolkitStep(Step):
     """Docker + nvidia-container-toolkit inside the LXC: no-cgroups must be true there."""
 
-    name = "container-toolkit"
+    name = "docker-toolkit"
     title = "NVIDIA Container Toolkit inside the container"
     where = "container"
 

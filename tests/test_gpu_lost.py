@@ -63,3 +63,29 @@ def test_healthy_box_is_not_flagged(tmp_path, capsys):
     steps = _steps(json.loads(out))
     assert steps["host-devices"]["status"] == "ok", steps["host-devices"]
     assert steps["cuda"]["status"] == "ok" and steps["pcie-mrrs"]["status"] == "ok"
+
+
+def test_devn_required_modeset_is_created_by_host_devices(tmp_path, capsys):
+    """A `devN: /dev/nvidia-modeset` entry on a host whose driver no longer makes that node at boot
+    (remz1337/Proxmox#8): doctor names it, recover runs `nvidia-modprobe -m` and ends ok."""
+    import os
+
+    sim = build(tmp_path / "box", [])
+    conf = sim.hpath("/etc/pve/lxc/200.conf")
+    main, sep, rest = conf.read_text().partition("\n[")
+    main = main.replace(
+        "lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file\n", ""
+    )
+    main = main.replace("features: nesting=1\n", "dev0: /dev/nvidia-modeset\nfeatures: nesting=1\n")
+    conf.write_text(main + sep + rest)
+    os.unlink(sim.hpath("/dev/nvidia-modeset"))
+    rc, out, _ = gpubox(capsys, "-i", sim.inventory_path, "doctor", "ct200", "--only", "lxc", "--json")
+    hd = _steps(json.loads(out))["host-devices"]
+    assert rc == 1 and hd["status"] == "drift" and "/dev/nvidia-modeset missing" in hd["detail"]
+    assert "nvidia-modprobe -m" in hd["repair"]
+    rc, out, _ = gpubox(
+        capsys, "-i", sim.inventory_path, "recover", "ct200", "--yes", "--no-bench", "--only", "lxc", "--json"
+    )
+    assert rc == 0, out
+    assert ["-m"] in [c["argv"] for c in sim.calls("nvidia-modprobe")]
+    assert os.major(os.stat(sim.hpath("/dev/nvidia-modeset")).st_rdev) == 195
