@@ -121,3 +121,25 @@ def test_docker_rule_with_a_hard_coded_uvm_major_is_named():
     assert "--device /dev/nvidia-uvm" in repair
     current = ToolkitFacts(None, False, {"a1b2c3d4e5f6a7b8": ["c 195:* rmw", "c 238:* rmw"]}, proc)
     assert tk_judge(current)[0] == "ok"
+
+
+def test_recorded_h200_fabric_and_power_read_raise_no_alarm():
+    """The document read on the real 1x H200 for issue 28 (tests/fixtures/probe/README.md): fabric
+    NOT_SUPPORTED and the power cap at its default are healthy."""
+    from gpubox.hwtune.probe import FABRIC_STATES
+
+    read = json.loads((FIX / "h200_i28_fabric_power.json").read_text())
+    g = read["gpus"][0]
+    assert g["fabric_v2"]["state"] == 0 and g["power_limit_mw"] == g["power_default_mw"]
+    doc = json.loads((FIX / "h200_real.json").read_text())
+    gd = doc["nvml"]["gpus"][0]
+    gd["fabric"] = {
+        "state": FABRIC_STATES[g["fabric_v2"]["state"]],
+        "status": g["fabric_v2"]["status"],
+        "clique": g["fabric_v2"]["clique"],
+        "health_mask": g["fabric_v2"]["health_mask"],
+    }
+    gd["power_limit_w"], gd["power_default_w"] = g["power_limit_mw"] / 1000, g["power_default_mw"] / 1000
+    checks = probe_verdict.judge(doc, expect_gpus=1)
+    assert [c.status for c in checks if c.name == "fabric"] == ["ok"]
+    assert not [c for c in checks if c.status in ("failed", "drift")], [(c.name, c.detail) for c in checks]
