@@ -230,6 +230,16 @@ def gpu_facts(nv, h, index: int) -> dict:
     pd = f.get("power_default", nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
     g["power_default_w"] = None if pd is None else round(pd / 1000.0, 1)
     g["fabric"] = fabric_facts(nv, h, f)
+    g["app_clocks_mhz"] = {
+        "sm": f.get("app_clock_sm", nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_SM),
+        "sm_default": f.get(
+            "app_clock_sm_default", nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_SM
+        ),
+        "mem": f.get("app_clock_mem", nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_MEM),
+        "mem_default": f.get(
+            "app_clock_mem_default", nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_MEM
+        ),
+    }
     g["numa"] = numa_facts(nv, h, g["bus_id"], f)
     g["nvlink"] = nvlink_facts(nv, h, f)
     g["unsupported"] = f.unsupported

@@ -480,6 +480,24 @@ def check_state(g: dict, lim: dict) -> Check:
             repair=f"`nvidia-smi -i {g.get('index')} -pl {default:g}` on the host if the cap is not "
             "intended (gpubox only reads GPU settings)",
         )
+    app = g.get("app_clocks_mhz") or {}
+    low = [
+        f"{k} {app[k]} MHz (default {app[k + '_default']})"
+        for k in ("sm", "mem")
+        if isinstance(app.get(k), int)
+        and isinstance(app.get(k + "_default"), int)
+        and app[k] < app[k + "_default"]
+    ]
+    if low:
+        ev["app_clocks_mhz"] = app
+        return Check(
+            name,
+            DRIFT,
+            "application clocks below their defaults: " + ", ".join(low),
+            ev,
+            cause="application clocks were set lower (nvidia-smi -ac): the GPU runs slower under load",
+            repair=f"`nvidia-smi -i {g.get('index')} -rac` on the host if not intended (gpubox only reads GPU settings)",
+        )
     if pm is False and lim["require_persistence"]:
         return Check(
             name,

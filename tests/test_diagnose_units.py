@@ -140,6 +140,25 @@ def test_recorded_h200_fabric_and_power_read_raise_no_alarm():
         "health_mask": g["fabric_v2"]["health_mask"],
     }
     gd["power_limit_w"], gd["power_default_w"] = g["power_limit_mw"] / 1000, g["power_default_mw"] / 1000
+    gd["app_clocks_mhz"] = {
+        "sm": g["app_clock_sm"],
+        "sm_default": g["default_app_clock_sm"],
+        "mem": g["app_clock_mem"],
+        "mem_default": g["default_app_clock_mem"],
+    }
     checks = probe_verdict.judge(doc, expect_gpus=1)
     assert [c.status for c in checks if c.name == "fabric"] == ["ok"]
     assert not [c for c in checks if c.status in ("failed", "drift")], [(c.name, c.detail) for c in checks]
+
+
+def test_lowered_application_clocks_are_named():
+    doc = json.loads((FIX / "h200_real.json").read_text())
+    doc["nvml"]["gpus"][0]["app_clocks_mhz"] = {
+        "sm": 1410,
+        "sm_default": 1980,
+        "mem": 3201,
+        "mem_default": 3201,
+    }
+    bad = [c for c in probe_verdict.judge(doc, expect_gpus=1) if c.status != "ok" and c.status != "skipped"]
+    assert [c.name for c in bad] == ["gpu0 state"] and "sm 1410 MHz (default 1980)" in bad[0].detail
+    assert "-rac" in bad[0].repair
