@@ -7,11 +7,13 @@ AREA = Area(
     name="hwtune",
     providers=(
         (20, "gpubox.hwtune"),  # pcie-mrrs, pcie-link, numa-balancing, nccl-env
+        (22, "gpubox.hwtune.acs"),  # pcie-acs (reports only)
         (40, "gpubox.hwtune.probe_step"),
     ),  # gpu-probe (checks only)
     groups=(
         (20, "tune", ("pcie-mrrs", "pcie-link", "numa-balancing")),
         (21, "nccl", ("nccl-env",)),
+        (22, "acs", ("pcie-acs",)),
         (40, "probe", ("gpu-probe",)),
     ),
     commands={

@@ -468,3 +468,8 @@ def unit_text(bdfs: list[str], code: int) -> str:
     lines += [f"ExecStart=/usr/bin/setpci -s {b} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}" for b in bdfs]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
+
+
+def unit_bdfs(text: str) -> list[str]:
+    """The bus ids a boot unit written by unit_text names: gpubox's record of the box's GPUs."""
+    return re.findall(r"^ExecStart=\S*setpci -s (\S+) ", text or "", re.M)

@@ -33,6 +33,7 @@ from .pcie import (
     mrrs_bytes,
     parse_mrrs,
     pick_functions,
+    unit_bdfs,
     unit_text,
 )
 
@@ -69,6 +70,7 @@ class MrrsOptions:
     code: int = 5  # MaxReadReq code (128 << code bytes)
     persist: bool = False
     box: str = "BOX"
+    expect_gpus: int | None = None  # gpubox_gpus: the unit is never rewritten for fewer
 
 
 @dataclass
@@ -88,7 +90,10 @@ class PcieMrrsStep(Step):
     where = "host"
 
     def options(self, ctx) -> MrrsOptions:
-        return MrrsOptions(_target(ctx), bool(ctx.opt("persist")), ctx.box.name)
+        want = ctx.box.var("gpubox_gpus", None)
+        return MrrsOptions(
+            _target(ctx), bool(ctx.opt("persist")), ctx.box.name, None if want is None else int(want)
+        )
 
     def gather(self, ctx) -> MrrsFacts:
         facts = MrrsFacts(gather_devices(ctx))
@@ -128,6 +133,15 @@ class PcieMrrsStep(Step):
                 + f" (want {want})"
             )
         unit_problem, unit = None, None
+        lost = _lost_gpus(facts, states, opts)
+        if lost:
+            return Finding.failed(
+                lost,
+                cause="a GPU is missing from the PCI bus (fell off the bus / not detected at boot)",
+                repair="fix the GPU first (kernel log: Xid 79; reseat, power); the boot unit is not "
+                "rewritten for fewer GPUs",
+                evidence=ev(),
+            )
         if opts.persist:
             unit = unit_text([s.bdf for s in states if s.devctl is not None], code)
             unit_problem = _unit_problem(facts, unit)
@@ -163,6 +177,22 @@ class PcieMrrsStep(Step):
             f"{len(ok)} function(s) at MaxReadReq {want}" + (" (boot unit enabled)" if opts.persist else ""),
             evidence=ev(),
         )
+
+
+def _lost_gpus(facts: MrrsFacts, states, opts: MrrsOptions) -> str | None:
+    """Why the unit must stay as it is: it names GPUs that are gone, or fewer GPUs than expected."""
+    if not opts.persist:
+        return None
+    gpus = {s.bdf for s in states if s.devctl is not None}
+    gone = [b for b in unit_bdfs(facts.unit or "") if b not in gpus]
+    if gone:
+        return (
+            f"{len(gpus)} of {len(gpus) + len(gone)} GPUs: the boot unit names {', '.join(gone)}, "
+            "no longer on the PCI bus"
+        )
+    if opts.expect_gpus and len(gpus) < opts.expect_gpus:
+        return f"{len(gpus)} of {opts.expect_gpus} GPUs on the PCI bus: not writing a boot unit for fewer"
+    return None
 
 
 def _unit_problem(facts: MrrsFacts, want: str) -> str | None:

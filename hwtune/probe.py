@@ -227,10 +227,51 @@ def gpu_facts(nv, h, index: int) -> dict:
     g["power_w"] = None if pw is None else round(pw / 1000.0, 1)
     pl = f.get("power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
     g["power_limit_w"] = None if pl is None else round(pl / 1000.0, 1)
+    pd = f.get("power_default", nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
+    g["power_default_w"] = None if pd is None else round(pd / 1000.0, 1)
+    g["fabric"] = fabric_facts(nv, h, f)
+    g["app_clocks_mhz"] = {
+        "sm": f.get("app_clock_sm", nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_SM),
+        "sm_default": f.get(
+            "app_clock_sm_default", nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_SM
+        ),
+        "mem": f.get("app_clock_mem", nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_MEM),
+        "mem_default": f.get(
+            "app_clock_mem_default", nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_MEM
+        ),
+    }
     g["numa"] = numa_facts(nv, h, g["bus_id"], f)
     g["nvlink"] = nvlink_facts(nv, h, f)
     g["unsupported"] = f.unsupported
     return g
+
+
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+
+
+def fabric_facts(nv, h, f: _Fields) -> dict | None:
+    """NVSwitch fabric registration (nvml.h nvmlDeviceGetGpuFabricInfoV): on HGX boxes the fabric
+    manager must have finished (state completed, status success) before CUDA can start (else
+    cuInit 802). A GPU without an NVSwitch fabric says not_supported: nothing to judge."""
+    info = None
+    cls = getattr(nv, "c_nvmlGpuFabricInfo_v2_t", None)
+    if cls is not None and hasattr(nv, "nvmlDeviceGetGpuFabricInfoV"):
+        info = cls()
+        if f.get("fabric", nv.nvmlDeviceGetGpuFabricInfoV, h, nv.byref(info)) is None:
+            info = None
+    if info is None and hasattr(nv, "c_nvmlGpuFabricInfo_t"):
+        info = nv.c_nvmlGpuFabricInfo_t()
+        if f.get("fabric_v1", nv.nvmlDeviceGetGpuFabricInfo, h, nv.byref(info)) is None:
+            return None
+    if info is None:
+        return None
+    state = int(info.state)
+    return {
+        "state": FABRIC_STATES.get(state, str(state)),
+        "status": int(info.status),
+        "clique": int(info.cliqueId),
+        "health_mask": int(getattr(info, "healthMask", 0)),
+    }
 
 
 _FI_NVLINK_SPEED_COMMON = 90  # nvml.h NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON

@@ -467,6 +467,37 @@ def check_state(g: dict, lim: dict) -> Check:
             cause="tensor-parallel serving needs whole GPUs",
             repair="`nvidia-smi -i <gpu> -mig 0` on the host (gpubox only reads it)",
         )
+    cap, default = g.get("power_limit_w"), g.get("power_default_w")
+    if cap and default and cap < 0.95 * default:
+        ev.update(power_limit_w=cap, power_default_w=default)
+        return Check(
+            name,
+            DRIFT,
+            f"power cap {cap:g} W is below the GPU's default {default:g} W",
+            ev,
+            cause="the power limit was lowered (nvidia-smi -pl, a power-capping service): clocks and "
+            "tokens/s drop under load",
+            repair=f"`nvidia-smi -i {g.get('index')} -pl {default:g}` on the host if the cap is not "
+            "intended (gpubox only reads GPU settings)",
+        )
+    app = g.get("app_clocks_mhz") or {}
+    low = [
+        f"{k} {app[k]} MHz (default {app[k + '_default']})"
+        for k in ("sm", "mem")
+        if isinstance(app.get(k), int)
+        and isinstance(app.get(k + "_default"), int)
+        and app[k] < app[k + "_default"]
+    ]
+    if low:
+        ev["app_clocks_mhz"] = app
+        return Check(
+            name,
+            DRIFT,
+            "application clocks below their defaults: " + ", ".join(low),
+            ev,
+            cause="application clocks were set lower (nvidia-smi -ac): the GPU runs slower under load",
+            repair=f"`nvidia-smi -i {g.get('index')} -rac` on the host if not intended (gpubox only reads GPU settings)",
+        )
     if pm is False and lim["require_persistence"]:
         return Check(
             name,
@@ -755,10 +786,60 @@ def judge(doc: dict, lim: dict | None = None, *, expect_gpus: int | None = None)
         if g.get("error"):
             continue
         out += [check_state(g, lim), check_link(doc, g, lim), check_memory(g), check_clocks(doc, g)]
+    fabric = check_fabric(doc)
+    if fabric is not None:
+        out.append(fabric)
     out += check_paths(doc)
     out += check_bandwidth(doc, lim)
     out.append(check_xid(doc))
     return out
+
+
+FABRIC_FIX = (
+    "on the host: systemctl status nvidia-fabricmanager (journalctl -u nvidia-fabricmanager); its "
+    "package version must equal the driver's (nvidia-smi: Driver Version; 'fabric manager NVIDIA GPU "
+    "driver interface version ... don't match' in its log), then systemctl restart nvidia-fabricmanager"
+)
+
+
+def check_fabric(doc: dict) -> Check | None:
+    """NVSwitch fabric state per GPU (NVML GpuFabricInfo). None when the probe read none; OK when
+    the GPUs have no NVSwitch fabric (not_supported: a PCIe box, a pass-through VM) or it is up."""
+    gpus = [g for g in _gpus(doc) if isinstance(g.get("fabric"), dict)]
+    if not gpus:
+        return None
+    ev = {"fabric": {g.get("bus_id") or str(g.get("index")): g["fabric"] for g in gpus}}
+    states = {g["fabric"].get("state") for g in gpus}
+    if states == {"not_supported"}:
+        return Check("fabric", OK, "no NVSwitch fabric on these GPUs (NVML: not supported)", ev)
+    down = [g for g in gpus if g["fabric"].get("state") in ("not_started", "in_progress")]
+    bad = [g for g in gpus if g["fabric"].get("state") == "completed" and g["fabric"].get("status")]
+    if down or bad:
+        shown = ", ".join(
+            f"{_label(g)} {g['fabric'].get('state')}"
+            + (f" (status {g['fabric'].get('status')})" if g["fabric"].get("status") else "")
+            for g in down + bad
+        )
+        return Check(
+            "fabric",
+            FAILED,
+            f"NVSwitch fabric not ready: {shown}",
+            ev,
+            cause="the fabric manager is not running on the host, or not of the driver's version: CUDA "
+            "fails with 802 (system not yet initialized)",
+            repair=FABRIC_FIX,
+        )
+    degraded = [g for g in gpus if (int(g["fabric"].get("health_mask") or 0) & 0x3) == 1]
+    if degraded:
+        return Check(
+            "fabric",
+            DRIFT,
+            "NVSwitch fabric up with degraded bandwidth on " + ", ".join(_label(g) for g in degraded),
+            ev,
+            cause="an NVLink/NVSwitch link is down or degraded",
+            repair="nvidia-smi nvlink --status on the host; check the fabric manager log",
+        )
+    return Check("fabric", OK, f"NVSwitch fabric completed on {len(gpus)} GPU(s)", ev)
 
 
 def gpu_table(doc: dict, lim: dict | None = None) -> list[dict[str, Any]]:

@@ -9,11 +9,13 @@ AREA = Area(
     providers=(
         (10, "gpubox.provision.lxc_step"),  # host-devices, container-config, container, cuda
         (30, "gpubox.provision.stage_step"),
+        (35, "gpubox.provision.diag_steps"),  # docker-toolkit, shm-room (issue 28)
     ),  # model-stage, drafter-stage
     groups=(
         (10, "lxc", ("host-devices", "container-config", "container", "cuda")),
         (11, "devices", ("host-devices",)),
         (30, "stage", ("stage",)),
+        (35, "diagnose", ("docker-toolkit", "shm-room")),
     ),  # prefix: every *-stage step
     commands={
         "doctor": "gpubox.provision.cli_recover:doctor",

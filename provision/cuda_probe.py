@@ -250,6 +250,17 @@ def diagnose(res, box="BOX"):
     out = []
     if res.get("error"):
         return [("probe-failed", res["error"], "check that python3 runs in the container")]
+    if "kernel_driver" in res and res["kernel_driver"] is None and res.get("cuinit") != 0:
+        # No /proc/driver/nvidia/version: the host has no NVIDIA module loaded. The node errors
+        # follow from that (listed after it); the container config is not the cause, and CUDA's
+        # return code says nothing more.
+        out.append(
+            (
+                "host-driver",
+                "the NVIDIA kernel module is not loaded on the host (no /proc/driver/nvidia/version)",
+                "repair the host first: gpubox doctor %s --only devices names why (kernel/DKMS)" % box,
+            )
+        )
     for path, state in res.get("nodes", {}).items():
         if state == "ENOENT":
             out.append(
@@ -286,7 +297,8 @@ def diagnose(res, box="BOX"):
             )
         elif state != "ok":
             out.append((state, "opening %s fails with %s" % (path, state), fix))
-    rc = res.get("cuinit")
+    host_down = bool(out) and out[0][0] == "host-driver"
+    rc = None if host_down else res.get("cuinit")
     kv, uv = res.get("kernel_driver"), res.get("user_driver")
     if rc is None and res.get("cuda_error"):
         out.append(
@@ -316,6 +328,16 @@ def diagnose(res, box="BOX"):
                 "driver/library mismatch: host kernel module %s, container libcuda %s" % (kv, uv),
                 "install userspace driver %s in the container (no kernel module: the .run with --no-kernel-module)"
                 % kv,
+            )
+        )
+    elif rc == 802:
+        out.append(
+            (
+                "cuInit-802",
+                "cuInit(0) = 802 CUDA_ERROR_SYSTEM_NOT_READY: the NVSwitch fabric is not set up "
+                "(nvidia-fabricmanager not running on the host, or not the driver's version)",
+                "on the host: systemctl status nvidia-fabricmanager; install the fabric manager of "
+                "exactly the driver's version (nvidia-smi: Driver Version) and restart it",
             )
         )
     elif rc not in (0, None):

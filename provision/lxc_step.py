@@ -17,6 +17,8 @@ from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 from . import cuda_probe
 from .confedit import review
 from .devices import DeviceScan, DeviceScanFact, HostDevices, describe_rdev, host_devices
+from .gpucheck import GpuPresence, read_presence, shortfall
+from .hostdiag import KernelModules, KernelModulesFact, driver_not_loaded
 from .lxc import (
     RESTART_POLICIES,
     ConfText,
@@ -35,6 +37,7 @@ from .lxc import (
 )
 from .lxc import _control as control
 from .lxcconf import LxcConf, conf_path, digest, write_conf
+from .nodehints import devn_paths, required_missing
 
 
 def _gpus(ctx):
@@ -48,11 +51,15 @@ def _gpus(ctx):
 class HostDevicesFacts:
     devices: DeviceScan
     persist: dict[str, str] | None = None  # current text of each boot-persistence file (--persist)
+    presence: GpuPresence | None = None  # driver / PCI bus / recorded bus ids (gpucheck)
+    kernel: KernelModules | None = None  # read only when nvidia.ko is not loaded (hostdiag)
+    devn: dict[str, bool] | None = None  # NVIDIA paths the CT's devN entries name -> on the host
 
 
 @dataclass
 class HostDevicesOptions:
     persist: bool = False
+    expect_gpus: int | None = None  # gpubox_gpus from the inventory
 
 
 @dataclass
@@ -61,6 +68,9 @@ class HostDevicesEvidence:
     gpus: int
     nodes: dict[str, str]
     persist_missing: Any = OMIT
+    expected: Any = OMIT  # gpubox_gpus, when the count falls short
+    missing_gpus: Any = OMIT  # bus id -> where it is missing
+    kernel: Any = OMIT  # running kernel and its NVIDIA modules, when nvidia.ko is not loaded
 
 
 class HostDevicesStep(Step):
@@ -71,14 +81,22 @@ class HostDevicesStep(Step):
     where = "host"
 
     def options(self, ctx) -> HostDevicesOptions:
-        return HostDevicesOptions(bool(ctx.opt("persist")))
+        want = _gpus(ctx)
+        return HostDevicesOptions(bool(ctx.opt("persist")), None if want is None else int(want))
 
     def gather(self, ctx) -> HostDevicesFacts:
         scan = ctx.fact(DeviceScanFact, _gpus(ctx))
         files = None
         if ctx.opt("persist"):
-            files = {p: ctx.fact(FileText, p) for p in persist_files(scan.gpus)}
-        return HostDevicesFacts(scan, files)
+            # the files as they would be for the box's full GPU count, never for fewer
+            files = {p: ctx.fact(FileText, p) for p in persist_files(max(scan.gpus, int(_gpus(ctx) or 0)))}
+        facts = HostDevicesFacts(scan, files, read_presence(ctx))
+        if host_devices(scan).frontend is None:
+            facts.kernel = ctx.fact(KernelModulesFact)
+        vmid = getattr(ctx.box, "vmid", None)
+        if vmid and ctx.host.exists(f"/etc/pve/lxc/{vmid}.conf"):
+            facts.devn = {p: ctx.host.exists(p) for p in devn_paths(ctx.fact(ConfText, vmid))}
+        return facts
 
     def decide(self, facts: HostDevicesFacts, opts: HostDevicesOptions) -> Finding:
         hd = host_devices(facts.devices)
@@ -86,12 +104,14 @@ class HostDevicesStep(Step):
             hd.nvidia_majors(), hd.gpus, {n.path: describe_rdev(n.have) for n in hd.nodes}
         )
         if hd.frontend is None:
-            return Finding.failed(
-                "nvidia.ko is not loaded: /proc/devices has no 195 nvidia line",
-                cause="the NVIDIA kernel driver is not loaded on the host",
-                repair="install/load the host driver (modprobe nvidia; check dmesg)",
-                evidence=ev,
-            )
+            detail, cause, repair, kernel = driver_not_loaded(facts.kernel)
+            if kernel is not None:
+                ev.kernel = kernel
+            return Finding.failed(detail, cause=cause, repair=repair, evidence=ev)
+        short = shortfall(facts.presence, opts.expect_gpus) if facts.presence else None
+        if short is not None:  # a lost GPU is a failure, never a smaller box to persist
+            ev.expected, ev.missing_gpus = short.want, short.missing
+            return Finding.failed(short.detail, cause=short.cause, repair=short.repair, evidence=ev)
         problems = []
         if hd.uvm is None:
             problems.append("nvidia-uvm is not loaded (no nvidia-uvm line in /proc/devices)")
@@ -102,6 +122,16 @@ class HostDevicesStep(Step):
                 problems.append(f"{n.path} missing")
             elif n.want is not None:
                 problems.append(f"{n.path} is {describe_rdev(n.have)}, want {describe_rdev(n.want)}")
+        flagged = {p.split(" ", 1)[0] for p in problems}
+        devn_runs = []
+        for path, run in required_missing(
+            list(facts.devn or {}), {p for p, ok in (facts.devn or {}).items() if ok}
+        ):
+            if path in flagged:
+                continue
+            problems.append(f"{path} missing: a devN entry of the container requires it (the start fails)")
+            if run:
+                devn_runs.append(run)
         want_files = persist_files(hd.gpus)
         missing = (
             [p for p, text in want_files.items() if (facts.persist or {}).get(p, "") != text]
@@ -116,6 +146,7 @@ class HostDevicesStep(Step):
                 evidence=ev,
             )
         runs = needed_modprobe_runs(hd)
+        runs += [r for r in devn_runs if r not in runs]
         actions: list[Any] = [Run(argv, timeout=60, become=True) for argv in runs]
         actions += [Write(p, want_files[p], old=(facts.persist or {}).get(p, "")) for p in missing]
         what = (["create the nodes with nvidia-modprobe"] if runs else []) + (
@@ -124,7 +155,12 @@ class HostDevicesStep(Step):
         detail = "; ".join(problems + [f"boot persistence missing: {p}" for p in missing])
         return Finding.drift(
             detail,
-            cause="nvidia-uvm nodes absent or stale on the host"
+            cause=(
+                "a node the container's devN entries require is not created at boot (recent drivers "
+                "no longer create /dev/nvidia-modeset; nvidia-modprobe -m does)"
+                if devn_runs and len(problems) == len(devn_runs)
+                else "nvidia-uvm nodes absent or stale on the host"
+            )
             if problems
             else "nothing creates the uvm nodes at boot",
             repair="; ".join(" ".join(a) for a in runs or modprobe_argvs(hd.gpus, gpu_nodes=False))
@@ -484,6 +520,7 @@ class CudaFacts:
 class CudaOptions:
     vmid: int = 0
     box: str = "BOX"
+    expect_gpus: int | None = None  # gpubox_gpus from the inventory
 
 
 @dataclass
@@ -511,7 +548,8 @@ class CudaStep(Step):
     requires = ("container",)
 
     def options(self, ctx) -> CudaOptions:
-        return CudaOptions(ctx.box.vmid, ctx.box.name)
+        want = _gpus(ctx)
+        return CudaOptions(ctx.box.vmid, ctx.box.name, None if want is None else int(want))
 
     def gather(self, ctx) -> CudaFacts:
         st = ctx.fact(ContainerStatus, control(ctx))
@@ -536,6 +574,13 @@ class CudaStep(Step):
                 "; ".join(why for _, why, _ in found), cause=found[0][1], repair=found[0][2], evidence=ev
             )
         nv = (res.get("nvml") or {}).get("count")
+        if opts.expect_gpus and isinstance(nv, int) and nv < opts.expect_gpus:
+            return Finding.failed(
+                f"NVML sees {nv} of {opts.expect_gpus} GPUs in the container",
+                cause="a GPU is missing: lost on the host (see host-devices) or not passed to the container",
+                repair="run gpubox doctor on the host side first; it names the missing bus id",
+                evidence=ev,
+            )
         return Finding.ok(
             f"cuInit(0) = 0; NVML sees {nv} GPUs; driver {res.get('kernel_driver')} "
             f"(host) = {res.get('user_driver')} (container)",

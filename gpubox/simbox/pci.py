@@ -22,7 +22,10 @@ FAULTS = {
     "mrrs_512": "PCIe MaxReadReq back at 512 bytes on some GPUs (firmware default after reboot)",
     "link_degraded": "one GPU trained at Gen4 x8 instead of Gen5 x16",
     "no_pcie_cap": "a GPU-class NVIDIA function without a PCI Express capability",
+    "acs_redirect": "the root port above GPU 0 has ACS P2P redirect on (ACSCtl 0x001d) and the IOMMU "
+    "translates the GPU's DMA (NVIDIA/nccl#2079)",
 }
+ACS_CTL_REDIRECT = 0x001D  # SrcValid+ ReqRedir+ CmpltRedir+ UpstreamFwd+, as read in NVIDIA/nccl#2079
 
 NVIDIA = 0x10DE
 GPU_DEVICE = 0x2BB5  # RTX PRO 6000 Blackwell Server Edition (GB202); older pci.ids print "Device 2bb5"
@@ -169,6 +172,13 @@ def build(sim: SimBox, faults: set[str]) -> None:
         irq=0,
         link=((5, 16), (5, 16)),
     )
+    if "acs_redirect" in faults:  # ACS extended capability (id 0x000d, v1) at 0x100 of the root port
+        cfg = sim.hpath(f"/sys/bus/pci/devices/{ROOT_PORT}/config")
+        b = bytearray(cfg.read_bytes())
+        _put(b, 0x100, "I", 0x000D | (1 << 16))
+        _put(b, 0x104, "H", 0x005F)  # ACS Capability: SV TB RR CR UF EC
+        _put(b, 0x106, "H", ACS_CTL_REDIRECT)
+        cfg.write_bytes(bytes(b))
     for i, bdf in enumerate(gpu_bdfs(n)):
         numa = 0 if i < half else 1
         devctl = DEVCTL_OK
@@ -185,6 +195,10 @@ def build(sim: SimBox, faults: set[str]) -> None:
             irq=200 + i,
             link=((5, 16), lnksta),
         )
+        if "acs_redirect" in faults and i == 0:
+            grp = sim.hpath(f"/sys/bus/pci/devices/{bdf}/iommu_group")
+            grp.mkdir(parents=True, exist_ok=True)
+            (grp / "type").write_text("DMA\n")
         audio = bdf[:-1] + "1"
         _write_function(
             sim,
