@@ -23,14 +23,12 @@ ALLOWED = {
 
 
 def module_files(repo: Path = REPO) -> dict[str, Path]:
-    """Dotted module name -> file, for core and the three areas (not the gpubox/<area> symlinks)."""
+    """Dotted module name -> file, for core and the three areas (pyproject's package-dir mapping)."""
     out: dict[str, Path] = {}
     roots = [("gpubox", repo / "gpubox")] + [(f"gpubox.{a}", repo / a) for a in AREAS]
     for prefix, root in roots:
         for p in sorted(root.rglob("*.py")):
             rel = p.relative_to(root)
-            if prefix == "gpubox" and rel.parts[0] in AREAS:
-                continue  # gpubox/hwtune -> ../hwtune: counted once, under its own root
             parts = list(rel.with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
