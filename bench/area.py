@@ -1,5 +1,5 @@
 """What the bench area registers with the core (gpubox.areas): the bench step, its group, the
-bench/report/history/schedule commands and the simulated server. No heavy imports."""
+bench/report/history/schedule commands. No heavy imports."""
 
 from gpubox.areas import Area
 
@@ -15,5 +15,4 @@ AREA = Area(
         "history": "gpubox.bench.cli_history:history",
         "schedule": "gpubox.bench.cli_schedule:schedule",
     },
-    hooks={"sim.server": "gpubox.bench.simserver"},  # the simulated box's `python -m` server
 )

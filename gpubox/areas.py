@@ -1,8 +1,9 @@
 """The areas gpubox is made of, and what each one registers with the core.
 
-Layers point one way: the core (gpubox/*.py, gpubox/transport, gpubox/simbox) imports no area;
-the areas are ordered hwtune < bench < provision (an area imports only the core and the areas
-before it; provision holds the recover orchestration). The core finds the areas through ONE
+Layers point one way: the core (gpubox/*.py, gpubox/transport) imports no area; the areas are
+ordered hwtune < bench < provision (an area imports only the core and the areas before it;
+provision holds the recover orchestration); the simulator (gpubox/simbox) is the top floor: it
+imports the areas directly, and only the `gpubox sim`/`gpubox demo` commands import it, lazily. The core finds the areas through ONE
 configured list of module names, AREAS, loaded with importlib -- like Django's INSTALLED_APPS --
 and never names an area in an import statement (tests/test_layers.py checks every import).
 
@@ -10,8 +11,8 @@ Each area has a small `<area>/area.py` without heavy imports that defines `AREA 
 its step providers (a module with `steps(ctx) -> list[Step]`) at their pipeline positions, its
 `--skip/--only` groups, its CLI commands ("module:attr", loaded lazily by gpubox.cli so
 `gpubox inventory list` imports no area's code) and its hooks: named "module" or "module:attr"
-references the core resolves on demand (the simulated box asks for "sim.<name>" hooks instead
-of importing area modules; bench asks for provision's doctor the same way).
+references resolved on demand (bench's scheduled run asks for provision's doctor this way, as it
+may not import the area above it).
 """
 
 from __future__ import annotations

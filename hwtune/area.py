@@ -1,5 +1,5 @@
-"""What the hwtune area registers with the core (gpubox.areas): its steps, groups, commands and
-the pieces the simulated box renders with (the files `gpubox tune` writes). No heavy imports."""
+"""What the hwtune area registers with the core (gpubox.areas): its steps, groups and commands.
+No heavy imports."""
 
 from gpubox.areas import Area
 
@@ -20,9 +20,4 @@ AREA = Area(
         "gpus": "gpubox.hwtune.cli:gpus",
         "probe": "gpubox.hwtune.cli_probe:probe",
     },
-    hooks={
-        "sim.numa": "gpubox.hwtune.numa",  # CONF, conf_text
-        "sim.pcie": "gpubox.hwtune.pcie",  # UNIT, UNIT_PATH, parse_mrrs, read_states, unit_text
-        "sim.nccl": "gpubox.hwtune.nccl",
-    },  # CONF_FILE, ENV_FILE, file_header, load_profile, render
 )

@@ -1,6 +1,6 @@
 """What the provision area registers with the core (gpubox.areas): the LXC and staging steps,
-their groups, the lxc/stage/recover commands, the pieces the simulated box builds with (the
-persistence files, LXC's start model, the staging engine) and doctor. No heavy imports."""
+their groups, the lxc/stage/recover commands and doctor (for bench's scheduled run). No heavy
+imports."""
 
 from gpubox.areas import Area
 
@@ -23,10 +23,6 @@ AREA = Area(
         "stage": "gpubox.provision.cli_stage:stage",
     },
     hooks={
-        "sim.lxc": "gpubox.provision.lxc",  # persist_files
-        "sim.lxcmodel": "gpubox.provision.lxcmodel",  # StartModel, host_rdev_under
-        "sim.stage": "gpubox.provision.stage",  # stage
-        "sim.safetensors": "gpubox.provision.safetensors_check",  # DTYPE_BYTES
         "doctor": "gpubox.provision.recover:doctor_dict",
     },  # bench's run-once exports it
 )

@@ -1,6 +1,6 @@
 """The simulated server reacts to the box's tuning state like the seed box did (issues 6 and 8).
 
-bench.simserver reads, at start, the files gpubox tunes on the simulated host (GPU MaxReadReq in
+simbox.simserver reads, at start, the files gpubox tunes on the simulated host (GPU MaxReadReq in
 sysfs config space, kernel.numa_balancing) and the NCCL settings it would really get (its
 environment over the container's NCCL config files). Untuned, the seed was 7.5% slower single
 stream and 18.5% slower at C=8 (FACTS "Reference figures"); NCCL and MRRS count only at TP>1.
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpubox.bench.launcher import free_port
-from gpubox.bench.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
+from gpubox.simbox.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
 from gpubox.hwtune.nccl import load_profile
 from gpubox.simbox import build
 from tests.bench_helpers import simserver
@@ -137,7 +137,7 @@ def test_bad_nccl_proto_token_fails_start_at_tp4_only(tmp_path):
     base = [
         sys.executable,
         "-m",
-        "gpubox.bench.simserver",
+        "gpubox.simbox.simserver",
         "--startup-s",
         "0",
         "--port",

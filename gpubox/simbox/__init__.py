@@ -27,7 +27,7 @@ from typing import Iterable
 
 from .core import SimBox, StandinError  # noqa: F401
 
-PIECES = ["base", "lxc", "pci", "nccl", "model", "server", "persist"]
+PIECES = ["base", "lxc", "cuda", "pci", "nccl", "model", "server", "persist"]
 
 
 def _piece_modules():

@@ -35,7 +35,6 @@ import sys
 from typing import Callable
 from urllib.parse import quote, unquote
 
-from ... import areas
 from ..core import SimBox, StandinError
 from ..devnodes import mknod
 
@@ -296,7 +295,8 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
     """Fail where the real start fails, from the one start model (provision.lxcmodel, written from
     lxc cgfsng.c / cgroup2_devices.c and lxc-pve-autodev-hook): an unparsable device rule, a devN node
     that a mount entry already put in place (EEXIST). Lines as print_ct_stderr_log shows them."""
-    lxcmodel = areas.hook("sim.lxcmodel")
+    from ...provision import lxcmodel  # here, not at the top: every `pct` stand-in call imports this module
+
     StartModel, host_rdev_under = lxcmodel.StartModel, lxcmodel.host_rdev_under
     entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
     entries += [(None, k, v) for k, v in conf.get("lxc", [])]

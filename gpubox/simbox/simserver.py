@@ -740,7 +740,7 @@ class Handler:
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m gpubox.bench.simserver",
+        prog="python -m gpubox.simbox.simserver",
         description="gpubox SIMULATOR of a vLLM OpenAI-compatible server (no GPU).",
     )
     p.add_argument("--model", default="/dev/shm/Qwen3.6-27B")
