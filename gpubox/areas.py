@@ -3,9 +3,10 @@
 Layers point one way: the core (gpubox/*.py, gpubox/transport) imports no area; the areas are
 ordered hwtune < bench < provision (an area imports only the core and the areas before it;
 provision holds the recover orchestration); the simulator (gpubox/simbox) is the top floor: it
-imports the areas directly, and only the `gpubox sim`/`gpubox demo` commands import it, lazily. The core finds the areas through ONE
-configured list of module names, AREAS, loaded with importlib -- like Django's INSTALLED_APPS --
-and never names an area in an import statement (tests/test_layers.py checks every import).
+imports the areas directly, and only the `gpubox sim`/`gpubox demo` commands import it, lazily.
+The core finds the areas through ONE configured list of module names, AREAS, loaded with
+importlib -- like Django's INSTALLED_APPS -- and never names an area in an import statement
+(tests/test_layers.py checks every import).
 
 Each area has a small `<area>/area.py` without heavy imports that defines `AREA = Area(...)`:
 its step providers (a module with `steps(ctx) -> list[Step]`) at their pipeline positions, its
