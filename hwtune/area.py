@@ -1,19 +1,15 @@
-"""What the hwtune area registers with the core (gpubox.areas): its steps, groups and commands.
-No heavy imports."""
+"""What the hwtune area registers with the core (gpubox.areas): its --skip/--only groups and
+commands. No heavy imports."""
 
 from gpubox.areas import Area
 
 AREA = Area(
     name="hwtune",
-    providers=(
-        (20, "gpubox.hwtune"),  # pcie-mrrs, pcie-link, numa-balancing, nccl-env
-        (40, "gpubox.hwtune.probe_step"),
-    ),  # gpu-probe (checks only)
-    groups=(
-        (20, "tune", ("pcie-mrrs", "pcie-link", "numa-balancing")),
-        (21, "nccl", ("nccl-env",)),
-        (40, "probe", ("gpu-probe",)),
-    ),
+    groups={
+        "tune": ("pcie-mrrs", "pcie-link", "numa-balancing"),
+        "nccl": ("nccl-env",),
+        "probe": ("gpu-probe",),
+    },
     commands={
         "tune": "gpubox.hwtune.cli:tune",
         "nccl": "gpubox.hwtune.cli:nccl",

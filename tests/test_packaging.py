@@ -141,7 +141,8 @@ def test_no_module_in_the_wheel_imports_the_old_top_level_names(wheel):
 
 def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, tmp_path):
     """A checkout masks a forgotten old name (the folders are importable from it); an installed wheel
-    does not. Every PROVIDERS entry of recover must import from the wheel with the old names blocked."""
+    does not. Every module of the pipeline (gpubox.areas.PIPELINE) must import from the wheel with the old
+    names blocked."""
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -168,10 +169,10 @@ def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, 
         "        if name.split('.')[0] in ('bench', 'provision', 'hwtune'):\n"
         "            raise ModuleNotFoundError(f'old top-level name imported: {name}', name=name)\n"
         "sys.meta_path.insert(0, Block()); sys.path.insert(0, sys.argv[1])\n"
-        "import gpubox.provision.recover as r, gpubox.cli as c\n"
-        "for m in r.PROVIDERS: importlib.import_module(m)\n"
+        "import gpubox.provision.recover, gpubox.areas as r, gpubox.cli as c\n"
+        "for m in r.PIPELINE: importlib.import_module(m)\n"
         "for t in c.COMMANDS.values(): importlib.import_module(t.split(':')[0])\n"
-        "print(len(r.PROVIDERS), len(c.COMMANDS))\n"
+        "print(len(r.PIPELINE), len(c.COMMANDS))\n"
     )
     r = subprocess.run(
         [sys.executable, "-I", "-c", code, str(target)],
