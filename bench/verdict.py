@@ -6,7 +6,7 @@ Compared (all figures are decode tok/s of single-stream 1024-token runs unless s
 - with the box's own history: `baseline(key) -> float | None`, the median of the last good runs
   (bench.history.baseline, injected so this module stays pure and testable on recorded results);
 - mean acceptance length across TP sizes for the same method and workload: it should not drift
-  with TP (FACTS "Serving benchmarks"); a drift is a red flag (degraded);
+  with TP (docs/facts.md "Serving benchmarks"); a drift is a red flag (degraded);
 - TP scaling that inverts: a larger TP slower than TP1 for the same method (degraded);
 - any request error or server failure (failed).
 """

@@ -1,6 +1,6 @@
 """kernel.numa_balancing on the Proxmox host.
 
-Facts (FACTS.md "NUMA balancing", kernel admin-guide sysctl/kernel.rst): 0 off, 1 on, 2 memory
+Facts (docs/facts.md "NUMA balancing", kernel admin-guide sysctl/kernel.rst): 0 off, 1 on, 2 memory
 tiering; the file is absent when the kernel lacks CONFIG_NUMA_BALANCING (then there is nothing
 to do). Automatic page migration moves a serving process's pages between nodes under it; the
 seed box measured the tuning (with MRRS and NCCL) at +7.5%/+18.5%.

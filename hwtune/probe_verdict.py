@@ -266,7 +266,7 @@ def check_nvml(doc: dict, lim: dict, expect_gpus: int | None) -> list[Check]:
     out = []
     km = nv.get("kernel_module")
     if km and nv.get("driver") and km != nv.get("driver"):
-        # FACTS.md: a userspace/kernel driver mismatch makes cuInit fail with 803.
+        # docs/facts.md "NVIDIA device nodes": a userspace/kernel driver mismatch makes cuInit fail with 803.
         out.append(
             Check(
                 "nvml",

@@ -1,7 +1,7 @@
 """In-container CUDA probe. STANDALONE and stdlib-only: this whole file is sent to the container's
 `python3 -` on stdin (the container has no gpubox) and prints one JSON object.
 
-It opens the NVIDIA nodes and classifies the errno (FACTS.md "NVIDIA device nodes": ENOENT =
+It opens the NVIDIA nodes and classifies the errno (docs/facts.md "NVIDIA device nodes": ENOENT =
 node missing, EPERM = cgroup denies it, ENXIO = node with a stale major), calls cuInit(0)
 through ctypes libcuda.so.1 (999 unknown = uvm denied, 100 no device, 803 driver/library
 mismatch), counts devices through NVML, and compares the kernel module's version

@@ -121,7 +121,7 @@ def needed_modprobe_runs(hd: HostDevices) -> list[list[str]]:
 
 def persist_files(gpus: int) -> dict[str, str]:
     """Boot-time creation of the uvm nodes: nothing on a Proxmox host runs CUDA, so nothing else
-    creates /dev/nvidia-uvm (FACTS.md "NVIDIA device nodes")."""
+    creates /dev/nvidia-uvm (docs/facts.md "NVIDIA device nodes")."""
     gpu_run, uvm_run = " ".join(gpu_nodes_argv(gpus)), " ".join(UVM_ARGV)
     return {
         MODULES_LOAD: (

@@ -1,7 +1,7 @@
 """The whole box in one command: every area's steps as one pipeline, then the verification
 benchmark and its report.
 
-Order (DESIGN.md): host devices -> container config -> container (re)start -> CUDA probe ->
+Order (gpubox.areas.PIPELINE): host devices -> container config -> container (re)start -> CUDA probe ->
 host tuning -> NCCL env -> staging -> benchmark -> report. Host-side steps run in the "host"
 lane and container-side steps in the "container" lane, so staging overlaps with host tuning.
 """
