@@ -317,11 +317,6 @@ class Lockdown(Fact):
         return None if not m or m.group(1) == "none" else m.group(1)
 
 
-def lockdown_mode(host) -> str | None:
-    """The active kernel lockdown mode ("integrity"/"confidentiality"), None when off or absent."""
-    return Lockdown.parse(Lockdown.read(host))
-
-
 class UnitFile(Fact):
     """The boot unit's text, "" when absent."""
 

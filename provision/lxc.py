@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox.facts import Fact
+from gpubox.facts import Fact, FileText  # noqa: F401 - FileText: lxc_step reads it from here
 
 from . import cuda_probe
 from .devices import HostDevices
@@ -137,14 +137,6 @@ def persist_files(gpus: int) -> dict[str, str]:
 
 
 # --- facts ------------------------------------------------------------------------------------
-
-
-class FileText(Fact):
-    """A file's text, "" when absent."""
-
-    @staticmethod
-    def read(host, path: str) -> str:
-        return host.read_text(path, default="")
 
 
 class ConfText(Fact):

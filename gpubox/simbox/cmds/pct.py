@@ -41,7 +41,6 @@ from ..devnodes import mknod
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"  # where a Perl `die` without "\n" says it died
 _HDR_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I)
 _HDR_SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I)
-_HDR = re.compile(r"^\[(pve:pending|[a-z][a-z0-9_\-]+)\]\s*$", re.I)
 _LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
 _KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
 # A few typed keys of Config.pm's $confdesc: check_type turns their values into 0/1 / integers,
@@ -181,25 +180,6 @@ def current_config(conf: dict) -> dict:
 
 def _pending_deletes(pend: dict) -> list[str]:
     return [d.lstrip("!") for d in re.split(r"[,;\s]+", str(pend.get("delete", ""))) if d.strip()]
-
-
-def main_section(sim: SimBox, vmid: int) -> list[tuple[str, str]]:
-    """The main section's (key, value) pairs in file order (lxc.* included)."""
-    path = _conf_file(sim, vmid)
-    if not path.exists():
-        raise StandinError(
-            f"Configuration file 'nodes/{sim.host}/lxc/{vmid}.conf' does not exist", _TASK_FAIL
-        )
-    out = []
-    for line in path.read_text().splitlines():
-        if _HDR.match(line):
-            break
-        if line.startswith("#") or not line.strip():
-            continue
-        m = _LXC.match(line) or _KEY.match(line)
-        if m:
-            out.append((m.group(1), m.group(m.lastindex)))
-    return out
 
 
 # -- container state ---------------------------------------------------------------------------
