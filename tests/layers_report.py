@@ -34,6 +34,8 @@ def module_files(repo: Path = REPO) -> dict[str, Path]:
     for prefix, root in roots:
         for p in sorted(root.rglob("*.py")):
             rel = p.relative_to(root)
+            if p.resolve() != p.absolute():
+                continue  # reached through a symlink (an older checkout's gpubox/<area>): counted once
             parts = list(rel.with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -168,6 +170,40 @@ def sim_importers(g: dict[str, set[str]]) -> list[str]:
     ]
 
 
+def step_overrides(repo: Path = REPO) -> list[str]:
+    """`Class.verb` for every Step subclass that defines check/plan/apply/verify itself."""
+    out = []
+    for path in module_files(repo).values():
+        for c in ast.walk(ast.parse(path.read_text())):
+            if isinstance(c, ast.ClassDef) and any(getattr(b, "id", None) == "Step" for b in c.bases):
+                verbs = ("check", "plan", "apply", "verify")
+                out += [
+                    f"{c.name}.{f.name}" for f in c.body if isinstance(f, ast.FunctionDef) and f.name in verbs
+                ]
+    return sorted(out)
+
+
+def long_functions(repo: Path = REPO, at_least: int = 150) -> list[str]:
+    out = []
+    for m, path in module_files(repo).items():
+        for f in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and f.end_lineno - f.lineno + 1 >= at_least
+            ):
+                out.append(f"{m}.{f.name} ({f.end_lineno - f.lineno + 1} lines)")
+    return sorted(out)
+
+
+def symlinks(repo: Path = REPO) -> list[str]:
+    skip = {".git", ".venv", "venv", "build", "dist", ".pytest_cache"}
+    out = []
+    for p in sorted(repo.rglob("*")):
+        if p.is_symlink() and not skip & set(p.relative_to(repo).parts):
+            out.append(str(p.relative_to(repo)))
+    return out
+
+
 def report(repo: Path = REPO) -> str:
     files = module_files(repo)
     g = graph(repo)
@@ -178,7 +214,9 @@ def report(repo: Path = REPO) -> str:
         mods[area_of(m)] += 1
     cyc = cycles(g)
     bad = layer_violations(g, graph(repo, in_functions=False))
-    hooks = sum(p.read_text().count("areas.hook(") for p in files.values())
+    hooks = sum(
+        p.read_text().count("areas.hook(") + p.read_text().count("areas.hook_ref(") for p in files.values()
+    )
     out = [f"modules: {len(files)}  lines: {sum(lines.values())}"]
     out += [f"  {a:<10} {mods[a]:>3} modules {lines[a]:>6} lines" for a in lines]
     out.append(f"import edges: {sum(len(v) for v in g.values())}")
@@ -188,6 +226,10 @@ def report(repo: Path = REPO) -> str:
     out.append(f"string hooks resolved through gpubox.areas: {hooks}")
     out.append(f"layer violations: {len(bad)}")
     out += ["  " + b for b in bad]
+    over = step_overrides(repo)
+    out.append(f"step verb overrides: {len(over)} ({', '.join(over)})")
+    out.append(f"functions of 150+ lines: {', '.join(long_functions(repo)) or 'none'}")
+    out.append(f"symlinks: {len(symlinks(repo))}")
     cases = sorted((repo / "tests" / "steps").glob("*/*.json"))
     steps = sorted({c.parent.name for c in cases})
     out.append(f"data-only step cases: {len(cases)} over {len(steps)} steps ({', '.join(steps)})")
