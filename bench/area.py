@@ -1,5 +1,5 @@
-"""What the bench area registers with the core (gpubox.areas): the bench step, its group, the
-bench/report/history/schedule commands and the simulated server. No heavy imports."""
+"""What the bench area registers with the core (gpubox.areas): the bench step's group and the
+bench/report/history/schedule commands. No heavy imports."""
 
 from gpubox.areas import Area
 
@@ -7,8 +7,7 @@ AREA = Area(
     name="bench",
     # bench: server health + latest verdict (doctor only; recover runs the benchmark itself
     # after the repairs)
-    providers=((50, "gpubox.bench.bench_step"),),
-    groups=((50, "bench", ("bench",)),),
+    groups={"bench": ("bench",)},
     commands={
         "bench": "gpubox.bench.cli:bench",
         "report": "gpubox.bench.cli_report:report",
@@ -16,5 +15,4 @@ AREA = Area(
         "history": "gpubox.bench.cli_history:history",
         "schedule": "gpubox.bench.cli_schedule:schedule",
     },
-    hooks={"sim.server": "gpubox.bench.simserver"},  # the simulated box's `python -m` server
 )

@@ -155,6 +155,7 @@ class BenchStep(Step):
     title = "server benchmark (TP1/4/8) with health verdict"
     where = "container"
     requires = ("cuda",)
+    measures = True
 
     def __init__(self, profile: str | None = None, out_dir: str | None = None):
         self.profile, self.out_dir = profile, out_dir

@@ -1,9 +1,9 @@
 """Streaming load client for OpenAI-compatible servers (vLLM, SGLang, the simulator).
 
-Measured the way vLLM's benchmarks/serve.py and GuideLLM measure (FACTS "Serving benchmarks"):
+Measured the way vLLM's benchmarks/serve.py and GuideLLM measure (docs/facts.md "Serving benchmarks"):
 output tokens come from the server's `usage.completion_tokens` (`stream_options.include_usage`),
 because a speculative step sends several tokens in one SSE chunk; a server that sends no usage
-(llama-cpp-python, FACTS "Real servers") is counted with the local tokenizer, else by chunks, and
+(llama-cpp-python, docs/facts.md "Real servers") is counted with the local tokenizer, else by chunks, and
 the sample says which (`tokens_source`). TPOT = (E2E - TTFT) / (n - 1). TTFT starts when the request
 is written to the socket and ends when the first token's bytes reached the socket, by the kernel's
 receive timestamp where it gives one (bench.clientnet; `clock` says which), so a client busy with
@@ -118,7 +118,7 @@ class Request:
             "max_tokens": self.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
-            # explicit: server defaults come from generation_config.json (FACTS)
+            # explicit: server defaults come from generation_config.json (docs/facts.md)
             "temperature": self.temperature,
         }
         if self.ignore_eos and extras:  # fixed output length (vLLM sampling params)
@@ -395,7 +395,7 @@ class Client:
         )
 
     async def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        """Refuse before sending what the server would answer with HTTP 400 (FACTS: seed's 25k case)."""
+        """Refuse before sending what the server would answer with HTTP 400 (docs/facts.md "The seed's story": the 25k case)."""
         info = await self.server_info()
         mml = info.max_model_len
         if mml and prompt_tokens + max_tokens > mml:

@@ -11,7 +11,7 @@ Presets build the exact argv (never a shell string) for:
   value can never add arguments.
 
 The flag names were read from the vLLM and SGLang sources (recorded with file and commit in
-tests/data/bench_flags.json). DDTree itself is in open PRs (FACTS "Serving benchmarks"), which is
+tests/data/bench_flags.json). DDTree itself is in open PRs (docs/facts.md "Serving benchmarks"), which is
 why every preset can be overridden by `gpubox_bench.command` and `extra_args`.
 """
 
@@ -351,7 +351,7 @@ class Server:
     def wait_ready(self, timeout: float = 900.0, poll: float = 0.1) -> float:
         """Poll until /v1/models answers 200 and /health is 200 or absent; seconds it took.
 
-        /health is not universal (llama-cpp-python has none, FACTS "Real servers"): a 404/405 there
+        /health is not universal (llama-cpp-python has none, docs/facts.md "Real servers"): a 404/405 there
         means "no such endpoint", not "not ready"; a 5xx still means loading. The timeout error
         names what each endpoint last answered."""
         deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """Speculative-decoding counters from a server's Prometheus /metrics.
 
-vLLM exposes cumulative counters (FACTS "Serving benchmarks"):
+vLLM exposes cumulative counters (docs/facts.md "Serving benchmarks"):
 `vllm:spec_decode_num_drafts_total`, `vllm:spec_decode_num_draft_tokens_total`,
 `vllm:spec_decode_num_accepted_tokens_total` and
 `vllm:spec_decode_num_accepted_tokens_per_pos_total{position=..}`. A measurement scrapes before and

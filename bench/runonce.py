@@ -67,10 +67,6 @@ def run_lock(box: str, base: Path | None = None):
         f.close()
 
 
-def _stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
 def failed_doc(
     box: str, profile: str, reason: str, started: float, simulated: bool = False
 ) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 1. The box's own tokenizer (the staged model directory's tokenizer.json, through `tokenizers`, else
    `transformers.AutoTokenizer`) when the caller gave one: no request at all.
-2. The server's /tokenize in the shapes real servers use (issue 19, FACTS "Real servers"):
+2. The server's /tokenize in the shapes real servers use (issue 19, docs/facts.md "Real servers"):
    vLLM/SGLang `{model, prompt}` -> `{count}`; llama.cpp `{content}` -> `{tokens: [...]}`;
    TGI `{inputs}` -> `[{id, text, ...}, ...]`; GuideLLM's mock `{text}` -> `{tokens}`;
    llama-cpp-python (no /tokenize) `/extras/tokenize` `{input}` -> `{tokens}`.

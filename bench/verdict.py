@@ -6,7 +6,7 @@ Compared (all figures are decode tok/s of single-stream 1024-token runs unless s
 - with the box's own history: `baseline(key) -> float | None`, the median of the last good runs
   (bench.history.baseline, injected so this module stays pure and testable on recorded results);
 - mean acceptance length across TP sizes for the same method and workload: it should not drift
-  with TP (FACTS "Serving benchmarks"); a drift is a red flag (degraded);
+  with TP (docs/facts.md "Serving benchmarks"); a drift is a red flag (degraded);
 - TP scaling that inverts: a larger TP slower than TP1 for the same method (degraded);
 - any request error or server failure (failed).
 """
@@ -36,18 +36,41 @@ def evaluate(
     expect: dict[str, Any] | None = None,
     baseline: Callable[[str], float | None] | None = None,
 ) -> dict[str, Any]:
-    """Verdict for a result document (docs/result-schema.md)."""
+    """Verdict for a result document (docs/result-schema.md): the reasons of six passes, in order
+    (failures, the inventory's expectations, speedup over autoregressive, this box's history,
+    acceptance drift across TP, TP scaling), failed over degraded over healthy."""
     ex = {**DEFAULTS, **(expect or {})}
     tol = float(ex["tolerance"])
     htol = float(ex["history_tolerance"] if ex["history_tolerance"] is not None else tol)
     out_len = int(ex["output_len"])
-    reasons: list[dict[str, Any]] = []
     ms = doc.get("measurements", [])
+    ok = [m for m in ms if m["status"] == "ok"]
+    decode = {
+        (m["tp"], m["label"]): m
+        for m in ok
+        if m["workload"] == "decode" and m.get("output_len") == out_len and m.get("tok_s")
+    }
+    reasons = _failures(doc, ms)
+    reasons += _below_expectations(decode, ex.get("tok_s") or {}, tol)
+    if ex.get("min_speedup_over_auto"):
+        reasons += _below_speedup(decode, float(ex["min_speedup_over_auto"]))
+    if baseline is not None:
+        reasons += _below_history(ok, baseline, htol)
+    reasons += _acceptance_drift(ok, float(ex["acceptance_drift"]))
+    reasons += _tp_inversions(decode, tol)
+    if not ok and not reasons:
+        reasons.append(_reason(FAILED, None, "no measurement completed"))
+    levels = {r["level"] for r in reasons}
+    status = FAILED if FAILED in levels else DEGRADED if DEGRADED in levels else HEALTHY
+    return {"status": status, "reasons": reasons}
 
-    # 1. failures
+
+def _failures(doc: dict[str, Any], ms: list[dict]) -> list[dict[str, Any]]:
+    """1. Servers that did not start and measurements that failed."""
+    out = []
     for s in doc.get("servers", []):
         if s.get("status") == "failed":
-            reasons.append(
+            out.append(
                 _reason(
                     FAILED,
                     f"tp{s['tp']}/{s['label']}",
@@ -56,17 +79,13 @@ def evaluate(
             )
     for m in ms:
         if m["status"] == "failed":
-            reasons.append(_reason(FAILED, m["key"], f"{m['key']} failed: {m.get('reason')}"))
+            out.append(_reason(FAILED, m["key"], f"{m['key']} failed: {m.get('reason')}"))
+    return out
 
-    ok = [m for m in ms if m["status"] == "ok"]
-    decode = {
-        (m["tp"], m["label"]): m
-        for m in ok
-        if m["workload"] == "decode" and m.get("output_len") == out_len and m.get("tok_s")
-    }
 
-    # 2. expectations from the inventory
-    exp_tok = ex.get("tok_s") or {}
+def _below_expectations(decode: dict, exp_tok: dict, tol: float) -> list[dict[str, Any]]:
+    """2. Decode rates below the inventory's expectations (tok_s: {tpN: {label: rate}})."""
+    out = []
     for tp_key, per_method in exp_tok.items():
         try:
             tp = int(str(tp_key).lower().lstrip("tp"))
@@ -80,7 +99,7 @@ def evaluate(
             floor = float(expected) * (1 - tol)
             if obs < floor:
                 below = (1 - obs / float(expected)) * 100
-                reasons.append(
+                out.append(
                     _reason(
                         DEGRADED,
                         m["key"],
@@ -90,57 +109,67 @@ def evaluate(
                         float(expected),
                     )
                 )
+    return out
 
-    # 3. speedup over autoregressive at the same TP
-    min_sp = ex.get("min_speedup_over_auto")
-    if min_sp:
-        for (tp, label), m in decode.items():
-            auto = decode.get((tp, "auto"))
-            if label == "auto" or auto is None:
-                continue
-            sp = m["tok_s"] / auto["tok_s"]
-            if sp < float(min_sp):
-                reasons.append(
-                    _reason(
-                        DEGRADED,
-                        m["key"],
-                        f"TP{tp} {label} is only {sp:.2f}x autoregressive ({m['tok_s']:.1f} vs "
-                        f"{auto['tok_s']:.1f} tok/s); expected at least {float(min_sp):.2f}x",
-                        round(sp, 3),
-                        float(min_sp),
-                    )
+
+def _below_speedup(decode: dict, min_sp: float) -> list[dict[str, Any]]:
+    """3. A speculative method's speedup over autoregressive at the same TP."""
+    out = []
+    for (tp, label), m in decode.items():
+        auto = decode.get((tp, "auto"))
+        if label == "auto" or auto is None:
+            continue
+        sp = m["tok_s"] / auto["tok_s"]
+        if sp < min_sp:
+            out.append(
+                _reason(
+                    DEGRADED,
+                    m["key"],
+                    f"TP{tp} {label} is only {sp:.2f}x autoregressive ({m['tok_s']:.1f} vs "
+                    f"{auto['tok_s']:.1f} tok/s); expected at least {min_sp:.2f}x",
+                    round(sp, 3),
+                    min_sp,
                 )
+            )
+    return out
 
-    # 4. history: the median of the box's last good runs
-    if baseline is not None:
-        for m in ok:
-            obs = m.get("aggregate_tok_s") if m["workload"] == "concurrency" else m.get("tok_s")
-            if obs is None:
-                continue
-            try:
-                base = baseline(m["key"])
-            except Exception:
-                base = None
-            if base and obs < base * (1 - htol):
-                reasons.append(
-                    _reason(
-                        DEGRADED,
-                        m["key"],
-                        f"{m['key']} {obs:.1f} tok/s is {(1 - obs / base) * 100:.1f}% below this "
-                        f"box's recent median {base:.1f} (tolerance {htol * 100:.0f}%)",
-                        obs,
-                        base,
-                    )
+
+def _below_history(
+    ok: list[dict], baseline: Callable[[str], float | None], htol: float
+) -> list[dict[str, Any]]:
+    """4. Below the median of the box's last good runs (a baseline that cannot be read is none)."""
+    out = []
+    for m in ok:
+        obs = m.get("aggregate_tok_s") if m["workload"] == "concurrency" else m.get("tok_s")
+        if obs is None:
+            continue
+        try:
+            base = baseline(m["key"])
+        except Exception:
+            base = None
+        if base and obs < base * (1 - htol):
+            out.append(
+                _reason(
+                    DEGRADED,
+                    m["key"],
+                    f"{m['key']} {obs:.1f} tok/s is {(1 - obs / base) * 100:.1f}% below this "
+                    f"box's recent median {base:.1f} (tolerance {htol * 100:.0f}%)",
+                    obs,
+                    base,
                 )
+            )
+    return out
 
-    # 5. acceptance length must not drift with TP
-    drift_tol = float(ex["acceptance_drift"])
+
+def _acceptance_drift(ok: list[dict], drift_tol: float) -> list[dict[str, Any]]:
+    """5. The mean acceptance length must not drift with TP (docs/facts.md "Serving benchmarks")."""
     by_point: dict[tuple, dict[int, float]] = defaultdict(dict)
     for m in ok:
         acc = m.get("acceptance")
         if acc and acc.get("mean_length"):
             suffix = m["key"].split("/", 2)[2]
             by_point[(m["label"], suffix)][m["tp"]] = acc["mean_length"]
+    out = []
     for (label, suffix), per_tp in by_point.items():
         if len(per_tp) < 2:
             continue
@@ -149,7 +178,7 @@ def evaluate(
         spread = (max(vals) - min(vals)) / med if med else 0
         if spread > drift_tol:
             detail = ", ".join(f"TP{tp} {v:.2f}" for tp, v in sorted(per_tp.items()))
-            reasons.append(
+            out.append(
                 _reason(
                     DEGRADED,
                     f"{label}/{suffix}",
@@ -160,8 +189,12 @@ def evaluate(
                     drift_tol,
                 )
             )
+    return out
 
-    # 6. TP scaling must not invert: a larger TP slower than TP1 (beyond tolerance)
+
+def _tp_inversions(decode: dict, tol: float) -> list[dict[str, Any]]:
+    """6. TP scaling must not invert: a larger TP slower than TP1 (beyond tolerance)."""
+    out = []
     labels = {label for _, label in decode}
     for label in labels:
         one = decode.get((1, label))
@@ -171,7 +204,7 @@ def evaluate(
             if lb != label or tp <= 1:
                 continue
             if m["tok_s"] < one["tok_s"] * (1 - tol):
-                reasons.append(
+                out.append(
                     _reason(
                         DEGRADED,
                         m["key"],
@@ -181,12 +214,7 @@ def evaluate(
                         one["tok_s"],
                     )
                 )
-
-    if not ok and not reasons:
-        reasons.append(_reason(FAILED, None, "no measurement completed"))
-    levels = {r["level"] for r in reasons}
-    status = FAILED if FAILED in levels else DEGRADED if DEGRADED in levels else HEALTHY
-    return {"status": status, "reasons": reasons}
+    return out
 
 
 def exit_code(verdict: dict[str, Any]) -> int:

@@ -4,7 +4,7 @@ Workloads (each with warmup requests and repetitions; median and min/max spread 
 - decode: one stream at output lengths 256/1024/2048;
 - concurrency: C = 1, 2, 4, 8 streams at once (aggregate tok/s, per-request tok/s, TTFT p50/p99);
 - long_context: 25k and 100k prompt tokens, skipped with the reason when max_model_len is smaller
-  (FACTS: prompt + max_tokens > max_model_len is an HTTP 400, refuse before sending);
+  (docs/facts.md "Serving benchmarks": prompt + max_tokens > max_model_len is an HTTP 400, refuse before sending);
 - agentic: a multi-turn chat session with a growing shared prefix (~4k tokens of context).
 
 Profiles: `health` (TP1/4/8 x {auto, ddtree:15} x 1024 + C=8, a few minutes on the real box) and

@@ -69,7 +69,7 @@ def start(rate: float, tmp: Path, pin: bool) -> Server:
     argv = [
         sys.executable,
         "-m",
-        "gpubox.bench.simserver",
+        "gpubox.simbox.simserver",
         "--port",
         str(port),
         "--rate",

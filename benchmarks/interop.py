@@ -6,7 +6,7 @@ is installed here: starts it with gpubox's launcher (readiness, teardown), runs
 `gpubox bench run --url` as a user would (subprocess, --json), runs GuideLLM on the same server
 where installed, reads the server's own timing where it reports one, and prints them side by side.
 
-Servers, each used when found (FACTS "Real servers that run on these CPU machines"):
+Servers, each used when found (docs/facts.md "Real servers"):
   guidellm-mock   `guidellm mock-server` (GUIDELLM=/path/to/guidellm or on PATH); own timing: its
                   configured --ttft-ms/--itl-ms (it sleeps that long; it does not measure itself)
   transformers    `transformers serve MODEL` (TRANSFORMERS_PY=/path/to/python with transformers[serving])

@@ -362,7 +362,7 @@ def start_server(kind: str, conc: int, tmp: Path) -> Server:
         argv = [
             sys.executable,
             "-m",
-            "gpubox.bench.simserver",
+            "gpubox.simbox.simserver",
             "--port",
             str(port),
             "--rate",

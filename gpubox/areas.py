@@ -1,17 +1,20 @@
 """The areas gpubox is made of, and what each one registers with the core.
 
-Layers point one way: the core (gpubox/*.py, gpubox/transport, gpubox/simbox) imports no area;
-the areas are ordered hwtune < bench < provision (an area imports only the core and the areas
-before it; provision holds the recover orchestration). The core finds the areas through ONE
-configured list of module names, AREAS, loaded with importlib -- like Django's INSTALLED_APPS --
-and never names an area in an import statement (tests/test_layers.py checks every import).
+Layers point one way: the core (gpubox/*.py, gpubox/transport) imports no area; the areas are
+ordered hwtune < bench < provision (an area imports only the core and the areas before it;
+provision holds the recover orchestration); the simulator (gpubox/simbox) is the top floor: it
+imports the areas directly, and only the `gpubox sim`/`gpubox demo` commands import it, lazily.
+The core finds the areas through ONE configured list of module names, AREAS, loaded with
+importlib -- like Django's INSTALLED_APPS -- and never names an area in an import statement
+(tests/test_layers.py checks every import).
 
-Each area has a small `<area>/area.py` without heavy imports that defines `AREA = Area(...)`:
-its step providers (a module with `steps(ctx) -> list[Step]`) at their pipeline positions, its
-`--skip/--only` groups, its CLI commands ("module:attr", loaded lazily by gpubox.cli so
+The pipeline's order is ONE list, PIPELINE: the modules with `steps(ctx) -> list[Step]`, in the
+order their steps run. Each area has a small `<area>/area.py` without heavy imports that defines
+`AREA = Area(...)`: its `--skip/--only` groups (a name for a set of whole step names), its CLI
+commands ("module:attr", loaded lazily by gpubox.cli so
 `gpubox inventory list` imports no area's code) and its hooks: named "module" or "module:attr"
-references the core resolves on demand (the simulated box asks for "sim.<name>" hooks instead
-of importing area modules; bench asks for provision's doctor the same way).
+references resolved on demand (bench's scheduled run asks for provision's doctor this way, as it
+may not import the area above it).
 """
 
 from __future__ import annotations
@@ -24,14 +27,25 @@ from typing import Any
 # The installed areas, in layer order (an area may import only those before it).
 AREAS = ("gpubox.hwtune", "gpubox.bench", "gpubox.provision")
 
+# The pipeline, in the order its steps run (lanes then let host and container steps overlap; a
+# step's `requires` still waits for what it needs): the modules whose `steps(ctx)` give the steps.
+PIPELINE = (
+    "gpubox.provision.lxc_step",  # host-devices, container-config, container, cuda
+    "gpubox.hwtune",  # pcie-mrrs, pcie-link, numa-balancing, nccl-env
+    "gpubox.hwtune.acs",  # pcie-acs (reports only)
+    "gpubox.provision.stage_step",  # model-stage, drafter-stage
+    "gpubox.provision.diag_steps",  # docker-toolkit, shm-room (after staging: it takes /dev/shm room)
+    "gpubox.hwtune.probe_step",  # gpu-probe (checks only)
+    "gpubox.bench.bench_step",  # bench (a measurement: recover runs it after the repairs)
+)
+
 
 @dataclass(frozen=True)
 class Area:
-    """What one area registers. Positions order providers and groups across all areas."""
+    """What one area registers."""
 
     name: str
-    providers: tuple[tuple[int, str], ...] = ()  # (pipeline position, module)
-    groups: tuple[tuple[int, str, tuple[str, ...]], ...] = ()  # (position, group, step names)
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # --skip/--only name -> step names
     commands: dict[str, str] = field(default_factory=dict)  # CLI name -> "module:attr"
     hooks: dict[str, str] = field(default_factory=dict)  # name -> "module" | "module:attr"
 
@@ -42,16 +56,15 @@ def areas() -> tuple[Area, ...]:
     return tuple(importlib.import_module(f"{name}.area").AREA for name in AREAS)
 
 
-def step_providers() -> list[str]:
-    """Modules with `steps(ctx)`, in pipeline order."""
-    found = [(pos, mod) for a in areas() for pos, mod in a.providers]
-    return [mod for _, mod in sorted(found, key=lambda x: x[0])]
-
-
 def step_groups() -> dict[str, tuple[str, ...]]:
-    """--skip/--only group name -> step names, in pipeline order."""
-    found = [g for a in areas() for g in a.groups]
-    return {name: steps for _, name, steps in sorted(found, key=lambda x: x[0])}
+    """--skip/--only group name -> step names, every area's (a name registered twice is a bug)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for a in areas():
+        for name, steps in a.groups.items():
+            if name in out:
+                raise ValueError(f"group {name!r} registered twice (area {a.name})")
+            out[name] = tuple(steps)
+    return out
 
 
 def commands() -> dict[str, str]:

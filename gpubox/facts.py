@@ -33,6 +33,14 @@ class Fact:
         return (cls.__module__, cls.__qualname__, cls.where, *args)
 
 
+class FileText(Fact):
+    """A file's text on the host, "" when absent (the one generic file fact every area uses)."""
+
+    @staticmethod
+    def read(host, path: str) -> str:
+        return host.read_text(path, default="")
+
+
 class FactCache:
     """Values of facts read in this run; thread-safe because lanes run in parallel threads."""
 

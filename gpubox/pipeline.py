@@ -184,10 +184,26 @@ def run_pipeline(
     """Run nodes lane by lane; in apply mode a node whose requirement did not end ok/fixed is skipped."""
     if mode not in MODES:
         raise ValueError(mode)
+    nodes = list(nodes)
+    check_options(ctx, [n.step for n in nodes])
     from .boxlock import lock_for
 
     with lock_for(ctx, mode):  # every change to a box holds its one lock
         return _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel)
+
+
+def check_options(ctx, steps: Iterable[Step]) -> None:
+    """Every step's options, read before any fact is gathered or the box is locked: a bad inventory
+    value or option is bad input (GpuboxError: exit 2 from the CLI, a failed task from Ansible, the
+    timer's exit 2) with nothing done, not one failed step after the others ran. Anything else an
+    options() raises is left for the step itself to report when it runs (run_step)."""
+    for step in steps:
+        try:
+            step.options(ctx)
+        except GpuboxError:
+            raise
+        except Exception:
+            pass
 
 
 def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:

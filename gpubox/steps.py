@@ -209,6 +209,9 @@ class Step:
     where: str = "host"
     requires: tuple[str, ...] = ()
     lane: str | None = None
+    # A measurement of the box, not a repair (the benchmark): recover runs it after the repairs
+    # instead of as a pipeline step, and doctor reports a missing measurement as no fault.
+    measures: bool = False
 
     # -- facts and decision ------------------------------------------------------------------
     def gather(self, ctx) -> Any:

@@ -1,6 +1,6 @@
 """NCCL environment profiles: validated data, exported in the formats consumers read.
 
-Facts (FACTS.md "NCCL environment"): NCCL never warns about unknown or misspelled NCCL_* names,
+Facts (docs/facts.md "NCCL environment"): NCCL never warns about unknown or misspelled NCCL_* names,
 treats a bad NCCL_P2P_LEVEL string as unset, and fails at init on a bad NCCL_ALGO/NCCL_PROTO
 token. So every name is checked against the documented table (nccl_vars.yaml, built from NCCL's
 env.rst) with a did-you-mean, every value against its type, and debug-class or deprecated names
@@ -193,7 +193,7 @@ def check_value(name: str, value: str, spec: dict) -> list[Issue]:
                     f"legacy integer level {n}: the docs discourage it, use {'/'.join(spec['choices'])}",
                 )
             ]
-        # FACTS: a bad NCCL_P2P_LEVEL string is silently treated as unset.
+        # docs/facts.md "NCCL environment": a bad NCCL_P2P_LEVEL string is silently treated as unset.
         return [
             Issue(
                 "error",

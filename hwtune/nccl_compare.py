@@ -9,7 +9,7 @@ of each arm is compared, so a slow first start or a warming GPU does not favour 
 Safety (issue 12, device KINDS.md): on shared hosts NVLink multicast must stay off, because a
 program using it can take the host's GPUs out of service. Every child therefore gets
 NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set *after*
-the profile is applied; the process environment wins over nccl.conf files (FACTS "NCCL
+the profile is applied; the process environment wins over nccl.conf files (docs/facts.md "NCCL
 environment"), so no file can turn it back on. A profile that tries to change them, or asks for
 the NVLS algorithms, is refused. Each child reports the environment it saw; a child whose report
 lacks the safety values is an error, not a figure.

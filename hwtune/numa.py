@@ -1,6 +1,6 @@
 """kernel.numa_balancing on the Proxmox host.
 
-Facts (FACTS.md "NUMA balancing", kernel admin-guide sysctl/kernel.rst): 0 off, 1 on, 2 memory
+Facts (docs/facts.md "NUMA balancing", kernel admin-guide sysctl/kernel.rst): 0 off, 1 on, 2 memory
 tiering; the file is absent when the kernel lacks CONFIG_NUMA_BALANCING (then there is nothing
 to do). Automatic page migration moves a serving process's pages between nodes under it; the
 seed box measured the tuning (with MRRS and NCCL) at +7.5%/+18.5%.
@@ -83,19 +83,6 @@ class SysctlFiles(Fact):
         return [(p, t) for p, t in raw]
 
 
-class FileText(Fact):
-    """A file's text, "" when absent."""
-
-    @staticmethod
-    def read(host, path: str) -> str:
-        return host.read_text(path, default="")
-
-
-def read_live(host) -> int | None:
-    """Current value, None when the kernel has no NUMA balancing."""
-    return LiveValue.parse(LiveValue.read(host))
-
-
 def boot_value(files: list[tuple[str, str]]) -> tuple[int | None, str | None]:
     """The value sysctl.d applies at boot and the file it comes from: files apply in name order,
     the last one wins; /etc/sysctl.conf is applied last (99-sysctl.conf link on Debian)."""
@@ -112,10 +99,6 @@ def boot_value(files: list[tuple[str, str]]) -> tuple[int | None, str | None]:
             except ValueError:
                 pass
     return value, source
-
-
-def boot_setting(host) -> tuple[int | None, str | None]:
-    return boot_value(SysctlFiles.read(host))
 
 
 def conf_text(value: int) -> str:

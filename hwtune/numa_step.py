@@ -1,7 +1,7 @@
 """The numa-balancing step: kernel.numa_balancing live (and with --persist, at boot) on the host.
 
-Facts and parsers (LiveValue, SysctlFiles, FileText, boot_value) live in hwtune/numa.py; this is
-the pure decision and the plan (a `tee` of the live knob, a Write of gpubox's sysctl.d file).
+Facts and parsers (LiveValue, SysctlFiles, boot_value) live in hwtune/numa.py, FileText in
+gpubox/facts.py; this is the pure decision and the plan (a `tee` of the live knob, a Write of gpubox's sysctl.d file).
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpubox.facts import FileText
 from gpubox.steps import OMIT, Finding, HostPath, Plan, Run, Step, Write
 
-from .numa import CONF, KNOB, MEANING, FileText, LiveValue, SysctlFiles, boot_value, conf_text, desired
+from .numa import CONF, KNOB, MEANING, LiveValue, SysctlFiles, boot_value, conf_text, desired
 
 
 @dataclass

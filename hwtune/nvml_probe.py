@@ -44,7 +44,7 @@ def _read_numa_sysfs(bus_id: str):
 def _numa_from_affinity(nvml, h, sysroot="/sys/devices/system/node"):
     """The node whose cpulist holds every CPU of NVML's CPU affinity for the GPU (as nvidia-smi
     topo -m "NUMA Affinity"); None when they span nodes or nothing is known. numa_node is -1 in
-    VMs (FACTS), and nvmlDeviceGetNumaNodeId answers NotSupported there (seen on an H200 VM)."""
+    VMs (docs/facts.md "A real GPU machine"), and nvmlDeviceGetNumaNodeId answers NotSupported there (seen on an H200 VM)."""
     import os
 
     try:
@@ -101,7 +101,7 @@ def collect(nvml, read_numa=_read_numa_sysfs) -> dict:
             if (numa is None or numa < 0) and read_numa is _read_numa_sysfs:
                 numa = _numa_from_affinity(nvml, h)
             if numa is not None and numa < 0:
-                numa = None  # -1: no NUMA information (FACTS), not node 0
+                numa = None  # -1: no NUMA information (docs/facts.md), not node 0
             gpus.append(
                 {
                     "index": i,

@@ -1,6 +1,6 @@
 """PCIe Device Control on the GPU functions: MaxReadReq (tuned) and link status (reported).
 
-Facts (FACTS.md "PCIe Device Control"): DevCtl is the 16-bit word at CAP_EXP+8; bits 7:5 are
+Facts (docs/facts.md "PCIe Device Control"): DevCtl is the 16-bit word at CAP_EXP+8; bits 7:5 are
 Max_Payload_Size, bits 14:12 Max_Read_Request_Size (n -> 128<<n bytes, n = 0..5), bit 15 is
 Initiate FLR on endpoints. So we only ever write `CAP_EXP+8.w=<n<<12>:7000` (a masked
 read-modify-write done by setpci itself), read the word back and prove that no bit outside 14:12
@@ -121,7 +121,7 @@ class PciFunctions(Fact):
 
 
 def function_from_attrs(bdf: str, vendor: str, device: str, klass: str, numa: str) -> PciFunction:
-    """One function from its sysfs attribute texts; numa_node -1 means unknown (FACTS)."""
+    """One function from its sysfs attribute texts; numa_node -1 means unknown (docs/facts.md)."""
     try:
         node = int(numa.strip())
     except ValueError:
@@ -292,7 +292,7 @@ def insane_regs(regs: dict[str, int]) -> str | None:
     PCIe base spec, Device Control: bit 15 (Initiate FLR) always reads 0; MPS (7:5) and MRRS
     (14:12) codes 6 and 7 are reserved. A read of all-ones is what a function that fell off the
     bus (or a truncated config file) returns. Writing a masked value back to any of these would
-    act on garbage (FACTS "PCIe Device Control")."""
+    act on garbage (docs/facts.md "PCIe Device Control")."""
     dc = regs["devctl"]
     if dc == 0xFFFF or regs.get("lnkcap") == 0xFFFFFFFF or regs.get("lnksta") == 0xFFFF:
         return "PCIe registers read all-ones (device unreadable / fallen off the bus, or config truncated)"
@@ -315,11 +315,6 @@ class Lockdown(Fact):
     def parse(raw: str) -> str | None:
         m = re.search(r"\[(\w+)\]", raw)
         return None if not m or m.group(1) == "none" else m.group(1)
-
-
-def lockdown_mode(host) -> str | None:
-    """The active kernel lockdown mode ("integrity"/"confidentiality"), None when off or absent."""
-    return Lockdown.parse(Lockdown.read(host))
 
 
 class UnitFile(Fact):
@@ -451,7 +446,7 @@ def check_write(bdf: str, before: int, code: int, host) -> None:
 
 
 def unit_text(bdfs: list[str], code: int) -> str:
-    """Boot-time re-apply: values are lost at reboot (FACTS). Runs after udev has settled the PCI
+    """Boot-time re-apply: values are lost at reboot (docs/facts.md). Runs after udev has settled the PCI
     devices and before Proxmox starts guests, so the container never sees the default."""
     lines = [
         "# Managed by gpubox (hwtune pcie): re-applies PCIe MaxReadReq at boot.",

@@ -1,7 +1,7 @@
 """The pcie-mrrs and pcie-link steps: pure decisions over the facts of hwtune/pcie.py.
 
 pcie-mrrs plans one masked setpci write per function whose MaxReadReq is off target; the write's
-read-back (only bits 14:12 may have moved, FACTS "PCIe Device Control") is the `after=` check of
+read-back (only bits 14:12 may have moved, docs/facts.md "PCIe Device Control") is the `after=` check of
 its Run action, so it reads and never writes. With --persist the boot unit is a Write plus
 `systemctl daemon-reload` / `enable` Run actions. pcie-link only reports: a link trained below its
 width needs hands on the machine.

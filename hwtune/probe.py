@@ -362,7 +362,7 @@ def _parse_cpulist(text: str) -> set[int]:
 
 def numa_facts(nv, h, bus_id, f: _Fields) -> dict:
     """The GPU's NUMA node and where it came from: NVML, sysfs numa_node, else the CPU affinity NVML
-    reports mapped to nodes (numa_node is -1 in VMs, FACTS: -1 means unknown, never node 0)."""
+    reports mapped to nodes (numa_node is -1 in VMs: unknown, never node 0; docs/facts.md)."""
     fn = getattr(nv, "nvmlDeviceGetNumaNodeId", None)
     if fn is not None:
         try:

@@ -266,7 +266,7 @@ def check_nvml(doc: dict, lim: dict, expect_gpus: int | None) -> list[Check]:
     out = []
     km = nv.get("kernel_module")
     if km and nv.get("driver") and km != nv.get("driver"):
-        # FACTS.md: a userspace/kernel driver mismatch makes cuInit fail with 803.
+        # docs/facts.md "NVIDIA device nodes": a userspace/kernel driver mismatch makes cuInit fail with 803.
         out.append(
             Check(
                 "nvml",
@@ -543,179 +543,174 @@ def _pct_check(
 
 
 def check_bandwidth(doc: dict, lim: dict) -> list[Check]:
+    """One check per bandwidth probe, each judged by its own pass against its reference: the
+    link's rate (host copies), the memory spec (device copies), the pair's path (P2P), the ring's
+    slowest hop or a floor (all-reduce)."""
     bw = doc.get("bandwidth") or {}
     if bw.get("status") != "ok":
         status = SKIPPED if bw.get("status") == "skipped" else FAILED
         return [Check("bandwidth", status, bw.get("reason") or "no bandwidth section")]
+    passes = {"h2d": _check_host_copy, "d2h": _check_host_copy, "d2d": _check_device_copy}
+    passes.update(p2p=_check_p2p, allreduce=_check_allreduce)
     out: list[Check] = []
     for p in _probes(doc):
-        kind = p.get("name")
-        if kind in ("h2d", "d2h", "d2d"):
-            label = f"{_torch_label(doc, p)} {kind}"
-        elif kind == "p2p":
-            a = _torch_label(doc, {"gpu": p.get("src"), "bus_id": _bus(doc, p.get("src"))})
-            b = _torch_label(doc, {"gpu": p.get("dst"), "bus_id": _bus(doc, p.get("dst"))})
-            label = f"p2p {a}->{b}"
-        elif kind == "allreduce":
-            label = "allreduce " + ",".join(map(str, p.get("gpus") or []))
-        else:
+        judge_probe = passes.get(p.get("name"))
+        if judge_probe is None:
             continue
+        label = _probe_label(doc, p)
         if p.get("status") != "ok":
-            st = SKIPPED if p.get("status") == "skipped" else FAILED
-            out.append(
-                Check(
-                    label,
-                    st,
-                    p.get("reason") or "probe did not run",
-                    {"probe": p},
-                    repair=None
-                    if st == SKIPPED
-                    else "run `gpubox probe -v` on the box; check the server is not holding the GPU memory",
-                )
-            )
-            continue
-        ev = {"probe": p}
-        if kind in ("h2d", "d2h"):
-            g = _nvml_gpu_for(doc, p.get("bus_id"), p.get("gpu"))
-            ref, ref_label = expected_link(g, lim)
-            out.append(
-                _pct_check(
-                    label,
-                    p["gbps"],
-                    ref,
-                    ref_label,
-                    lim[f"{kind}_min_pct"],
-                    "GB/s",
-                    ev,
-                    f"{kind.upper()} slow:",
-                    "link trained down, non-pinned/NUMA-remote host memory, or IOMMU translation",
-                    "check the link check above, `nvidia-smi topo -m` NUMA affinity, iommu=pt",
-                )
-            )
-        elif kind == "d2d":
-            g = _nvml_gpu_for(doc, p.get("bus_id"), p.get("gpu"))
-            tbs = mem_spec_tbs((g or {}).get("name"), lim.get("mem_bw_tbs"))
-            ref = tbs * 1000 if tbs else None
-            gname = (g or {}).get("name") or "unknown GPU"
-            out.append(
-                _pct_check(
-                    label,
-                    p["gbps"],
-                    ref,
-                    f"{gname} spec {tbs} TB/s" if tbs else f"{gname} not in the table",
-                    lim["d2d_min_pct"],
-                    "TB/s",
-                    ev,
-                    "device memory slow:",
-                    "memory clock held down (thermal/power) or another process using the GPU",
-                    "check the clocks check and `nvidia-smi` for other processes",
-                    scale=1000.0,
-                )
-            )
-        elif kind == "p2p" and p.get("src") == p.get("dst"):
-            out.append(
-                Check(
-                    label,
-                    SKIPPED,
-                    f"same GPU ({p['gbps']:.1f} GB/s): a code-path exercise, not a P2P figure",
-                    ev,
-                )
-            )
-        elif kind == "p2p":
-            path = (
-                pair_path(doc, min(p["src"], p["dst"]), max(p["src"], p["dst"]))
-                if _has_index(doc, p)
-                else None
-            )
-            if path is None or (path.kind == "pcie" and lim.get("link_gbps")):
-                rates = [
-                    expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0]
-                    for i in (p.get("src"), p.get("dst"))
-                ]
-                ref = min(rates) if all(rates) else None
-                ref_label = f"link {ref} GB/s" if ref else "unknown link"
-            else:
-                ref, ref_label = path.gbps, path.label
-                ev["path"] = path.to_dict()
-            ev["peer_access"] = p.get("peer_access")
-            if p.get("peer_access") is False:
-                out.append(
-                    Check(
-                        label,
-                        DRIFT,
-                        f"{p['gbps']:.1f} GB/s without peer access (staged through host memory)",
-                        ev,
-                        cause="P2P is off between these GPUs: IOMMU/ACS on the PCIe path, or not supported",
-                        repair="check ACS/IOMMU settings (iommu=pt, ACS off on the switches); NCCL_P2P_LEVEL",
-                    )
-                )
-                continue
-            out.append(
-                _pct_check(
-                    label,
-                    p["gbps"],
-                    ref,
-                    ref_label,
-                    lim["p2p_min_pct"],
-                    "GB/s",
-                    ev,
-                    "P2P slow:",
-                    "an NVLink down or trained slower, or the pair crosses the CPU interconnect (SYS)",
-                    "see `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; keep TP groups on one NUMA node",
-                )
-            )
+            out.append(_not_run(label, p))
         else:
-            gpus = p.get("gpus") or []
-            if len(gpus) < 2:
-                out.append(
-                    Check(
-                        label,
-                        SKIPPED,
-                        f"one rank moves no bus traffic (NCCL ran: algbw {p.get('algbw_gbps')} GB/s)",
-                        ev,
-                    )
-                )
-                continue
-            busbw = p.get("busbw_gbps") or 0.0
-            if lim.get("allreduce_min_busbw_gbps"):
-                floor = float(lim["allreduce_min_busbw_gbps"])
-                detail = f"busbw {busbw:.1f} GB/s (algbw {p.get('algbw_gbps')}), min {floor:g} GB/s"
-                ev.update(floor_gbps=floor)
-                st = OK if busbw >= floor else DRIFT
-                out.append(
-                    Check(
-                        label,
-                        st,
-                        detail if st == OK else f"all-reduce slow: {detail}",
-                        ev,
-                        cause=None if st == OK else "NCCL transport or topology (P2P off, cross-NUMA ring)",
-                        repair=None if st == OK else "check the NCCL profile (gpubox nccl) and P2P checks",
-                    )
-                )
-                continue
-            hop = ring_reference(doc, list(gpus)) if all(_has_index(doc, {"src": i}) for i in gpus) else None
-            if hop is not None and hop.gbps and not (hop.kind == "pcie" and lim.get("link_gbps")):
-                ref, ref_label = hop.gbps, f"slowest hop {hop.a}-{hop.b}: {hop.label}"
-                ev["path"] = hop.to_dict()
-            else:
-                rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in gpus]
-                ref = min(rates) if rates and all(rates) else None
-                ref_label = f"link {ref} GB/s" if ref else "unknown link"
-            out.append(
-                _pct_check(
-                    label,
-                    busbw,
-                    ref,
-                    ref_label,
-                    lim["allreduce_min_pct"],
-                    "GB/s busbw",
-                    ev,
-                    "all-reduce slow:",
-                    "NCCL transport or topology (P2P off, cross-NUMA ring, wrong NCCL env)",
-                    "check the NCCL profile (gpubox nccl) and the P2P checks",
-                )
-            )
+            out.append(judge_probe(doc, p, lim, label, {"probe": p}))
     return out
+
+
+def _probe_label(doc: dict, p: dict) -> str:
+    kind = p.get("name")
+    if kind == "p2p":
+        a = _torch_label(doc, {"gpu": p.get("src"), "bus_id": _bus(doc, p.get("src"))})
+        b = _torch_label(doc, {"gpu": p.get("dst"), "bus_id": _bus(doc, p.get("dst"))})
+        return f"p2p {a}->{b}"
+    if kind == "allreduce":
+        return "allreduce " + ",".join(map(str, p.get("gpus") or []))
+    return f"{_torch_label(doc, p)} {kind}"
+
+
+def _not_run(label: str, p: dict) -> Check:
+    st = SKIPPED if p.get("status") == "skipped" else FAILED
+    return Check(
+        label,
+        st,
+        p.get("reason") or "probe did not run",
+        {"probe": p},
+        repair=None
+        if st == SKIPPED
+        else "run `gpubox probe -v` on the box; check the server is not holding the GPU memory",
+    )
+
+
+def _check_host_copy(doc: dict, p: dict, lim: dict, label: str, ev: dict) -> Check:
+    """h2d / d2h against the GPU's link rate."""
+    kind = p["name"]
+    g = _nvml_gpu_for(doc, p.get("bus_id"), p.get("gpu"))
+    ref, ref_label = expected_link(g, lim)
+    return _pct_check(
+        label,
+        p["gbps"],
+        ref,
+        ref_label,
+        lim[f"{kind}_min_pct"],
+        "GB/s",
+        ev,
+        f"{kind.upper()} slow:",
+        "link trained down, non-pinned/NUMA-remote host memory, or IOMMU translation",
+        "check the link check above, `nvidia-smi topo -m` NUMA affinity, iommu=pt",
+    )
+
+
+def _check_device_copy(doc: dict, p: dict, lim: dict, label: str, ev: dict) -> Check:
+    """d2d against the GPU model's memory bandwidth spec."""
+    g = _nvml_gpu_for(doc, p.get("bus_id"), p.get("gpu"))
+    tbs = mem_spec_tbs((g or {}).get("name"), lim.get("mem_bw_tbs"))
+    ref = tbs * 1000 if tbs else None
+    gname = (g or {}).get("name") or "unknown GPU"
+    return _pct_check(
+        label,
+        p["gbps"],
+        ref,
+        f"{gname} spec {tbs} TB/s" if tbs else f"{gname} not in the table",
+        lim["d2d_min_pct"],
+        "TB/s",
+        ev,
+        "device memory slow:",
+        "memory clock held down (thermal/power) or another process using the GPU",
+        "check the clocks check and `nvidia-smi` for other processes",
+        scale=1000.0,
+    )
+
+
+def _check_p2p(doc: dict, p: dict, lim: dict, label: str, ev: dict) -> Check:
+    """A GPU pair against its path (NVLink figures, else the slower of the two links); a pair
+    without peer access is drift whatever it measured."""
+    if p.get("src") == p.get("dst"):
+        return Check(
+            label, SKIPPED, f"same GPU ({p['gbps']:.1f} GB/s): a code-path exercise, not a P2P figure", ev
+        )
+    path = pair_path(doc, min(p["src"], p["dst"]), max(p["src"], p["dst"])) if _has_index(doc, p) else None
+    if path is None or (path.kind == "pcie" and lim.get("link_gbps")):
+        rates = [
+            expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in (p.get("src"), p.get("dst"))
+        ]
+        ref = min(rates) if all(rates) else None
+        ref_label = f"link {ref} GB/s" if ref else "unknown link"
+    else:
+        ref, ref_label = path.gbps, path.label
+        ev["path"] = path.to_dict()
+    ev["peer_access"] = p.get("peer_access")
+    if p.get("peer_access") is False:
+        return Check(
+            label,
+            DRIFT,
+            f"{p['gbps']:.1f} GB/s without peer access (staged through host memory)",
+            ev,
+            cause="P2P is off between these GPUs: IOMMU/ACS on the PCIe path, or not supported",
+            repair="check ACS/IOMMU settings (iommu=pt, ACS off on the switches); NCCL_P2P_LEVEL",
+        )
+    return _pct_check(
+        label,
+        p["gbps"],
+        ref,
+        ref_label,
+        lim["p2p_min_pct"],
+        "GB/s",
+        ev,
+        "P2P slow:",
+        "an NVLink down or trained slower, or the pair crosses the CPU interconnect (SYS)",
+        "see `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; keep TP groups on one NUMA node",
+    )
+
+
+def _check_allreduce(doc: dict, p: dict, lim: dict, label: str, ev: dict) -> Check:
+    """NCCL all-reduce bus bandwidth against a configured floor, else the ring's slowest hop."""
+    gpus = p.get("gpus") or []
+    if len(gpus) < 2:
+        return Check(
+            label, SKIPPED, f"one rank moves no bus traffic (NCCL ran: algbw {p.get('algbw_gbps')} GB/s)", ev
+        )
+    busbw = p.get("busbw_gbps") or 0.0
+    if lim.get("allreduce_min_busbw_gbps"):
+        floor = float(lim["allreduce_min_busbw_gbps"])
+        detail = f"busbw {busbw:.1f} GB/s (algbw {p.get('algbw_gbps')}), min {floor:g} GB/s"
+        ev.update(floor_gbps=floor)
+        st = OK if busbw >= floor else DRIFT
+        return Check(
+            label,
+            st,
+            detail if st == OK else f"all-reduce slow: {detail}",
+            ev,
+            cause=None if st == OK else "NCCL transport or topology (P2P off, cross-NUMA ring)",
+            repair=None if st == OK else "check the NCCL profile (gpubox nccl) and P2P checks",
+        )
+    hop = ring_reference(doc, list(gpus)) if all(_has_index(doc, {"src": i}) for i in gpus) else None
+    if hop is not None and hop.gbps and not (hop.kind == "pcie" and lim.get("link_gbps")):
+        ref, ref_label = hop.gbps, f"slowest hop {hop.a}-{hop.b}: {hop.label}"
+        ev["path"] = hop.to_dict()
+    else:
+        rates = [expected_link(_nvml_gpu_for(doc, _bus(doc, i), i), lim)[0] for i in gpus]
+        ref = min(rates) if rates and all(rates) else None
+        ref_label = f"link {ref} GB/s" if ref else "unknown link"
+    return _pct_check(
+        label,
+        busbw,
+        ref,
+        ref_label,
+        lim["allreduce_min_pct"],
+        "GB/s busbw",
+        ev,
+        "all-reduce slow:",
+        "NCCL transport or topology (P2P off, cross-NUMA ring, wrong NCCL env)",
+        "check the NCCL profile (gpubox nccl) and the P2P checks",
+    )
 
 
 def _has_index(doc: dict, p: dict) -> bool:

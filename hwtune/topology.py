@@ -3,10 +3,10 @@
 Sources, best first: NVML on the target (the container, then the Proxmox host) by sending
 nvml_probe.py to `python3 -` there; the host's sysfs (PCI functions of class 0300/0302, their
 numa_node and link attributes); the inventory hint `gpubox_numa_nodes`. numa_node -1 means
-"no NUMA information" (FACTS, read off a real H200 VM): unknown, never node 0.
+"no NUMA information" (docs/facts.md "A real GPU machine"): unknown, never node 0.
 
 `gpus_for_tp` keeps a tensor-parallel group on one NUMA node when it can: on the seed box TP4 on
-one node beat TP8 across both except at 100k context (FACTS reference figures).
+one node beat TP8 across both except at 100k context (docs/facts.md "Reference figures").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the smallest edit that makes them agree.
 
 Only the main section counts: raw `lxc.*` lines in `[pve:pending]` or snapshot sections are
-never used at start (FACTS.md "Proxmox LXC config"), so they are neither checked nor edited.
+never used at start (docs/facts.md "Proxmox LXC config"), so they are neither checked nor edited.
 Two ways to pass a node: `devN: /dev/...` (PVE >= 8.1, major:minor read at every start) or an
 allow rule + bind mount entry (`cgroup2`). Each node is passed the way the config already passes
 NVIDIA nodes, never both ways; `gpubox_device_mode` decides only for configs that pass none
@@ -124,7 +124,7 @@ class Owner:
     among NVIDIA's) and the config itself passes nvidia-uvm or nvidia-caps nodes that its cgroup
     rules do not permit (the stale rule was theirs). A static major
     absent from /proc/devices (Coral 120, USB serial 188...) is a driver not loaded yet: foreign
-    (FACTS.md "Learned on real inputs"). A dynamic major gpubox recorded as NVIDIA's when it last
+    (docs/facts.md "Real container configs"). A dynamic major gpubox recorded as NVIDIA's when it last
     wrote this config (`recorded`) is proof too, for configs that name no uvm/caps node."""
 
     def __init__(self, hd: HostDevices, lines: list[Line], recorded: set[int] | frozenset = frozenset()):

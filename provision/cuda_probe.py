@@ -1,7 +1,7 @@
 """In-container CUDA probe. STANDALONE and stdlib-only: this whole file is sent to the container's
 `python3 -` on stdin (the container has no gpubox) and prints one JSON object.
 
-It opens the NVIDIA nodes and classifies the errno (FACTS.md "NVIDIA device nodes": ENOENT =
+It opens the NVIDIA nodes and classifies the errno (docs/facts.md "NVIDIA device nodes": ENOENT =
 node missing, EPERM = cgroup denies it, ENXIO = node with a stale major), calls cuInit(0)
 through ctypes libcuda.so.1 (999 unknown = uvm denied, 100 no device, 803 driver/library
 mismatch), counts devices through NVML, and compares the kernel module's version
@@ -117,106 +117,18 @@ def real_nvml():
     }
 
 
-# -- SIMULATION (gpubox's simulated box; GPUBOX_SIM set): the same answers from the simulated state --
-
-
-def sim_env(sim_dir):
-    st = json.load(open(os.path.join(sim_dir, "sim.json")))
-    host_root, ct_root = os.path.join(sim_dir, st["host"]), os.path.join(sim_dir, st["box"])
-    ct = st["containers"][str(st["vmid"])]
-    majors = set()
-    in_char = False
-    for line in open(os.path.join(host_root, "proc/devices")):
-        s = line.strip()
-        if s.endswith(":"):
-            in_char = s == "Character devices:"
-        elif in_char and s:
-            majors.add(int(s.split()[0]))
-
-    def parse(strings):
-        out = []
-        for r in strings:
-            m = re.match(r"^([ac])(?:\s+(\*|\d+):(\*|\d+)\s*([rwm]*))?$", r.strip())
-            if m:
-                out.append(m.groups())
-        return out
-
-    rules = parse(ct["cgroup_allow"])
-
-    live = parse(ct["cgroup_allow"][ct.get("start_rules", len(ct["cgroup_allow"])) :])  # lxc-cgroup
-
-    def allowed(ma, mi, live_only=False):
-        for kind, rma, rmi, acc in live if live_only else rules:
-            if kind == "a" and rma is None:
-                return True
-            if rma in ("*", str(ma)) and rmi in ("*", str(mi)) and "r" in acc and "w" in acc:
-                return True
-        return False
-
-    def sim_open(path):
-        p = os.path.join(ct_root, path.lstrip("/"))
-        if ct["status"] != "running" or not os.path.exists(p):
-            return errno.ENOENT
-        if _not_a_device(p):
-            return NOTDEV
-        rdev = os.stat(p).st_rdev
-        ma, mi = os.major(rdev), os.minor(rdev)
-        real = (ct.get("real_nodes") or {}).get(path)
-        if real and real[1:] == [ma, mi]:  # a real LXC container answered at start (simbox.lxcreal)
-            if real[0] == "mode":
-                return errno.EACCES
-            if real[0] != "rw" and not allowed(ma, mi, live_only=True):
-                return errno.EPERM
-        elif not allowed(ma, mi):
-            return errno.EPERM  # the device cgroup is checked before the driver
-        if ma not in majors:
-            return errno.ENXIO  # no driver registered at this major any more
-        return 0
-
-    def sim_cuda(opened):
-        lib = os.path.join(ct_root, "usr/lib/x86_64-linux-gnu/libcuda.so.1")
-        if not os.path.exists(lib):
-            return {
-                "cuinit": None,
-                "cuinit_name": None,
-                "libcuda": None,
-                "cuda_error": "libcuda.so.1 not found",
-            }
-        real = os.path.realpath(lib)
-        kv = kernel_version(open(os.path.join(ct_root, "proc/driver/nvidia/version")).read())
-        if opened["/dev/nvidiactl"] or opened["/dev/nvidia0"]:
-            rc = 100
-        elif opened["/dev/nvidia-uvm"]:
-            rc = 999
-        elif lib_version(real) != kv:
-            rc = 803
-        else:
-            rc = 0
-        return {"cuinit": rc, "cuinit_name": CU_NAMES[rc], "libcuda": real, "cuda_error": None}
-
-    def sim_nvml(opened):
-        if opened["/dev/nvidiactl"]:
-            return {"count": None, "error": "nvmlInit_v2 returned 9"}  # NVML_ERROR_DRIVER_NOT_LOADED
-        n = sum(
-            1
-            for x in os.listdir(os.path.join(ct_root, "dev"))
-            if re.match(r"^nvidia\d+$", x) and sim_open("/dev/" + x) == 0
-        )
-        return {"count": n, "error": None}
-
-    return sim_open, sim_cuda, sim_nvml, os.path.join(ct_root, "proc/driver/nvidia/version")
-
-
-def run():
-    sim_dir = os.environ.get("GPUBOX_SIM")
-    if sim_dir:
-        open_, cuda, nvml, version_file = sim_env(sim_dir)
+def run(io=None):
+    """The probe's answer. `io` = (open, cuda, nvml, version file) replaces the real box's reads;
+    only gpubox's simulated box passes one (its container's python3, gpubox/simbox/cuda.py): this
+    file, what is shipped to a real container, holds no simulation."""
+    if io:
+        open_, cuda, nvml, version_file = io
     else:
         open_, version_file = real_open, "/proc/driver/nvidia/version"
         cuda, nvml = (lambda opened: real_cuda()), (lambda opened: real_nvml())
     paths = list(NODES) + [p for p in sys.argv[1:] if p not in NODES]
     opened = {p: open_(p) for p in paths}
-    out = {"simulated": bool(sim_dir), "nodes": {p: _errname(e) or "ok" for p, e in opened.items()}}
+    out = {"simulated": bool(io), "nodes": {p: _errname(e) or "ok" for p, e in opened.items()}}
     out.update(cuda(opened))
     out["nvml"] = nvml(opened)
     try:

@@ -3,7 +3,7 @@
 The majors come from the `Character devices:` part of the host's /proc/devices, by name. Only
 195 is fixed; nvidia-uvm, nvidia-caps, nvidia-nvlink, nvidia-nvswitch and the IMEX channels get a
 dynamic major (254..234, then 511..384) that changes across kernels and driver loads
-(FACTS.md "NVIDIA device nodes", "Dynamic majors"), so nothing here hard-codes them.
+(docs/facts.md "NVIDIA device nodes", "Dynamic majors"), so nothing here hard-codes them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gpubox.facts import Fact
 
-# Names the 195 line carries, depending on the driver (FACTS.md: "match them all").
+# Names the 195 line carries, depending on the driver (docs/facts.md "A real GPU machine": match them all).
 FRONTEND_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
 DYNAMIC_NAMES = ("nvidia-uvm", "nvidia-caps", "nvidia-nvlink", "nvidia-nvswitch", "nvidia-caps-imex-channels")
 FRONTEND_MAJOR = 195

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox.facts import Fact
+from gpubox.facts import Fact, FileText  # noqa: F401 - FileText: lxc_step reads it from here
 
 from . import cuda_probe
 from .devices import HostDevices
@@ -121,7 +121,7 @@ def needed_modprobe_runs(hd: HostDevices) -> list[list[str]]:
 
 def persist_files(gpus: int) -> dict[str, str]:
     """Boot-time creation of the uvm nodes: nothing on a Proxmox host runs CUDA, so nothing else
-    creates /dev/nvidia-uvm (FACTS.md "NVIDIA device nodes")."""
+    creates /dev/nvidia-uvm (docs/facts.md "NVIDIA device nodes")."""
     gpu_run, uvm_run = " ".join(gpu_nodes_argv(gpus)), " ".join(UVM_ARGV)
     return {
         MODULES_LOAD: (
@@ -137,14 +137,6 @@ def persist_files(gpus: int) -> dict[str, str]:
 
 
 # --- facts ------------------------------------------------------------------------------------
-
-
-class FileText(Fact):
-    """A file's text, "" when absent."""
-
-    @staticmethod
-    def read(host, path: str) -> str:
-        return host.read_text(path, default="")
 
 
 class ConfText(Fact):

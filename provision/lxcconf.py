@@ -1,6 +1,6 @@
 """/etc/pve/lxc/<vmid>.conf: a parser/renderer that round-trips byte-for-byte, and the safe write.
 
-Parsing follows pve-container's parse_pct_config (FACTS.md "Proxmox LXC config"): lines before
+Parsing follows pve-container's parse_pct_config (docs/facts.md "Proxmox LXC config"): lines before
 the first `[...]` header are the main (current) config, `[pve:pending]` starts the pending
 section, any other `[name]` a snapshot; raw `lxc.*` keys may be spelt `key: value` or
 `key = value`; `#` lines are the description. Every line keeps its exact bytes, so rendering an
@@ -22,8 +22,8 @@ from gpubox.errors import GpuboxError
 from gpubox.state import backup_path
 
 MAIN, PENDING = "main", "pve:pending"
-MAX_BYTES = 1024 * 1024  # pmxcfs limit per file (FACTS.md)
-CONF_MODE = 0o640  # the only mode pmxcfs allows; never chmod/copystat there (FACTS.md)
+MAX_BYTES = 1024 * 1024  # pmxcfs limit per file (docs/facts.md)
+CONF_MODE = 0o640  # the only mode pmxcfs allows; never chmod/copystat there (docs/facts.md)
 
 _PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I)
 _SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I)
@@ -222,7 +222,7 @@ def _commit(host, path: str, tmp: str, real: str, expect_digest: str) -> None:
 
 
 def _refuse_symlink(real: str, path: str) -> None:
-    """pmxcfs has no symlinks (FACTS.md), so a linked config is not a Proxmox-managed file: replacing
+    """pmxcfs has no symlinks (docs/facts.md), so a linked config is not a Proxmox-managed file: replacing
     the link by a regular file would leave its target with the old lines. Policy: refuse, say so."""
     if os.path.islink(real):
         raise GpuboxError(

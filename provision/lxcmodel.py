@@ -17,7 +17,7 @@ One model for `check`, `fix` and the simulated `pct start`, written from the sou
   allowlist specific deny rules are skipped, in a denylist specific allow rules are skipped.
 - lxc mounts `lxc.mount.entry` before the autodev hook; lxc-pve-autodev-hook then mknod()s every
   devN path in the rootfs and dies "Could not mknod $root/dev/$dev: $!" (EEXIST when a mount
-  entry already put something there): the container does not start (FACTS.md).
+  entry already put something there): the container does not start (docs/facts.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ALLOW = "lxc.cgroup2.devices.allow"
 DENY = "lxc.cgroup2.devices.deny"
 MOUNT = "lxc.mount.entry"
 ROOTFS = "/usr/lib/x86_64-linux-gnu/lxc/rootfs"  # ROOTFS_MOUNT that the hooks see on PVE
-# Dynamic char majors: 254 down to 234, then 511 down to 384 (linux fs/char_dev.c; FACTS.md).
+# Dynamic char majors: 254 down to 234, then 511 down to 384 (linux fs/char_dev.c).
 DYNAMIC_MAJORS = frozenset(range(234, 255)) | frozenset(range(384, 512))
 _DEVN = re.compile(r"^dev(\d+)$")
 

@@ -2,7 +2,7 @@
 
 Through the Proxmox API with proxmoxer when the Proxmox host entry has `gpubox_api` (token secret
 read from the environment variable `gpubox_api_token_env` names; tasks are waited on by UPID with
-a timeout, FACTS.md "proxmoxer 2.x"), else with `pct` over the host's own transport (SSH or local).
+a timeout, docs/facts.md "proxmoxer 2.x"), else with `pct` over the host's own transport (SSH or local).
 Both refuse to act on a config carrying `lock:` (a backup/snapshot/migration is running).
 """
 

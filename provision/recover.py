@@ -1,7 +1,7 @@
 """The whole box in one command: every area's steps as one pipeline, then the verification
 benchmark and its report.
 
-Order (DESIGN.md): host devices -> container config -> container (re)start -> CUDA probe ->
+Order (gpubox.areas.PIPELINE): host devices -> container config -> container (re)start -> CUDA probe ->
 host tuning -> NCCL env -> staging -> benchmark -> report. Host-side steps run in the "host"
 lane and container-side steps in the "container" lane, so staging overlaps with host tuning.
 """
@@ -15,17 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpubox import areas
+from gpubox import areas, selection
 from gpubox.errors import GpuboxError
 from gpubox.pipeline import Node, run_pipeline
 from gpubox.state import state_dir
 from gpubox.steps import RunReport, Step, StepResult, evidence_dict
 
-# Where each area exposes `steps(ctx) -> list[Step]`, in pipeline order: each area registers its
-# providers at their positions (<area>/area.py, found through gpubox.areas).
-PROVIDERS = areas.step_providers()
-
-# --skip/--only accept step names or these groups (registered by the areas likewise).
+# --skip/--only accept whole step names or these groups (<area>/area.py, found through gpubox.areas).
 GROUPS = areas.step_groups()
 
 
@@ -35,7 +31,10 @@ class _DoctorBench(Step):
     def __init__(self, inner: Step):
         self.inner = inner
         self.name, self.title, self.where = inner.name, inner.title, inner.where
-        self.requires, self.lane = inner.requires, inner.lane
+        self.requires, self.lane, self.measures = inner.requires, inner.lane, inner.measures
+
+    def options(self, ctx):
+        return self.inner.options(ctx)
 
     def check(self, ctx):
         f = self.inner.check(ctx)
@@ -45,54 +44,29 @@ class _DoctorBench(Step):
         return f
 
 
-def collect_steps(ctx, *, for_recover: bool = False) -> list[Step]:
-    """Every area's steps in pipeline order. Recover leaves the bench step out: it runs the
-    benchmark itself once the repairs are done (a benchmark is a measurement, not a change)."""
+def collect_steps(ctx) -> list[Step]:
+    """Every area's steps in pipeline order (gpubox.areas.PIPELINE). A measuring step (the bench)
+    is wrapped for doctor: a missing or old result is no fault of the box."""
     out: list[Step] = []
-    for mod_name in PROVIDERS:
-        mod = importlib.import_module(mod_name)
-        fn = getattr(mod, "steps", None)
-        if fn is not None:
-            for st in fn(ctx):
-                if st.name == "bench":
-                    if for_recover:
-                        continue
-                    st = _DoctorBench(st)
-                out.append(st)
+    for mod_name in areas.PIPELINE:
+        for st in importlib.import_module(mod_name).steps(ctx):
+            out.append(_DoctorBench(st) if st.measures else st)
     return out
 
 
-def _expand(names: tuple[str, ...]) -> set[str]:
-    out: set[str] = set()
-    for n in names:
-        for part in n.split(","):
-            part = part.strip()
-            if part:
-                out.update(GROUPS.get(part, (part,)))
-    return out
+def selected(steps: list[Step], skip=(), only=()) -> list[Step]:
+    """The steps --skip/--only keep (whole step names or groups; an unknown word is exit 2)."""
+    names = [s.name for s in steps]
+    first = {
+        g: min((names.index(m) for m in ms if m in names), default=len(names)) for g, ms in GROUPS.items()
+    }
+    groups = {g: GROUPS[g] for g in sorted(GROUPS, key=lambda g: first[g])}  # listed in pipeline order
+    keep = set(selection.select(names, groups, skip, only))
+    return [s for s in steps if s.name in keep]
 
 
-def _selected(step_name: str, wanted: set[str]) -> bool:
-    return any(step_name == w or step_name.endswith("-" + w) or step_name.startswith(w + "-") for w in wanted)
-
-
-def build_nodes(steps: list[Step], skip: tuple[str, ...] = (), only: tuple[str, ...] = ()) -> list[Node]:
-    known = {s.name for s in steps} | set(GROUPS) | {"stage"}
-    for n in _expand(skip) | _expand(only):
-        if n not in known and not any(_selected(s.name, {n}) for s in steps):
-            raise GpuboxError(
-                f"unknown step {n!r}",
-                f"steps: {', '.join(s.name for s in steps)}; groups: {', '.join(GROUPS)}",
-            )
-    sk, on = _expand(skip), _expand(only)
-    nodes = []
-    for s in steps:
-        if sk and _selected(s.name, sk):
-            continue
-        if on and not _selected(s.name, on):
-            continue
-        nodes.append(Node(s))
-    return nodes
+def build_nodes(steps: list[Step], skip=(), only=()) -> list[Node]:
+    return [Node(s) for s in selected(steps, skip, only)]
 
 
 @dataclass
@@ -194,14 +168,14 @@ def recover(
                 notes.append(f"previous run stopped at {bad[0]}; picking up from a fresh check of every step")
         except (ValueError, KeyError):
             pass
-    nodes = build_nodes(collect_steps(ctx, for_recover=True), skip, only)
+    chosen = selected(collect_steps(ctx), skip, only)
+    # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
+    # (a benchmark is a measurement, not a change), when --skip/--only kept it.
+    nodes = [Node(s) for s in chosen if not s.measures]
     start, done = _progress(ctx)
     report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
-    want_bench = (
-        bench and not dry_run and (not only or "bench" in _expand(only)) and "bench" not in _expand(skip)
-    )
-    if want_bench:
+    if bench and not dry_run and any(s.measures for s in chosen):
         if not report.ok:
             outcome.notes.append(
                 "benchmark not run: fix the problems above first (or re-run with --no-bench)"

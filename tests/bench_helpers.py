@@ -11,7 +11,7 @@ from gpubox.bench.launcher import Server, free_port
 @contextmanager
 def simserver(tmp_path, *args: str, ready: bool = True):
     port = free_port()
-    argv = [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--startup-s", "0", *args]
+    argv = [sys.executable, "-m", "gpubox.simbox.simserver", "--port", str(port), "--startup-s", "0", *args]
     s = Server(argv, {}, port=port, log_path=tmp_path / f"sim-{port}.log")
     s.start()
     try:

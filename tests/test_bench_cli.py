@@ -41,7 +41,7 @@ def test_bench_box_healthy_json(sim, tmp_path, capsys):
     assert results.validate(doc) == []
     assert doc["simulated"] is True and doc["sim_speed"] == 20
     assert [s["tp"] for s in doc["servers"]] == [4, 8]
-    assert doc["servers"][0]["command"][1:3] == ["-m", "gpubox.bench.simserver"]
+    assert doc["servers"][0]["command"][1:3] == ["-m", "gpubox.simbox.simserver"]
     assert doc["servers"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     keys = [m["key"] for m in doc["measurements"]]
     assert keys == [

@@ -158,7 +158,7 @@ def test_port_free_again_while_previous_connections_wait(tmp_path):
     assert any(ln.split()[1].endswith(f":{port:04X}") and ln.split()[3] == "06" for ln in tcp)
     assert not port_in_use("127.0.0.1", port)
     again = Server(
-        [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port)],
+        [sys.executable, "-m", "gpubox.simbox.simserver", "--port", str(port)],
         {},
         port=port,
         log_path=tmp_path / "again.log",
@@ -174,7 +174,7 @@ def test_port_free_again_while_previous_connections_wait(tmp_path):
 def test_crash_during_start_reports_log_tail(tmp_path):
     port = free_port()
     s = Server(
-        [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--fail-start"],
+        [sys.executable, "-m", "gpubox.simbox.simserver", "--port", str(port), "--fail-start"],
         {},
         port=port,
         log_path=tmp_path / "srv.log",

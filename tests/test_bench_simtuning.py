@@ -1,9 +1,9 @@
 """The simulated server reacts to the box's tuning state like the seed box did (issues 6 and 8).
 
-bench.simserver reads, at start, the files gpubox tunes on the simulated host (GPU MaxReadReq in
+simbox.simserver reads, at start, the files gpubox tunes on the simulated host (GPU MaxReadReq in
 sysfs config space, kernel.numa_balancing) and the NCCL settings it would really get (its
 environment over the container's NCCL config files). Untuned, the seed was 7.5% slower single
-stream and 18.5% slower at C=8 (FACTS "Reference figures"); NCCL and MRRS count only at TP>1.
+stream and 18.5% slower at C=8 (docs/facts.md "Reference figures"); NCCL and MRRS count only at TP>1.
 """
 
 import json
@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from gpubox.bench.launcher import free_port
-from gpubox.bench.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
 from gpubox.hwtune.nccl import load_profile
 from gpubox.simbox import build
+from gpubox.simbox.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
 from tests.bench_helpers import simserver
 from tests.clirun import gpubox
 
@@ -131,13 +131,13 @@ def test_sim_state_endpoint_and_log(tmp_path, monkeypatch):
 
 
 def test_bad_nccl_proto_token_fails_start_at_tp4_only(tmp_path):
-    """NCCL rejects a misspelled protocol token at init (FACTS); TP1 never initialises NCCL."""
+    """NCCL rejects a misspelled protocol token at init (docs/facts.md); TP1 never initialises NCCL."""
     sim = build(tmp_path / "box", ["nccl_misspelled"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     base = [
         sys.executable,
         "-m",
-        "gpubox.bench.simserver",
+        "gpubox.simbox.simserver",
         "--startup-s",
         "0",
         "--port",

@@ -1,5 +1,5 @@
 """The gpubox.gpubox Ansible collection, built, installed and checked the way a publisher would:
-`ansible-galaxy collection build` + `install --offline` from this checkout, `ansible-doc` on every
+`ansible-galaxy collection build` + `install --offline` from its folder in this checkout, `ansible-doc` on every
 module, `ansible-test sanity` (local, this interpreter, no containers) on the installed copy."""
 
 import os
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(p.stem for p in (ROOT / "plugins" / "modules").glob("*.py") if p.stem != "__init__")
+COLLECTION = ROOT / "playbooks/collections/ansible_collections/gpubox/gpubox"  # where the playbooks find it
+MODULES = sorted(p.stem for p in (COLLECTION / "plugins" / "modules").glob("*.py") if p.stem != "__init__")
 # Every sanity test that applies to a modules-only collection and runs without containers; left out:
 # pylint (minutes on 2 cores), pslint/shellcheck (no PowerShell/shell content), changelog (none kept).
 SANITY = [
@@ -51,7 +52,7 @@ def _run(argv, **kw):
 def installed(tmp_path_factory):
     """The collection built from the checkout and installed offline into a fresh collections path."""
     tmp = tmp_path_factory.mktemp("collection")
-    _run(["ansible-galaxy", "collection", "build", "--output-path", str(tmp / "dist"), str(ROOT)])
+    _run(["ansible-galaxy", "collection", "build", "--output-path", str(tmp / "dist"), str(COLLECTION)])
     (tarball,) = (tmp / "dist").glob("gpubox-gpubox-*.tar.gz")
     _run(["ansible-galaxy", "collection", "install", "--offline", "-p", str(tmp / "cols"), str(tarball)])
     return tarball, tmp / "cols"
@@ -70,6 +71,7 @@ def test_build_holds_the_modules_and_nothing_of_the_library(installed):
         in {"gpubox", "bench", "provision", "hwtune", "tests", "playbooks", "benchmarks", ".git", "inventory"}
     ]
     assert leaked == []
+    assert "README.md" in names and "galaxy.yml" not in names  # galaxy.yml becomes MANIFEST.json
 
 
 def test_every_module_renders_with_ansible_doc(installed):

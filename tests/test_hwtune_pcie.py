@@ -271,7 +271,7 @@ def test_selection_excludes_audio_and_bridge(tmp_path):
 
 
 def test_decode_and_argv():
-    d = decode_devctl(0x5134)  # the H200 of FACTS: MRRS 4096, MPS 256
+    d = decode_devctl(0x5134)  # the H200 of docs/facts.md: MRRS 4096, MPS 256
     assert (d["mrrs"], d["mps"], d["flr_bit"]) == (4096, 256, False)
     assert decode_devctl(0x2936)["mrrs"] == 512
 

@@ -65,7 +65,7 @@ FAKE_PYNVML = textwrap.dedent("""
         return _d()["common_ancestor"][f"{min(a, b)}-{max(a, b)}"]
 """)
 
-# The H200 VM of FACTS: one GPU at 0000:00:06.0, numa_node -1, Gen5 x16, driver 580.159.04.
+# The H200 VM of docs/facts.md: one GPU at 0000:00:06.0, numa_node -1, Gen5 x16, driver 580.159.04.
 H200 = {
     "driver": "580.159.04",
     "common_ancestor": {},

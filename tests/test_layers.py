@@ -1,33 +1,108 @@
-"""Layers point one way and no module imports itself round a loop (issue 17).
+"""Layers point one way and no module imports itself round a loop (issue 17); the simulator is the
+top floor, which nothing in the product imports but the CLI entries that build a simulated box, and
+nothing piped into `python3 -` on a box contains (issue 25).
 
 The graph is every import statement of every module under gpubox/, hwtune/, bench/ and
 provision/, including imports inside functions (tests/layers_report.py builds it from the AST).
 `python3 -m tests.layers_report` prints the same graph's figures.
 """
 
-from tests.layers_report import ALLOWED, area_of, cycles, graph, layer_violations, module_files
+import ast
+from pathlib import Path
+
+from tests.layers_report import (
+    ALLOWED,
+    SIM_ENTRIES,
+    area_of,
+    cycles,
+    graph,
+    layer_violations,
+    module_files,
+    sim_importers,
+)
 
 G = graph()
+LOAD = graph(in_functions=False)  # only the imports that run when a module loads
 
 
 def test_the_graph_sees_every_area_and_the_core():
     areas = {area_of(m) for m in module_files()}
     assert areas == set(ALLOWED)
-    # function-level imports count: gpubox.simbox.persist asks the registry, gpubox.bench.runner
-    # imports bench.remote inside run_box
-    assert "gpubox.areas" in G["gpubox.simbox.persist"]
+    # function-level imports count: gpubox.simbox.cmds.pct imports provision.lxcmodel inside
+    # _refuse_like_lxc, gpubox.bench.runner imports bench.remote inside run_box
+    assert "gpubox.provision.lxcmodel" in G["gpubox.simbox.cmds.pct"]
+    assert "gpubox.provision.lxcmodel" not in LOAD["gpubox.simbox.cmds.pct"]
     assert "gpubox.bench.remote" in G["gpubox.bench.runner"]
 
 
 def test_core_imports_no_area():
+    """Nor the simulator, but for `gpubox sim`'s function that builds a box (tested below)."""
     bad = [
-        f"{a} -> {b}" for a in sorted(G) if area_of(a) == "core" for b in sorted(G[a]) if area_of(b) != "core"
+        f"{a} -> {b}"
+        for a in sorted(G)
+        if area_of(a) == "core"
+        for b in sorted(G[a])
+        if area_of(b) != "core" and not (area_of(b) == "sim" and a in SIM_ENTRIES and b not in LOAD[a])
     ]
     assert bad == []
 
 
 def test_areas_import_only_the_core_and_the_areas_before_them():
-    assert layer_violations(G) == []
+    assert layer_violations(G, LOAD) == []
+
+
+def test_nothing_in_the_product_imports_the_simulator_but_the_cli_entries_lazily():
+    """The simulator (gpubox.simbox) imports the areas directly; the product imports it only in the
+    `gpubox sim` / `gpubox demo` commands, inside the function that builds the box."""
+    importers = sim_importers(G)
+    assert {e.split(" -> ")[0] for e in importers} == SIM_ENTRIES
+    assert sim_importers(LOAD) == []
+    # and no string hook is left between the simulator and the areas
+    sim_files = [p for m, p in module_files().items() if area_of(m) == "sim"]
+    assert not [p for p in sim_files if "areas.hook" in p.read_text()]
+    assert (
+        "gpubox.hwtune.numa" in G["gpubox.simbox.persist"]
+        and "gpubox.areas" not in G["gpubox.simbox.persist"]
+    )
+
+
+def _payloads() -> dict[str, str]:
+    """Every source gpubox pipes into `python3 -` on a box (the container or the Proxmox host)."""
+    from gpubox.hwtune import probe, topology
+    from gpubox.provision import cuda_probe, stage
+
+    return {
+        "provision/cuda_probe.py": Path(cuda_probe.__file__).read_text(),
+        "provision/stage.py payload()": stage.payload(),
+        "hwtune/probe.py": Path(probe.__file__).read_text(),
+        "hwtune/nvml_probe.py": topology.PROBE_SOURCE.read_text(),
+    }
+
+
+def _simulator_code(src: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            found += [f"import {n}" for n in names if "simbox" in n or n.startswith("sim")]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name.lower().startswith(
+            ("sim", "_sim")
+        ):
+            found.append(f"def {node.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "GPUBOX_SIM" in node.value:
+            found.append(f"reads {node.value}")
+    return found
+
+
+def test_the_payloads_shipped_to_a_box_hold_no_simulator_code():
+    payloads = _payloads()
+    assert all(payloads.values())
+    assert {name: _simulator_code(src) for name, src in payloads.items()} == {n: [] for n in payloads}
+    # the check finds what it forbids: the probe as it was before the simulation moved out
+    assert _simulator_code("import os\ndef sim_env(d):\n    return os.environ.get('GPUBOX_SIM')\n") == [
+        "def sim_env",
+        "reads GPUBOX_SIM",
+    ]
 
 
 def test_no_import_cycles():
@@ -44,3 +119,10 @@ def test_the_checks_catch_what_they_forbid():
     }
     assert cycles(g) == [["gpubox.bench.b", "gpubox.hwtune.a"]]
     assert layer_violations(g) == ["gpubox.hwtune.a -> gpubox.bench.b", "gpubox.x -> gpubox.hwtune.a"]
+    # the simulator: an area importing it is an upward import; a CLI entry only inside a function
+    g = {"gpubox.bench.b": {"gpubox.simbox.x"}, "gpubox.cli_sim": {"gpubox.simbox"}, "gpubox.simbox.x": set()}
+    assert layer_violations(g, {"gpubox.cli_sim": set()}) == ["gpubox.bench.b -> gpubox.simbox.x"]
+    assert layer_violations(g, {"gpubox.cli_sim": {"gpubox.simbox"}}) == [
+        "gpubox.bench.b -> gpubox.simbox.x",
+        "gpubox.cli_sim -> gpubox.simbox",
+    ]

@@ -105,7 +105,7 @@ def test_unknown_mode_is_bad_input(hd):
 
 
 def test_proc_devices_real_h200_layout():
-    # Read off a real GPU machine (FACTS.md): two names share 195; block majors do not leak in.
+    # Read off a real GPU machine (docs/facts.md): two names share 195; block majors do not leak in.
     text = (
         "Character devices:\n  1 mem\n195 nvidia\n195 nvidiactl\n238 nvidia-uvm\n239 nvidia-nvswitch\n"
         "240 nvidia-nvlink\n241 nvidia-caps\n242 nvidia-caps-imex-channels\n253 tpm\n\n"

@@ -19,9 +19,9 @@ from tests.clirun import gpubox
 PROBE = cuda_probe.__file__
 
 
-def _run_probe(env, *nodes):
+def _run_probe(env, *nodes, python=sys.executable):
     r = subprocess.run(
-        [sys.executable, "-", *nodes],
+        [str(python), "-", *nodes],
         input=open(PROBE).read(),
         capture_output=True,
         text=True,
@@ -58,7 +58,8 @@ def test_sim_classifies_enxio_eperm_enoent(tmp_path):
     mknod(sim.cpath("/dev/nvidia-uvm"), 508, 0)
     mknod(sim.cpath("/dev/nvidia-uvm-tools"), 509, 1)  # no rule for 509
     os.unlink(sim.cpath("/dev/nvidia-modeset"))
-    res = _run_probe(_sim_env(sim), "/dev/nvidia-modeset")
+    # the simulated container's python3 (gpubox/simbox/cuda.py) runs the shipped source's run()
+    res = _run_probe(_sim_env(sim), "/dev/nvidia-modeset", python=sim.bin_dir / "python3")
     assert res["nodes"] == {
         "/dev/nvidiactl": "ok",
         "/dev/nvidia0": "ok",
@@ -66,7 +67,7 @@ def test_sim_classifies_enxio_eperm_enoent(tmp_path):
         "/dev/nvidia-uvm-tools": "EPERM",
         "/dev/nvidia-modeset": "ENOENT",
     }
-    assert res["cuinit"] == 999 and res["cuinit_name"] == "CUDA_ERROR_UNKNOWN"
+    assert res["cuinit"] == 999 and res["cuinit_name"] == "CUDA_ERROR_UNKNOWN" and res["simulated"] is True
     found = {c: (why, fix) for c, why, fix in cuda_probe.diagnose(res, "ct200")}
     assert "--restart always" in found["ENXIO"][1]
     assert "lxc-cgroup" in found["EPERM"][1] and "nvidia-modprobe" in found["ENOENT"][1]
@@ -115,3 +116,20 @@ def test_fix_over_real_ssh_to_the_proxmox_host(tmp_path, capsys, sshd, monkeypat
     assert "c 511:* rwm" in sim.hpath("/etc/pve/lxc/200.conf").read_text()
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "fix", "ct200", "--yes", "--json")
     assert rc == 0 and json.loads(out)["changed"] is False
+
+
+def test_the_simulated_python3_runs_every_other_script_unchanged(tmp_path):
+    """Only the probe's exact source gets the simulated reads; any other script (the probe with one
+    byte changed included) runs with the real python3 that comes next on PATH, stdin and args kept."""
+    sim = build(tmp_path / "box", [], gpus=1)
+    py = sim.bin_dir / "python3"
+    script = "import sys; print(sys.argv[1:], sys.stdin.read() == '', sys.executable != '')"
+    r = subprocess.run([py, "-", "a", "b"], input=script, capture_output=True, text=True, env=_sim_env(sim))
+    assert r.returncode == 0 and r.stdout.strip() == "['a', 'b'] True True", r.stderr
+    r = subprocess.run([py, "-c", "import sys; sys.exit(3)"], env=_sim_env(sim), timeout=60)
+    assert r.returncode == 3
+    changed = open(PROBE).read() + "\n# not the shipped probe\n"
+    r = subprocess.run(
+        [py, "-"], input=changed, capture_output=True, text=True, env=_sim_env(sim), timeout=60
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)["simulated"] is False

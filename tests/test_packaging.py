@@ -17,7 +17,7 @@ FOLDERS = ("gpubox", "bench", "provision", "hwtune")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """Built like the install role builds it: `pip wheel --no-build-isolation` on a copy of the
-    checkout (symlinks kept, as a clone has them), with this interpreter's setuptools."""
+    checkout (as a clone has it), with this interpreter's setuptools."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     shutil.copytree(
@@ -141,7 +141,8 @@ def test_no_module_in_the_wheel_imports_the_old_top_level_names(wheel):
 
 def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, tmp_path):
     """A checkout masks a forgotten old name (the folders are importable from it); an installed wheel
-    does not. Every PROVIDERS entry of recover must import from the wheel with the old names blocked."""
+    does not. Every module of the pipeline (gpubox.areas.PIPELINE) must import from the wheel with the old
+    names blocked."""
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -168,10 +169,10 @@ def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, 
         "        if name.split('.')[0] in ('bench', 'provision', 'hwtune'):\n"
         "            raise ModuleNotFoundError(f'old top-level name imported: {name}', name=name)\n"
         "sys.meta_path.insert(0, Block()); sys.path.insert(0, sys.argv[1])\n"
-        "import gpubox.provision.recover as r, gpubox.cli as c\n"
-        "for m in r.PROVIDERS: importlib.import_module(m)\n"
+        "import gpubox.provision.recover, gpubox.areas as r, gpubox.cli as c\n"
+        "for m in r.PIPELINE: importlib.import_module(m)\n"
         "for t in c.COMMANDS.values(): importlib.import_module(t.split(':')[0])\n"
-        "print(len(r.PROVIDERS), len(c.COMMANDS))\n"
+        "print(len(r.PIPELINE), len(c.COMMANDS))\n"
     )
     r = subprocess.run(
         [sys.executable, "-I", "-c", code, str(target)],
@@ -181,3 +182,50 @@ def test_installed_wheel_finds_every_step_provider_without_the_old_names(wheel, 
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """package-dir maps gpubox.bench -> bench/ etc.; `packages` must then name every subpackage (a
+    folder left out would be missing from the wheel but still import from a checkout)."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {"gpubox.bench.report.templates"}  # the report templates: data only, listed on purpose
+    for pkg, folder in cfg["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((pkg, *rel)))
+    assert set(cfg["packages"]) == found
+
+
+def test_the_checkout_has_no_symlinks():
+    """The area folders map through package-dir and the Ansible collection is a real folder: a
+    clone on any filesystem (or a zip of it) has the same tree."""
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-s"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    links = [line.split("\t", 1)[1] for line in out.stdout.splitlines() if line.startswith("120000 ")]
+    assert links == []
+
+
+@pytest.mark.parametrize(
+    "how", ["editable, cwd = checkout", "editable, cwd elsewhere", "checkout on sys.path"]
+)
+def test_the_areas_import_from_a_checkout(how, tmp_path):
+    """gpubox.bench & co. import from this checkout three ways: through the editable install's
+    finder (with the checkout's ./gpubox first on sys.path, and from another folder), and with no
+    install at all (the editable finder removed; the checkout on sys.path, as PYTHONPATH=$PWD does)."""
+    code = "import gpubox.bench.client, gpubox.bench.report, gpubox.hwtune.numa, gpubox.provision.stage\n"
+    code += "print(gpubox.bench.client.__file__)\n"
+    argv, cwd = [sys.executable, "-c", code], ROOT
+    if how == "editable, cwd elsewhere":
+        cwd = tmp_path
+    elif how == "checkout on sys.path":  # the editable finder taken out, as without any install
+        drop = "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]"
+        argv = [sys.executable, "-c", f"import sys; {drop}; sys.path.insert(0, {str(ROOT)!r})\n" + code]
+        cwd = tmp_path
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd)
+    if how.startswith("editable") and r.returncode != 0 and "No module named 'gpubox'" in r.stderr:
+        pytest.skip("gpubox is not installed in this interpreter (./install.sh --dev)")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == str(ROOT / "bench" / "client.py")

@@ -73,7 +73,7 @@ def test_failed_tp8_point_gives_no_scaling_claim_but_is_reported():
 def test_numa_reason_only_when_facts_show_two_nodes():
     d = doc("seed-after")
     for g in d["facts"]["gpus"]:
-        g["numa_node"] = -1  # FACTS: -1 means unknown, not node 0
+        g["numa_node"] = -1  # docs/facts.md: -1 means unknown, not node 0
     slow = by_id(findings([run_of(d)]))["tp_larger_slower"][0]
     assert "TP8 is 6.1% slower than TP4" in slow.text and "NUMA" not in slow.text
 

@@ -16,7 +16,7 @@ from gpubox.simbox import build
 
 FIX = Path(__file__).parent / "fixtures" / "history"
 PROM = "/var/lib/prometheus/node-exporter/gpubox_ct200.prom"
-# The seed's reference figures (FACTS.md), as a real box's inventory would expect them.
+# The seed's reference figures (docs/facts.md), as a real box's inventory would expect them.
 EXPECT = {
     "tolerance": 0.10,
     "tok_s": {

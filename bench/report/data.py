@@ -121,7 +121,7 @@ class Run:
         return sorted(seen.values(), key=lambda t: method_order(*t))
 
     def gpu_numa(self) -> dict[int, int | None]:
-        """GPU index -> NUMA node from the facts; -1 or missing means unknown (FACTS: numa_node -1)."""
+        """GPU index -> NUMA node from the facts; -1 or missing means unknown (docs/facts.md "A real GPU machine")."""
         out = {}
         for g in self.facts.get("gpus") or []:
             if isinstance(g, dict) and isinstance(g.get("index"), int):

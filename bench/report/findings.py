@@ -15,7 +15,7 @@ from .data import Measurement, Run, method_name, method_order
 
 FLAT_PCT = 5.0  # auto within this spread across TP is "flat"
 TP_DIFF_PCT = 2.0  # a larger TP this much slower/faster than a smaller one is worth saying
-DRIFT_PCT = 5.0  # acceptance length spread across TP above this is a drift (a red flag, FACTS)
+DRIFT_PCT = 5.0  # acceptance length spread across TP above this is a drift (a red flag: docs/facts.md "Serving benchmarks")
 LONG_CTX_X = 1.05  # ratio between TPs at long context worth saying
 PREFERRED_LEN = 1024  # the seed compared methods and TPs at 1024 output tokens
 
@@ -332,7 +332,7 @@ def concurrency(run: Run) -> list[Finding]:
 
 
 def acceptance(run: Run) -> list[Finding]:
-    """Mean acceptance length should not depend on TP (FACTS: a drift is a red flag)."""
+    """Mean acceptance length should not depend on TP (docs/facts.md "Serving benchmarks")."""
     L, out = ref_len(run), []
     for lab, meth, bud in spec_labels(run):
         pts = []

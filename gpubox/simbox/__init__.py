@@ -27,7 +27,7 @@ from typing import Iterable
 
 from .core import SimBox, StandinError  # noqa: F401
 
-PIECES = ["base", "lxc", "pci", "nccl", "model", "server", "persist", "gpulost"]
+PIECES = ["base", "lxc", "cuda", "pci", "nccl", "model", "server", "persist", "gpulost"]
 
 
 def _piece_modules():
@@ -43,7 +43,7 @@ def all_faults() -> dict[str, str]:
     return out
 
 
-# The seed's story (DESIGN.md): what a reboot did to the box.
+# The seed's story (docs/facts.md "The seed's story"): what a reboot did to the box.
 SEED_FAULTS = ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing", "shm_empty"]
 # What `gpubox demo` breaks: the seed's reboot plus a stopped container.
 DEMO_FAULTS = SEED_FAULTS + ["container_stopped"]

@@ -30,7 +30,7 @@ UVM_MAJOR, STALE_UVM_MAJOR = 511, 508
 CAPS_MAJOR = 235
 # Character devices of a Proxmox VE 9 host (kernel 6.14) with the NVIDIA open driver 580. The
 # dynamic range 254..234 is used up by other drivers and nvidia.ko's own regions, so nvidia-uvm,
-# loaded last, gets 511 (FACTS.md "Dynamic majors").
+# loaded last, gets 511 (docs/facts.md "Dynamic majors").
 PROC_DEVICES_CHAR = [
     (1, "mem"),
     (4, "/dev/vc/0"),

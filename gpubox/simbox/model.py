@@ -14,7 +14,8 @@ import random
 import struct
 from pathlib import Path
 
-from .. import areas
+from ..provision import safetensors_check
+from ..provision.stage import stage
 from .core import SimBox
 
 FAULTS = {
@@ -36,7 +37,7 @@ def write_safetensors(path: str | os.PathLike, tensors: list[tuple[str, str, lis
     bytes + the tensors back to back) so the benchmark can stream GB-sized shards without holding
     them in memory; tests load the result with the safetensors library to prove it is the real
     format. Returns the file size."""
-    DTYPE_BYTES = areas.hook("sim.safetensors").DTYPE_BYTES
+    DTYPE_BYTES = safetensors_check.DTYPE_BYTES
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape in tensors:
         n = DTYPE_BYTES[dtype]
@@ -134,7 +135,7 @@ def make_model(
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    stage = areas.hook("sim.stage").stage  # the staging engine `gpubox stage` runs
+    # stage(): the staging engine `gpubox stage` runs
 
     make_model(sim.cpath(MODEL_SRC), MODEL_SHARDS, name="Qwen3.6-27B-sim", seed=1)
     make_model(sim.cpath(DRAFTER_SRC), DRAFTER_SHARDS, name="Qwen3.6-27B-DFlash-sim", tokenizer=False, seed=2)

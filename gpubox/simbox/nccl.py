@@ -8,7 +8,7 @@ silently) and a misspelled protocol token (which NCCL rejects at init).
 
 from __future__ import annotations
 
-from .. import areas
+from ..hwtune import nccl
 from .core import SimBox
 
 FAULTS = {
@@ -28,7 +28,7 @@ NCCL_DEBUG=WARN
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    nccl = areas.hook("sim.nccl")  # the files `gpubox tune nccl` writes, rendered by hwtune
+    # the files `gpubox tune nccl` writes, rendered by hwtune
     CONF_FILE, ENV_FILE, file_header, render = nccl.CONF_FILE, nccl.ENV_FILE, nccl.file_header, nccl.render
 
     sim.inventory_extra["container"]["gpubox_nccl_profile"] = PROFILE

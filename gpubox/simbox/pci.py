@@ -4,7 +4,7 @@ Each function directory holds a 4096-byte `config` (what the kernel exposes to r
 attribute files pciutils' linux-sysfs backend and the kernel provide (vendor, device, class,
 subsystem_*, irq, resource, numa_node, *_link_speed/width). The bytes are laid out so that the
 REAL `lspci -vvv -A linux-sysfs -O sysfs.path=<root>/sys/bus/pci` decodes them like a real box
-(FACTS "PCIe Device Control": DevCtl at CAP_EXP+8, MRRS bits 14:12, MPS bits 7:5), and the REAL
+(docs/facts.md "PCIe Device Control": DevCtl at CAP_EXP+8, MRRS bits 14:12, MPS bits 7:5), and the REAL
 `setpci` writes into the same file.
 
 Layout: per GPU a multi-function device BB:00 with function 0 = GPU (class 0x030200, 3D
@@ -38,7 +38,7 @@ ROOT_PORT = "0000:00:01.1"
 NO_CAP_BDF = "0000:e1:00.0"
 
 # Healthy DevCtl: MRRS 4096 (5<<12), ext tag (bit 8), MPS 256 (1<<5), relaxed ordering (bit 4),
-# fatal/non-fatal error reporting (bits 2,1) -- the H200 in FACTS read 0x5134.
+# fatal/non-fatal error reporting (bits 2,1) -- the H200 of docs/facts.md read 0x5134.
 DEVCTL_OK = 0x5136
 # mrrs_512: MRRS code 2 with assorted MPS and other bits, on some GPUs only.
 DEVCTL_512 = [0x2936, 0x2056, 0x2817, 0x2110]

@@ -8,7 +8,8 @@ why the reboot undid it — so each of those faults leaves its persistence out.
 
 from __future__ import annotations
 
-from .. import areas
+from ..hwtune import numa, pcie
+from ..provision import lxc
 from .core import SimBox
 
 FAULTS: dict[str, str] = {}
@@ -20,15 +21,13 @@ def build(sim: SimBox, faults: set[str]) -> None:
     from ..transport.local import LocalTransport
 
     if not faults & {"uvm_missing"}:
-        for path, text in areas.hook("sim.lxc").persist_files(sim.gpus).items():
+        for path, text in lxc.persist_files(sim.gpus).items():
             p = sim.hpath(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
     if not faults & {"numa_balancing", "no_numa_balancing"}:
-        numa = areas.hook("sim.numa")
         sim.hpath(numa.CONF).write_text(numa.conf_text(0))
     if not faults & {"mrrs_512", "lockdown"}:
-        pcie = areas.hook("sim.pcie")
         host = Host(HostEntry(sim.host, {"gpubox_root": str(sim.host_root)}), LocalTransport(sim.host))
         bdfs = [s.bdf for s in pcie.read_states(host) if s.devctl is not None]
         sim.hpath(pcie.UNIT_PATH).write_text(pcie.unit_text(bdfs, pcie.parse_mrrs(4096)))

@@ -1,7 +1,7 @@
-"""The simulated box's inference server: gpubox's SIMULATOR (bench.simserver) started through the
+"""The simulated box's inference server: gpubox's SIMULATOR (simbox.simserver) started through the
 benchmark's `custom` launcher path, with expectations that match the simulator.
 
-The simulator paces tokens in real time at `sim_speed` x the seed's rates (FACTS "Reference
+The simulator paces tokens in real time at `sim_speed` x the seed's rates (docs/facts.md "Reference
 figures"), so the expectations below are the seed's figures x sim_speed, and result documents say
 "simulated": true, "sim_speed": k.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import socket
 
-from .. import areas
 from .core import SimBox
 
 FAULTS = {
@@ -47,7 +46,7 @@ def build(sim: SimBox, faults: set[str]) -> None:
     cmd = [
         "{python}",
         "-m",
-        areas.hook_ref("sim.server"),
+        f"{__package__}.simserver",  # run with `python -m`, not imported here
         "--model",
         "{model}",
         "--drafter",

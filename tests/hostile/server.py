@@ -2,7 +2,7 @@
 
 http.server (stdlib) because a hostile server must be able to do what no framework lets it: write
 half a line, never end a body, trickle a byte at a time, send HTML where JSON belongs. Every other
-endpoint answers like a small vLLM (FACTS "Serving benchmarks": /v1/models, /tokenize, streamed
+endpoint answers like a small vLLM (docs/facts.md "Serving benchmarks": /v1/models, /tokenize, streamed
 completions with usage and [DONE]) so each case breaks exactly one thing.
 """
 

@@ -35,14 +35,12 @@ import sys
 from typing import Callable
 from urllib.parse import quote, unquote
 
-from ... import areas
 from ..core import SimBox, StandinError
 from ..devnodes import mknod
 
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"  # where a Perl `die` without "\n" says it died
 _HDR_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I)
 _HDR_SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I)
-_HDR = re.compile(r"^\[(pve:pending|[a-z][a-z0-9_\-]+)\]\s*$", re.I)
 _LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
 _KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
 # A few typed keys of Config.pm's $confdesc: check_type turns their values into 0/1 / integers,
@@ -184,25 +182,6 @@ def _pending_deletes(pend: dict) -> list[str]:
     return [d.lstrip("!") for d in re.split(r"[,;\s]+", str(pend.get("delete", ""))) if d.strip()]
 
 
-def main_section(sim: SimBox, vmid: int) -> list[tuple[str, str]]:
-    """The main section's (key, value) pairs in file order (lxc.* included)."""
-    path = _conf_file(sim, vmid)
-    if not path.exists():
-        raise StandinError(
-            f"Configuration file 'nodes/{sim.host}/lxc/{vmid}.conf' does not exist", _TASK_FAIL
-        )
-    out = []
-    for line in path.read_text().splitlines():
-        if _HDR.match(line):
-            break
-        if line.startswith("#") or not line.strip():
-            continue
-        m = _LXC.match(line) or _KEY.match(line)
-        if m:
-            out.append((m.group(1), m.group(m.lastindex)))
-    return out
-
-
 # -- container state ---------------------------------------------------------------------------
 
 
@@ -296,7 +275,8 @@ def _refuse_like_lxc(sim: SimBox, vmid: int, conf: dict) -> list[str]:
     """Fail where the real start fails, from the one start model (provision.lxcmodel, written from
     lxc cgfsng.c / cgroup2_devices.c and lxc-pve-autodev-hook): an unparsable device rule, a devN node
     that a mount entry already put in place (EEXIST). Lines as print_ct_stderr_log shows them."""
-    lxcmodel = areas.hook("sim.lxcmodel")
+    from ...provision import lxcmodel  # here, not at the top: every `pct` stand-in call imports this module
+
     StartModel, host_rdev_under = lxcmodel.StartModel, lxcmodel.host_rdev_under
     entries = [(None, k, str(v)) for k, v in conf.items() if re.match(r"^dev\d+$", k)]
     entries += [(None, "unprivileged", str(conf.get("unprivileged", 0)))]

@@ -2,7 +2,7 @@
 # -*- coding: utf-8 -*-
 """Ansible module: run one gpubox action (doctor, recover, tune, stage, bench) for one box.
 
-A thin adapter over the gpubox library (DESIGN.md "One library, two front ends"): it builds the
+A thin adapter over the gpubox library (docs/architecture.md "One library, every front end"): it builds the
 same Box/HostEntry objects the CLI builds from the inventory, then calls the same functions the
 CLI calls (provision.recover.doctor/recover, hwtune.steps, provision.stage_step.steps,
 bench.runner.run_box). No check, plan or repair logic lives here.

@@ -7,8 +7,8 @@ vLLM serving Qwen3.6-27B with DFlash/DDTree speculative decoding on the seed box
 - endpoints: /health, /v1/models, /tokenize, /metrics, /v1/completions, /v1/chat/completions
   (SSE streaming, `stream_options.include_usage` final usage chunk, `data: [DONE]`);
 - HTTP 400 in vLLM's error JSON shape when prompt + max_tokens exceeds max_model_len
-  (FACTS "Serving benchmarks": the seed's 25k-context failure);
-- decode rates from the seed's reference figures (FACTS "Reference figures"), with TP, output-length,
+  (docs/facts.md "Serving benchmarks": the seed's 25k-context failure);
+- decode rates from the seed's reference figures (docs/facts.md "Reference figures"), with TP, output-length,
   concurrency and long-context effects; speculative methods emit several tokens per SSE chunk and
   count vllm:spec_decode_* on /metrics like vLLM does;
 - `--speed K` multiplies every simulated rate (and divides every delay) so tests finish quickly.
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# -- the performance model (FACTS "Reference figures", Qwen3.6-27B, 8x RTX PRO 6000, PCIe) ------------
+# -- the performance model (docs/facts.md "Reference figures", Qwen3.6-27B, 8x RTX PRO 6000, PCIe) ------------
 # single-stream decode tok/s at 1024 output tokens, per TP size
 BASE_1024 = {
     "auto": {1: 26.6, 4: 37.8, 8: 37.6},
@@ -94,7 +94,7 @@ def decode_rate(method: str, budget: int, tp: int, out_len: int, active: int, ct
     return r
 
 
-# -- the tuning state and its effect (FACTS "Reference figures") ---------------------------------------
+# -- the tuning state and its effect (docs/facts.md "Reference figures") ---------------------------------------
 # On the seed box, tuning (NCCL variables + MaxReadReq 4096 + NUMA balancing off) gave +7.5% single
 # stream (DDTree b15, 256 tok) and +18.5% under concurrency. The seed measured the three together,
 # so there is no figure per knob: each gets an equal third of the log-gain (an assumption, stated in
@@ -109,7 +109,9 @@ MRRS_TUNED = 4096
 # What pays on the seed's PCIe 2-NUMA hardware (hwtune/profiles/pcie-2numa.yaml): the hardware's
 # truth, so the simulator does not read the profile it is judging.
 NCCL_TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MIN_CTAS": "8"}
-NCCL_ALIASES = {"NCCL_MIN_CTAS": ("NCCL_MIN_NCHANNELS",)}  # deprecated since 2.17 (FACTS NCCL)
+NCCL_ALIASES = {
+    "NCCL_MIN_CTAS": ("NCCL_MIN_NCHANNELS",)
+}  # deprecated since 2.17 (docs/facts.md "NCCL environment")
 NCCL_TOKENS = {
     "NCCL_ALGO": {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"},
     "NCCL_PROTO": {"ll", "ll128", "simple"},
@@ -135,7 +137,7 @@ def read_devctl(config: bytes) -> int | None:
 
 def gpu_functions(host_root: Path) -> list[tuple[str, int | None]]:
     """(BDF, MaxReadReq bytes or None) of the NVIDIA GPU functions (class 0300/0302, never the
-    audio function; FACTS "PCIe Device Control"), in nvidia-smi order (PCI bus id)."""
+    audio function; docs/facts.md "PCIe Device Control"), in nvidia-smi order (PCI bus id)."""
     out = []
     base = host_root / PCI_DEVICES
     for d in sorted(base.iterdir()) if base.is_dir() else []:
@@ -173,7 +175,7 @@ def _conf_file(path: Path) -> dict[str, str]:
 
 def nccl_settings(env: dict[str, str], root: Path | None) -> dict[str, tuple[str, str]]:
     """name -> (value, source) as NCCL itself sees them: the process environment wins, then
-    $NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf (FACTS "NCCL environment"); files are
+    $NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf (docs/facts.md "NCCL environment"); files are
     read inside the server's root."""
     out = {k: (v, "environment") for k, v in env.items() if k.startswith("NCCL_")}
     if root is None:
@@ -187,7 +189,7 @@ def nccl_settings(env: dict[str, str], root: Path | None) -> dict[str, tuple[str
 
 
 def nccl_fatal(settings: dict[str, tuple[str, str]]) -> str | None:
-    """NCCL rejects bad NCCL_ALGO/NCCL_PROTO tokens at init (FACTS); a misspelled name is ignored."""
+    """NCCL rejects bad NCCL_ALGO/NCCL_PROTO tokens at init (docs/facts.md "NCCL environment"); a misspelled name is ignored."""
     for name, allowed in NCCL_TOKENS.items():
         if name not in settings:
             continue
@@ -740,7 +742,7 @@ class Handler:
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m gpubox.bench.simserver",
+        prog="python -m gpubox.simbox.simserver",
         description="gpubox SIMULATOR of a vLLM OpenAI-compatible server (no GPU).",
     )
     p.add_argument("--model", default="/dev/shm/Qwen3.6-27B")
