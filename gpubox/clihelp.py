@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .context import Context
+from .context import PERSIST_DEFAULT, Context
 from .output import console, print_json, render_report
 from .steps import RunReport
 
@@ -15,6 +15,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Check and plan only: show the exact diff/commands, change nothing."
 )
+
+
+def persist_option(help_text: str = "Host repairs survive the next reboot (boot files)."):
+    return click.option("--persist/--no-persist", default=PERSIST_DEFAULT, show_default=True, help=help_text)
 
 
 def state(ctx: click.Context):

@@ -12,15 +12,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpubox.clihelp import box_context, dry_run_option, emit, json_option
+from gpubox.clihelp import persist_option as persist_opt
 from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json
 from gpubox.pipeline import run_steps
 
 from . import steps as hw_steps
 
-persist_option = click.option(
-    "--persist", is_flag=True, help="Also make it survive reboots (boot unit / sysctl.d)."
-)
+persist_option = persist_opt("Also make it survive reboots (boot unit / sysctl.d).")
 
 
 def _run(
@@ -71,7 +70,7 @@ def tune() -> None:
 
 @tune.command("check")
 @click.argument("box")
-@click.option("--persist", is_flag=True, help="Also check that the settings are persisted for the next boot.")
+@persist_opt("Also check that the settings are persisted for the next boot.")
 @json_option
 @click.pass_context
 def tune_check(ctx, box, persist, as_json):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from gpubox.context import PERSIST_DEFAULT
 from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 
 from .pcie import (
@@ -88,14 +89,14 @@ class PcieMrrsStep(Step):
     where = "host"
 
     def options(self, ctx) -> MrrsOptions:
-        return MrrsOptions(_target(ctx), bool(ctx.opt("persist")), ctx.box.name)
+        return MrrsOptions(_target(ctx), bool(ctx.opt("persist", PERSIST_DEFAULT)), ctx.box.name)
 
     def gather(self, ctx) -> MrrsFacts:
         facts = MrrsFacts(gather_devices(ctx))
         if not facts.devices:
             return facts
         facts.lockdown = ctx.fact(Lockdown)
-        if ctx.opt("persist"):
+        if ctx.opt("persist", PERSIST_DEFAULT):
             facts.unit = ctx.fact(UnitFile)
             if facts.unit:
                 facts.unit_enabled = ctx.fact(UnitEnabled)

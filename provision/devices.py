@@ -200,6 +200,30 @@ def host_devices(scan: DeviceScan) -> HostDevices:
     return hd
 
 
+# What a plan made before host-devices has loaded nvidia-uvm writes where the uvm major goes: the
+# kernel assigns that major only at the module load (a dynamic one), so the plan cannot name it.
+UVM_PENDING = "<nvidia-uvm major, read after modprobe>"
+
+
+def predicted_dynamic_major(registered: set[int]) -> int | None:
+    """The major the kernel gives the next dynamic char device: the highest free of 254..234, else
+    of 511..384 (linux fs/char_dev.c find_dynamic_major). A prediction only: another driver that
+    registers first takes it, which is why apply reads the real one."""
+    for m in [*range(254, 233, -1), *range(511, 383, -1)]:
+        if m not in registered:
+            return m
+    return None
+
+
+def with_uvm_major(hd: HostDevices, major: int) -> HostDevices:
+    """`hd` as it is once nvidia-uvm holds `major`: the uvm nodes are wanted at it."""
+    nodes = [
+        Node(n.path, (major, UVM_NODES[n.path]), n.have, n.is_char, n.required) if n.path in UVM_NODES else n
+        for n in hd.nodes
+    ]
+    return HostDevices({**hd.majors, "nvidia-uvm": major}, hd.gpus, nodes)
+
+
 def read_host_devices(host, gpus: int | None = None) -> HostDevices:
     """Read /proc/devices and stat the NVIDIA nodes under the host's root."""
     return host_devices(DeviceScanFact.read(host, gpus))
