@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -122,6 +123,29 @@ def usage_line(exc: click.UsageError) -> str:
     return f"{path}: error: {msg} (see '{path} --help')"
 
 
+def interrupted(exc: BaseException) -> None:
+    """Ctrl-C anywhere: what was already changed (when steps ran), then exit 130 at once.
+
+    os._exit, not sys.exit: a pipeline lane may be blocked in a prompt's read of stdin (the
+    container restart asks in the lane that runs it); the interpreter's shutdown would then wait
+    for that stream's lock and abort ("Fatal Python error: _enter_buffered_busy", exit 134)."""
+    from .errors import Interrupted
+
+    while not isinstance(exc, Interrupted) and (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__  # click re-raises Ctrl-C as Abort from it
+    lines = exc.summary() if isinstance(exc, Interrupted) else []
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    msg = "\ngpubox: interrupted" + "".join(f"\n  {line}" for line in lines) + "\n"
+    try:
+        os.write(2, msg.encode(errors="replace"))
+    except OSError:
+        pass
+    os._exit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
     args = hoist_global_options(list(argv if argv is not None else sys.argv[1:]))
@@ -135,10 +159,9 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         click.echo(f"gpubox: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         # click turns Ctrl-C into Abort; either way it is SIGINT: 128 + 2, as shells report it.
-        click.echo("gpubox: interrupted", err=True)
-        sys.exit(130)
+        interrupted(exc)
     except click.UsageError as exc:
         click.echo(usage_line(exc), err=True)
         sys.exit(2)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from gpubox.clihelp import box_context, dry_run_option, emit, json_option
+from gpubox.clihelp import ask, box_context, dry_run_option, emit, json_option
 from gpubox.clihelp import persist_option as persist_opt
 from gpubox.pipeline import run_steps
 
@@ -74,7 +74,7 @@ def fix(click_ctx, box: str, dry_run: bool, restart: str, yes: bool, persist: bo
     if not as_json and not yes and sys.stdin.isatty():
 
         def confirm(question: str) -> bool:
-            return click.confirm(question, default=False, err=True)
+            return ask(question)
 
     _run(
         click_ctx,

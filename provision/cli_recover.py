@@ -10,7 +10,7 @@ import time
 import click
 from rich.markup import escape
 
-from gpubox.clihelp import box_context, json_option
+from gpubox.clihelp import ask, box_context, json_option
 from gpubox.output import console, print_json, render_report
 
 skip_option = click.option(
@@ -92,7 +92,7 @@ def recover(
     if not yes and not dry_run and sys.stdin.isatty():
 
         def confirm(question: str) -> bool:  # the container restart asks first unless --yes
-            return click.confirm(question, default=False, err=True)
+            return ask(question)
 
     c = box_context(
         ctx,
@@ -102,7 +102,7 @@ def recover(
         yes=yes,
         restart=restart,
         persist=persist,
-        profile=profile,
+        bench_profile=profile,
         confirm=confirm,
     )
     try:
