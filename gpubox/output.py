@@ -61,8 +61,23 @@ def render_report(
                 con.print(Syntax(s.diff, "diff", theme="ansi_dark", background_color="default"))
             for argv in s.commands:
                 con.print("  $ " + escape(" ".join(_q(a) for a in argv)))
-    verdict = "[green]ok[/]" if report.ok else "[red]problems remain[/]"
-    con.print(f"{escape(report.box)}: {verdict} ({report.seconds:.2f} s)")
+    con.print(recap_line(report))
+
+
+def recap_line(report: RunReport) -> str:
+    """The last line of every run, like Ansible's PLAY RECAP: the counts, then the verdict.
+    Skipped steps are counted apart and said, never folded into ok."""
+    counts = report.recap()
+    parts = " ".join(f"{k}={v}" for k, v in counts.items())
+    if report.ok:
+        verdict = "[green]ok[/]"
+        if counts["skipped"]:
+            verdict += f" [dim]({counts['skipped']} skipped: not checked, not counted as ok)[/]"
+    elif report.steps and all(s.status == SKIPPED for s in report.steps):
+        verdict = "[yellow]nothing checked[/] (every step skipped)"
+    else:
+        verdict = "[red]problems remain[/]"
+    return f"{escape(report.box)}: {verdict} ({report.seconds:.2f} s) recap: {parts}"
 
 
 def _q(a: str) -> str:
