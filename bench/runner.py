@@ -116,8 +116,10 @@ def run_url(
     tokenizer_dir: str | None = None,
     phase_timeout: float | None = None,
     overrides: dict[str, Any] | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """Measure an already running server at URL (no launch, no teardown).
+    """Measure an already running server at URL (no launch, no teardown). `model`: the model to
+    ask for (--model), needed where the server lists none.
 
     Without `box` the history is the server's own (server_identity: URL + model id)."""
     settings = settings or {}
@@ -129,7 +131,7 @@ def run_url(
     if method != "custom":
         parse_method(method)
     info = asyncio.run(
-        _server_info(url, phase_timeout or min(30.0, timeout))
+        _server_info(url, phase_timeout or min(30.0, timeout), model)
     )  # exit 2 with the cause when nothing sane answers
     box = box or server_identity(url, info.model)
     points = plan(prof)
@@ -171,6 +173,7 @@ def run_url(
                 on_point=step,
                 tokenizer_dir=tokenizer_dir or settings.get("tokenizer"),
                 learned=learned,
+                model=model,
             )
         )
     finally:
@@ -179,8 +182,8 @@ def run_url(
     return _finish(doc, expect, box, out_dir, baseline)
 
 
-async def _server_info(url: str, phase_timeout: float):
-    async with Client(url, timeout=min(phase_timeout, 10.0), phase_timeout=phase_timeout) as c:
+async def _server_info(url: str, phase_timeout: float, model: str | None = None):
+    async with Client(url, timeout=min(phase_timeout, 10.0), phase_timeout=phase_timeout, model=model) as c:
         try:
             return await c.server_info()
         except GpuboxError as exc:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from gpubox import areas
 from gpubox.errors import GpuboxError
 from gpubox.pipeline import Node, run_pipeline
@@ -140,11 +142,12 @@ def _progress(ctx):
     }
 
     def start(node):
-        con.print(f"[dim]…[/] {node.name} ({node.step.host_name(ctx)})")
+        con.print(f"[dim]…[/] {escape(node.name)} ({escape(node.step.host_name(ctx))})")
 
     def done(res: StepResult):
+        # the whole detail, wrapped by the console: a cut at a fixed length stopped mid-word
         con.print(
-            f"  {sym.get(res.status, res.status)} {res.name}: {res.detail[:160]} [dim]({res.seconds:.2f} s)[/]"
+            f"  {sym.get(res.status, res.status)} {res.name}: {escape(res.detail)} [dim]({res.seconds:.2f} s)[/]"
         )
 
     return start, done
