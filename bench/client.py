@@ -134,6 +134,10 @@ class Request:
         return p
 
 
+class ModelNotNamed(GpuboxError):
+    """A server answers but the model to ask for is not known (none listed, or not the one named)."""
+
+
 class ServerInfo:
     """What the client learned about the server: model id and context window."""
 
@@ -352,7 +356,7 @@ class Client:
             models = self._model_list(d, raw, fix)
             if not models:
                 if not named:
-                    raise GpuboxError(
+                    raise ModelNotNamed(
                         f"{self.base}/v1/models lists no model ({' '.join(raw[:60].decode(errors='replace').split())})",
                         "name the model the server loaded: --model NAME (e.g. the directory it serves)",
                     )
@@ -362,7 +366,7 @@ class Client:
             if self.model:
                 m = next((m for m in models if m[0] == self.model), None)
                 if m is None:
-                    raise GpuboxError(
+                    raise ModelNotNamed(
                         f"{self.base} does not serve model {self.model!r} (it lists: "
                         f"{', '.join(x[0] for x in models[:5])})",
                         "give --model one of those, or leave --model out",

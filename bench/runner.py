@@ -17,7 +17,7 @@ from typing import Any
 from gpubox.errors import GpuboxError
 
 from . import results
-from .client import Client
+from .client import Client, ModelNotNamed
 from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
@@ -186,6 +186,8 @@ async def _server_info(url: str, phase_timeout: float, model: str | None = None)
     async with Client(url, timeout=min(phase_timeout, 10.0), phase_timeout=phase_timeout, model=model) as c:
         try:
             return await c.server_info()
+        except ModelNotNamed:
+            raise  # the server answers: its own message says what to name
         except GpuboxError as exc:
             raise GpuboxError(
                 f"no OpenAI-compatible server answers at {url}: {exc.problem}",
