@@ -84,11 +84,19 @@ def run_box(
     for m in methods:
         parse_method(m)  # bad input fails before anything starts
     gpus_total = int(ctx.box.var("gpubox_gpus", 0) or 0)
+    allowed = allowed_tps(gpus_total)
     for tp in tps:
         if tp < 1 or (gpus_total and tp > gpus_total):
             raise GpuboxError(
                 f"TP {tp} needs {tp} GPUs but {ctx.box.name} has {gpus_total}",
-                f"use --tp with values 1..{gpus_total}",
+                f"use --tp with values the box allows: {', '.join(map(str, allowed))}"
+                if allowed
+                else "use --tp with a positive number",
+            )
+        if allowed and tp not in allowed:
+            raise GpuboxError(
+                f"TP {tp} does not divide the {gpus_total} GPUs of {ctx.box.name}",
+                f"use --tp with values the box allows: {', '.join(map(str, allowed))}",
             )
     out = Path(out_dir) if out_dir else results.default_out_dir()
     if getattr(ctx.container.transport, "is_local", False):
@@ -98,6 +106,13 @@ def run_box(
 
         doc = run_remote(ctx, name, prof, tps, methods, settings, out, progress=_progress)
     return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
+
+
+def allowed_tps(gpus: int) -> list[int]:
+    """TP sizes a box of `gpus` GPUs allows: those whose groups tile it (the divisors of the GPU
+    count: 1, 2, 4, 8 on 8 GPUs), so TP groups never straddle a remainder; [] when the count is
+    not known (then only TP > 0 is checked)."""
+    return [n for n in range(1, gpus + 1) if gpus % n == 0] if gpus > 0 else []
 
 
 def run_url(

@@ -36,6 +36,18 @@ class LazyGroup(click.Group):
                 pass
         return sorted(names)
 
+    def resolve_command(self, ctx, args):
+        """click's own did-you-mean looks in `self.commands`, which a lazy group leaves empty:
+        suggest from the registered names instead (`gpubox docter` -> 'doctor')."""
+        name = click.utils.make_str(args[0])
+        if self.get_command(ctx, name) is None and not name.startswith("-"):
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=2, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
         if target is None:

@@ -184,6 +184,9 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     finally:
         c.close()
     secs = time.monotonic() - t0
+    # The demo's box is healthy now, so a dry run on it has nothing to show: with --keep, a second
+    # box with the same faults stays beside it to practise on (recover --dry-run, then recover).
+    practice = build(str(sim.dest / "practice"), chosen) if keep else None
     if as_json:
         doc = outcome.to_dict()
         doc.update(
@@ -193,6 +196,7 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
                 "doctor_before_ok": before.ok,
                 "doctor_after_ok": after.ok,
                 "demo_seconds": round(secs, 2),
+                "practice_inventory": str(practice.inventory_path) if practice else None,
             }
         )
         print_json(doc)
@@ -203,4 +207,26 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
             f"demo took {secs:.1f} s; inventory: {sim.inventory_path}"
             + ("" if keep else " (temporary: use --keep DIR to keep it)")
         )
+        for line in practice_lines(practice, chosen):
+            con.print(line)
     sys.exit(0 if (outcome.exit_code == 0 and after.ok) else 1)
+
+
+def practice_lines(practice, faults) -> list[str]:
+    """What to type next: the kept faulty box's commands, or the command that makes one."""
+    import shlex
+
+    if practice is None:
+        cmd = "gpubox sim create /tmp/gpubox-practice" + "".join(f" --fault {shlex.quote(f)}" for f in faults)
+        return [
+            "a faulty box to practise on: "
+            + escape(cmd)
+            + " && gpubox -i /tmp/gpubox-practice/inventory.yml recover ct200 --dry-run"
+        ]
+    inv = shlex.quote(str(practice.inventory_path))
+    return [
+        f"a box with the same faults to practise on: {escape(str(practice.dest))}",
+        f"  gpubox -i {escape(inv)} doctor {practice.box}",
+        f"  gpubox -i {escape(inv)} recover {practice.box} --dry-run",
+        f"  gpubox -i {escape(inv)} recover {practice.box}",
+    ]

@@ -32,7 +32,8 @@ GROUPS = areas.step_groups()
 
 
 class _DoctorBench(Step):
-    """The bench step as doctor sees it: a missing or old result is no fault of the box."""
+    """The bench step as doctor sees it: a missing or old result is no fault of the box, and no
+    health either: it is skipped (not measured), never counted as ok."""
 
     def __init__(self, inner: Step):
         self.inner = inner
@@ -42,7 +43,7 @@ class _DoctorBench(Step):
     def check(self, ctx):
         f = self.inner.check(ctx)
         if f.status == "drift" and "verdict" not in evidence_dict(f.evidence):
-            f.status = "ok"
+            f.status = "skipped"
             f.detail += " (run `gpubox bench BOX` or `gpubox recover BOX` to measure)"
         return f
 
