@@ -165,7 +165,23 @@ def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
         facts["nccl_env"] = nccl_env(ctx)
     except GpuboxError:
         facts["nccl_env"] = {}
+    facts["pcie_mrrs"] = _mrrs(ctx)
     return facts
+
+
+def _mrrs(ctx) -> dict[str, int]:
+    """MaxReadReq in bytes per GPU function, read back from config space as measured (what the
+    report's appendix shows; {} where it cannot be read, e.g. no pciutils there)."""
+    try:
+        from gpubox.hwtune import pcie
+
+        out = {}
+        for st in pcie.read_states(ctx.host):
+            if st.devctl is not None and st.kind == "gpu":
+                out[st.bdf] = pcie.decode_devctl(st.devctl)["mrrs"]
+        return out
+    except Exception:  # a fact for the report only: never the reason a benchmark fails
+        return {}
 
 
 def measure_box(

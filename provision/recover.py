@@ -235,6 +235,28 @@ def headline(doc: dict[str, Any]) -> str:
     return f"decode@{out_len} tok/s TP{'/'.join(map(str, tps))}: " + ", ".join(parts)
 
 
+def repairs(report: RunReport) -> list[dict[str, Any]]:
+    """Each change this recover made (steps that ended fixed): what, where, the values set (the
+    step's before -> after detail) and the commands it ran."""
+    return [
+        {"step": s.name, "host": s.host, "detail": s.detail, "commands": s.commands}
+        for s in report.steps
+        if s.changed
+    ]
+
+
+def _record_repairs(outcome: Outcome) -> None:
+    """Put the repairs into the result document (its optional `repairs` key), so the report made
+    from it lists them next to the measurement they preceded."""
+    doc, path = outcome.bench, outcome.bench_path
+    doc["repairs"] = repairs(outcome.report)
+    p = Path(path) if path else None
+    if p is not None and p.is_file() and p.stem == doc.get("run_id"):
+        from gpubox.bench import results
+
+        results.write({k: v for k, v in doc.items() if k != "path"}, p.parent)  # atomic, validated
+
+
 def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
     from gpubox.bench import runner
     from gpubox.state import sub_dir
@@ -262,6 +284,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         return
     outcome.bench = doc
     outcome.bench_path = doc.get("path") or str(out)
+    _record_repairs(outcome)
     verdict = doc.get("verdict", {})
     reasons = "; ".join(r.get("message", "") for r in verdict.get("reasons", [])[:3])
     outcome.report.steps.append(
