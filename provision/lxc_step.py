@@ -490,7 +490,7 @@ class ContainerStep(Step):
             return Finding.drift(
                 detail,
                 cause="the live device cgroup denies them (rule missing/stale at start)",
-                repair="live-apply the rules with lxc-cgroup (no restart)",
+                repair=f"gpubox lxc fix {opts.box} (live-applies the rules with lxc-cgroup, no restart)",
                 plan=plan,
                 evidence=ev,
             )
@@ -498,7 +498,7 @@ class ContainerStep(Step):
         return Finding.drift(
             detail,
             cause="nodes missing or stale in the container (bound at start)",
-            repair="restart the container so LXC binds the host's current nodes",
+            repair=f"gpubox lxc fix {opts.box} (restarts the container so LXC binds the host's current nodes)",
             plan=self._restart_plan("reboot", facts, opts),
             evidence=ev,
         )
