@@ -23,6 +23,20 @@ UVM_NODES = {"/dev/nvidia-uvm": 0, "/dev/nvidia-uvm-tools": 1}
 _GPU_NODE = re.compile(r"^nvidia(\d+)$")
 
 
+def char_majors(text: str) -> frozenset[int]:
+    """Every major of the `Character devices:` block of /proc/devices."""
+    out, in_char = set(), False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.endswith(":"):
+            in_char = s == "Character devices:"
+            continue
+        parts = s.split(None, 1)
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            out.add(int(parts[0]))
+    return frozenset(out)
+
+
 def parse_proc_devices(text: str) -> dict[str, int]:
     """name -> major from the `Character devices:` block only (block majors can share names)."""
     out: dict[str, int] = {}
@@ -66,6 +80,9 @@ class HostDevices:
     majors: dict[str, int]  # every char device name in /proc/devices
     gpus: int
     nodes: list[Node] = field(default_factory=list)
+    # every char major registered, also those whose name another major has too (the H200's
+    # /proc/devices lists infiniband_verbs at 231 and 244): `majors` keeps one major per name
+    char_majors: frozenset[int] = frozenset()
 
     @property
     def frontend(self) -> int | None:
@@ -89,7 +106,7 @@ class HostDevices:
         return out
 
     def registered(self, major: int) -> bool:
-        return major in self.majors.values()
+        return major in self.majors.values() or major in self.char_majors
 
     def node(self, path: str) -> Node | None:
         return next((n for n in self.nodes if n.path == path), None)
@@ -180,7 +197,9 @@ class DeviceScanFact(Fact):
 
 def host_devices(scan: DeviceScan) -> HostDevices:
     """Pure: the host's devices from a scan (majors by name, wanted and present nodes)."""
-    hd = HostDevices(parse_proc_devices(scan.proc_devices), scan.gpus)
+    hd = HostDevices(
+        parse_proc_devices(scan.proc_devices), scan.gpus, char_majors=char_majors(scan.proc_devices)
+    )
     fe = hd.frontend
     want_fe = (lambda minor: (fe, minor)) if fe is not None else (lambda minor: None)
     paths: list[tuple[str, tuple[int, int] | None]] = [
@@ -221,7 +240,7 @@ def with_uvm_major(hd: HostDevices, major: int) -> HostDevices:
         Node(n.path, (major, UVM_NODES[n.path]), n.have, n.is_char, n.required) if n.path in UVM_NODES else n
         for n in hd.nodes
     ]
-    return HostDevices({**hd.majors, "nvidia-uvm": major}, hd.gpus, nodes)
+    return HostDevices({**hd.majors, "nvidia-uvm": major}, hd.gpus, nodes, hd.char_majors | {major})
 
 
 def read_host_devices(host, gpus: int | None = None) -> HostDevices:

@@ -310,7 +310,7 @@ class ContainerConfigStep(Step):
         recorded = set(facts.recorded)
         if hd.uvm is not None or hd.frontend is None:
             return review(conf, hd, opts.mode, _lookup(facts.rdev), recorded), None
-        taken = set(hd.majors.values()) | recorded
+        taken = set(hd.char_majors) | set(hd.majors.values()) | recorded
         predicted = predicted_dynamic_major(taken)
         stand = predicted
         while stand is not None and (str(stand) in facts.conf or stand in taken):
