@@ -155,7 +155,11 @@ def interrupted(exc: BaseException) -> None:
         os.write(2, msg.encode(errors="replace"))
     except OSError:
         pass
-    os._exit(130)
+    import threading
+
+    if threading.active_count() > 1:  # a lane (or a prompt in it) still runs: leave at once
+        os._exit(130)
+    sys.exit(130)
 
 
 def main(argv: list[str] | None = None) -> None:
