@@ -156,11 +156,12 @@ class HostDevicesStep(Step):
         """The plan's actions. First, when they load nvidia-uvm, container-config's finding as a
         dry run shows it now (its uvm rule at the major read after modprobe): container-config
         then checks that what it writes is that plan (ContainerConfigStep.check)."""
-        if any(isinstance(a, Run) and "-u" in a.argv for a in plan.actions):
+        memo = getattr(ctx, "memo", None)
+        if memo is not None and any(isinstance(a, Run) and "-u" in a.argv for a in plan.actions):
             try:
-                ctx.memo[SHOWN_CONFIG] = ContainerConfigStep().check(ctx)
+                memo[SHOWN_CONFIG] = ContainerConfigStep().check(ctx)
             except GpuboxError:
-                ctx.memo.pop(SHOWN_CONFIG, None)  # container-config reports that itself
+                memo.pop(SHOWN_CONFIG, None)  # container-config reports that itself
         super().apply(ctx, plan)
 
 
