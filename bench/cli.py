@@ -123,7 +123,7 @@ def bench() -> None:
 
     \b
       gpubox bench BOX [--profile health|full] [--tp 1,4,8] [--methods auto,ddtree:15] [--out DIR] [--json]
-      gpubox bench run --url URL [--tp N] [--method ddtree:15] [--profile health] [--json]
+      gpubox bench run --url URL [--model NAME] [--tp N] [--method ddtree:15] [--profile health] [--json]
 
     Exit status: 0 healthy, 1 degraded or failed, 2 bad input or could not run.
     """
@@ -155,6 +155,11 @@ def bench_box(ctx, box_name, profile, tp, methods, out, as_json):
 
 @bench.command("run")
 @click.option("--url", required=True, help="Base URL of a running OpenAI-compatible server.")
+@click.option(
+    "--model",
+    default=None,
+    help="The model to ask for (default: the first the server lists; needed where it lists none).",
+)
 @click.option("--box", "box_name", default=None, help="Inventory box whose expectations apply (optional).")
 @click.option("--tp", "tp", default=1, type=int, show_default=True, help="The TP size the server runs at.")
 @click.option(
@@ -185,6 +190,7 @@ def bench_box(ctx, box_name, profile, tp, methods, out, as_json):
 def bench_run(
     ctx,
     url,
+    model,
     box_name,
     tp,
     method,
@@ -228,5 +234,6 @@ def bench_run(
         console=None if as_json else console(stderr=True),
         tokenizer_dir=tokenizer,
         overrides={k: v for k, v in overrides.items() if v is not None},
+        model=model,
     )
     _emit(doc, as_json)

@@ -144,6 +144,8 @@ def status(ctx, box, on, mechanism, as_json) -> None:
         )
         if st["mechanism"] == "systemd":
             t.add_row("timer", f"{st.get('enabled')}, {st.get('active')}")
+        if st["installed"]:
+            t.add_row("next run", escape(st.get("next_run") or "not scheduled (timer inactive?)"))
         last = st["last_run"]
         if last:
             style = {"healthy": "green", "degraded": "yellow"}.get(last["status"], "bold red")
@@ -151,6 +153,7 @@ def status(ctx, box, on, mechanism, as_json) -> None:
                 "last run",
                 f"{last['started_at']}  [{style}]{last['status']}[/]  ({st['runs']} runs recorded)",
             )
+            t.add_row("recorded in", escape(str(last.get("recorded"))))
             for msg in last["reasons"]:
                 t.add_row("", escape(str(msg)))
         else:

@@ -134,6 +134,10 @@ class Request:
         return p
 
 
+class ModelNotNamed(GpuboxError):
+    """A server answers but the model to ask for is not known (none listed, or not the one named)."""
+
+
 class ServerInfo:
     """What the client learned about the server: model id and context window."""
 
@@ -270,8 +274,15 @@ class Client:
         max_connections: int = 256,
         phase_timeout: float = 30.0,
         tokenizer=None,
+        model: str | None = None,
+        fallback_model: str | None = None,
     ):
         self.base = base_url.rstrip("/")
+        # `model`: the model the user named (--model): used in every request, and where the server
+        # lists models it must be one of them. `fallback_model`: what the launcher started (its
+        # path), used only where the server lists none (transformers serve lists HF-cache repos
+        # only: a local directory gives {"data": []}).
+        self.model, self.fallback_model = model, fallback_model
         self.timeout = timeout
         self.phase_timeout = phase_timeout
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -318,28 +329,67 @@ class Client:
 
     # -- server facts ------------------------------------------------------------------------
     async def server_info(self) -> ServerInfo:
+        """The model to ask for and its context window, from /v1/models.
+
+        A server that lists no model (`{"data": []}`) or whose list fails (transformers serve 5.x
+        answers 500 without a Hugging Face cache) is still usable when the model is named
+        (`model` or `fallback_model`); requests then name it and the first one proves it."""
         if self.info is None:
             fix = "is an OpenAI-compatible server running at that URL?"
+            named = self.model or self.fallback_model
             try:
                 status, d, raw = await self.request_json("GET", "/v1/models")
             except (httpx.HTTPError, BadAnswer) as exc:
+                if self.model and isinstance(exc, BadAnswer):
+                    self.info = ServerInfo(self.model, None)
+                    self.note(f"/v1/models gave no answer ({exc}); using the model named: {self.model}")
+                    return self.info
                 raise GpuboxError(
                     f"{self.base}/v1/models did not answer: {type(exc).__name__}: {exc}", fix
                 ) from None
             if status != 200:
+                if named and status >= 400:
+                    self.info = ServerInfo(named, None)
+                    self.note(f"/v1/models answered {status}; using the model named: {named}")
+                    return self.info
                 raise GpuboxError(f"{self.base}/v1/models answered {_line_error(raw, status)}", fix)
-            try:
-                m = d["data"][0]
+            models = self._model_list(d, raw, fix)
+            if not models:
+                if not named:
+                    raise ModelNotNamed(
+                        f"{self.base}/v1/models lists no model ({' '.join(raw[:60].decode(errors='replace').split())})",
+                        "name the model the server loaded: --model NAME (e.g. the directory it serves)",
+                    )
+                self.info = ServerInfo(named, None)
+                self.note(f"/v1/models lists no model; using the model named: {named}")
+                return self.info
+            if self.model:
+                m = next((m for m in models if m[0] == self.model), None)
+                if m is None:
+                    raise ModelNotNamed(
+                        f"{self.base} does not serve model {self.model!r} (it lists: "
+                        f"{', '.join(x[0] for x in models[:5])})",
+                        "give --model one of those, or leave --model out",
+                    )
+                self.info = ServerInfo(*m)
+            else:
+                self.info = ServerInfo(*models[0])
+        return self.info
+
+    def _model_list(self, d: Any, raw: bytes, fix: str) -> list[tuple[str, int | None]]:
+        """(id, max_model_len) of each model in a /v1/models answer; a bad answer is an error."""
+        try:
+            out = []
+            for m in d["data"]:
                 model, mml = m["id"], m.get("max_model_len")
                 if not isinstance(model, str) or not model:
                     raise TypeError("id is not a string")
-                mml = _int(mml, "max_model_len") if mml is not None else None
-            except (KeyError, IndexError, TypeError, AttributeError, BadAnswer) as exc:
-                what = "not JSON" if d is None else f"no model list ({type(exc).__name__}: {exc})"
-                head = " ".join(raw[:60].decode(errors="replace").split())
-                raise GpuboxError(f"{self.base}/v1/models answered 200 but {what}: {head!r}", fix) from None
-            self.info = ServerInfo(model, mml)
-        return self.info
+                out.append((model, _int(mml, "max_model_len") if mml is not None else None))
+            return out
+        except (KeyError, IndexError, TypeError, AttributeError, BadAnswer) as exc:
+            what = "not JSON" if d is None else f"no model list ({type(exc).__name__}: {exc})"
+            head = " ".join(raw[:60].decode(errors="replace").split())
+            raise GpuboxError(f"{self.base}/v1/models answered 200 but {what}: {head!r}", fix) from None
 
     async def count(self, text: str) -> int:
         """Tokens in `text` as the server counts them (bench.sizing picks how)."""

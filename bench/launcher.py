@@ -284,8 +284,10 @@ class Server:
         port: int,
         log_path: Path | str,
         cwd: str | None = None,
+        model: str | None = None,
     ):
         self.argv, self.env, self.host, self.port = list(argv), dict(env), host, port
+        self.model = model  # what it serves: asked for when /v1/models lists nothing
         self.log_path = Path(log_path)
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
@@ -316,6 +318,7 @@ class Server:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=self.cwd,
+                preexec_fn=_die_with_parent(),
             )
         except OSError as exc:
             raise LaunchError(
@@ -349,34 +352,74 @@ class Server:
         )
 
     def wait_ready(self, timeout: float = 900.0, poll: float = 0.1) -> float:
-        """Poll until /v1/models answers 200 and /health is 200 or absent; seconds it took.
+        """Poll until the server serves; seconds it took.
 
-        /health is not universal (llama-cpp-python has none, docs/facts.md "Real servers"): a 404/405 there
-        means "no such endpoint", not "not ready"; a 5xx still means loading. The timeout error
-        names what each endpoint last answered."""
+        Ready = /health 200 or absent, and /v1/models lists a model. /health is not universal
+        (llama-cpp-python has none): a 404/405 there means "no such endpoint", not "not ready"; a
+        5xx still means loading. A server that lists no model (transformers serve 5.x lists only
+        Hugging Face cache repos: `{"data": []}` for a local directory, 500 without a cache) is
+        ready only once a one-token request for `model` answers 200: an answering HTTP port is
+        not a loaded model. The timeout error names what each endpoint last answered."""
         deadline = time.monotonic() + timeout
         seen = {"/health": "no answer", "/v1/models": "no answer"}
+        asked: dict[str, int | str] = {}  # a request for the named model, where none is listed
         with httpx.Client(timeout=2.0) as h:
             while True:
                 self._remember_children()
                 if not self.alive():
                     raise self.crashed("during start-up")
-                for path in seen:
+                listed = None
+                for path in list(seen):
                     try:
-                        seen[path] = h.get(self.url + path).status_code
+                        r = h.get(self.url + path)
+                        seen[path] = r.status_code
+                        if path == "/v1/models" and r.status_code == 200:
+                            listed = _listed(r)
                     except httpx.HTTPError as exc:
                         seen[path] = type(exc).__name__
-                if seen["/v1/models"] == 200 and seen["/health"] in (200, 404, 405):
+                health_ok = seen["/health"] in (200, 404, 405)
+                if health_ok and listed:
                     self.startup_s = time.monotonic() - self._t0
                     return self.startup_s
+                if health_ok and (listed == [] or seen["/v1/models"] in (404, 500)):
+                    if not self.model:
+                        raise LaunchError(
+                            f"the server lists no model (/v1/models {seen['/v1/models']}) and none is named",
+                            "set gpubox_bench.model (the model the server loads)",
+                            tail(self.log_path),
+                        )
+                    asked[f"a request for {self.model}"] = self._try_model(h)
+                    if 200 in asked.values():
+                        self.startup_s = time.monotonic() - self._t0
+                        return self.startup_s
                 if time.monotonic() > deadline:
-                    said = ", ".join(f"{p} {v}" for p, v in seen.items())
+                    said = ", ".join(f"{p} {v}" for p, v in {**seen, **asked}.items())
                     raise LaunchError(
                         f"server not ready after {timeout:.0f} s (last: {said})",
                         "raise gpubox_bench.ready_timeout or check the log",
                         tail(self.log_path),
                     )
                 time.sleep(poll)
+
+    def _try_model(self, h: httpx.Client) -> int | str:
+        """Status of a one-token request for self.model (chat, else plain completions)."""
+        status: int | str = "no answer"
+        for path, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ping"}]}),
+            ("/v1/completions", {"prompt": "ping"}),
+        ):
+            try:
+                r = h.post(
+                    self.url + path,
+                    json={"model": self.model, "max_tokens": 1, "stream": False, **body},
+                    timeout=60.0,
+                )
+                status = r.status_code
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            if status != 404:
+                return status
+        return status
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the process group, wait, SIGKILL what is left; return when all are gone."""
@@ -411,6 +454,48 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _listed(r: httpx.Response) -> list | None:
+    """The model list of a /v1/models answer; None when it is not one."""
+    try:
+        data = r.json().get("data")
+    except (ValueError, AttributeError):
+        return None
+    return data if isinstance(data, list) else None
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent():
+    """preexec_fn for a launched server: SIGTERM to it when gpubox dies, even by SIGKILL.
+
+    The server runs in its own session (so teardown can signal its whole group), which also
+    takes it out of reach of a terminal's Ctrl-C and of gpubox's own death: prctl(2)
+    PR_SET_PDEATHSIG asks the kernel to send it SIGTERM when the thread that started it ends
+    (SIGTERM, not SIGKILL, so the server can still stop its own workers). The kernel sends it
+    when that *thread* exits, so it is set only for servers started from the main thread.
+    Checking the parent after prctl closes the race where gpubox died before it. None where
+    prctl is not there (not Linux)."""
+    import threading
+
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def wait_gpus_free(pids: list[int], timeout: float = 60.0) -> bool:

@@ -59,6 +59,8 @@ async def measure_server(
     died: Callable[[], str] | None = None,
     tokenizer_dir: str | None = None,
     learned: dict[str, Any] | None = None,
+    model: str | None = None,
+    fallback_model: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every workload point against one running server; never raises for a failing server.
 
@@ -81,7 +83,12 @@ async def measure_server(
     from .sizing import LocalTokenizer
 
     async with Client(
-        url, timeout=timeout, phase_timeout=min(30.0, timeout), tokenizer=LocalTokenizer.load(tokenizer_dir)
+        url,
+        timeout=timeout,
+        phase_timeout=min(30.0, timeout),
+        tokenizer=LocalTokenizer.load(tokenizer_dir),
+        model=model,
+        fallback_model=fallback_model,
     ) as c:
         for kind, kw in points:
             on_point(f"TP{tp} {label} {kind} {next(iter(kw.values()))}", False)
@@ -158,7 +165,23 @@ def box_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
         facts["nccl_env"] = nccl_env(ctx)
     except GpuboxError:
         facts["nccl_env"] = {}
+    facts["pcie_mrrs"] = _mrrs(ctx)
     return facts
+
+
+def _mrrs(ctx) -> dict[str, int]:
+    """MaxReadReq in bytes per GPU function, read back from config space as measured (what the
+    report's appendix shows; {} where it cannot be read, e.g. no pciutils there)."""
+    try:
+        from gpubox.hwtune import pcie
+
+        out = {}
+        for st in pcie.read_states(ctx.host):
+            if st.devctl is not None and st.kind == "gpu":
+                out[st.bdf] = pcie.decode_devctl(st.devctl)["mrrs"]
+        return out
+    except Exception:  # a fact for the report only: never the reason a benchmark fails
+        return {}
 
 
 def measure_box(
@@ -212,7 +235,9 @@ def measure_box(
                     "log": str(log_dir / f"tp{tp}-{spec.label.replace(':', '-')}.log"),
                 }
                 doc["servers"].append(rec)
-                server = Server(argv, env, host=spec.host, port=spec.port, log_path=rec["log"])
+                server = Server(
+                    argv, env, host=spec.host, port=spec.port, log_path=rec["log"], model=spec.model or None
+                )
                 step(f"TP{tp} {spec.label}: starting server", False)
                 try:
                     server.start()
@@ -258,6 +283,8 @@ def measure_box(
                             died=died,
                             tokenizer_dir=tok_dir,
                             learned=learned,
+                            model=settings.get("served_model"),
+                            fallback_model=spec.model or None,
                         )
                     )
                     doc["measurements"] += ms

@@ -109,7 +109,7 @@ def probe(ctx, python: str) -> None:
         f"{ctx.box.name}: the benchmark runs inside the container, but `{python} -c 'import gpubox.bench.remote'` "
         f"failed there: {why}",
         "install gpubox in the container (`ansible-playbook playbooks/bench.yml -l "
-        f"{ctx.box.name}` puts it in /opt/gpubox/venv) or `pip install gpubox` in the serving venv, and set "
+        f"{ctx.box.name}` puts it in /opt/gpubox/venv, or the checkout's ./install.sh there), and set "
         "gpubox_python to that interpreter (e.g. /opt/gpubox/venv/bin/python3); or start the server yourself "
         "and use `gpubox bench run --url http://...`",
     )

@@ -17,7 +17,7 @@ from typing import Any
 from gpubox.errors import GpuboxError
 
 from . import results
-from .client import Client
+from .client import Client, ModelNotNamed
 from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
@@ -84,11 +84,19 @@ def run_box(
     for m in methods:
         parse_method(m)  # bad input fails before anything starts
     gpus_total = int(ctx.box.var("gpubox_gpus", 0) or 0)
+    allowed = allowed_tps(gpus_total)
     for tp in tps:
         if tp < 1 or (gpus_total and tp > gpus_total):
             raise GpuboxError(
                 f"TP {tp} needs {tp} GPUs but {ctx.box.name} has {gpus_total}",
-                f"use --tp with values 1..{gpus_total}",
+                f"use --tp with values the box allows: {', '.join(map(str, allowed))}"
+                if allowed
+                else "use --tp with a positive number",
+            )
+        if allowed and tp not in allowed:
+            raise GpuboxError(
+                f"TP {tp} does not divide the {gpus_total} GPUs of {ctx.box.name}",
+                f"use --tp with values the box allows: {', '.join(map(str, allowed))}",
             )
     out = Path(out_dir) if out_dir else results.default_out_dir()
     if getattr(ctx.container.transport, "is_local", False):
@@ -98,6 +106,13 @@ def run_box(
 
         doc = run_remote(ctx, name, prof, tps, methods, settings, out, progress=_progress)
     return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
+
+
+def allowed_tps(gpus: int) -> list[int]:
+    """TP sizes a box of `gpus` GPUs allows: those whose groups tile it (the divisors of the GPU
+    count: 1, 2, 4, 8 on 8 GPUs), so TP groups never straddle a remainder; [] when the count is
+    not known (then only TP > 0 is checked)."""
+    return [n for n in range(1, gpus + 1) if gpus % n == 0] if gpus > 0 else []
 
 
 def run_url(
@@ -116,8 +131,10 @@ def run_url(
     tokenizer_dir: str | None = None,
     phase_timeout: float | None = None,
     overrides: dict[str, Any] | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """Measure an already running server at URL (no launch, no teardown).
+    """Measure an already running server at URL (no launch, no teardown). `model`: the model to
+    ask for (--model), needed where the server lists none.
 
     Without `box` the history is the server's own (server_identity: URL + model id)."""
     settings = settings or {}
@@ -129,7 +146,7 @@ def run_url(
     if method != "custom":
         parse_method(method)
     info = asyncio.run(
-        _server_info(url, phase_timeout or min(30.0, timeout))
+        _server_info(url, phase_timeout or min(30.0, timeout), model)
     )  # exit 2 with the cause when nothing sane answers
     box = box or server_identity(url, info.model)
     points = plan(prof)
@@ -171,6 +188,7 @@ def run_url(
                 on_point=step,
                 tokenizer_dir=tokenizer_dir or settings.get("tokenizer"),
                 learned=learned,
+                model=model,
             )
         )
     finally:
@@ -179,10 +197,12 @@ def run_url(
     return _finish(doc, expect, box, out_dir, baseline)
 
 
-async def _server_info(url: str, phase_timeout: float):
-    async with Client(url, timeout=min(phase_timeout, 10.0), phase_timeout=phase_timeout) as c:
+async def _server_info(url: str, phase_timeout: float, model: str | None = None):
+    async with Client(url, timeout=min(phase_timeout, 10.0), phase_timeout=phase_timeout, model=model) as c:
         try:
             return await c.server_info()
+        except ModelNotNamed:
+            raise  # the server answers: its own message says what to name
         except GpuboxError as exc:
             raise GpuboxError(
                 f"no OpenAI-compatible server answers at {url}: {exc.problem}",

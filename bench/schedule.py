@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -390,9 +391,47 @@ def wanted_files(s: Spec, systemd: bool) -> dict[str, str]:
     return {s.cron_file: render_cron(s)}
 
 
+def recorded_runs(ctx, s: Spec) -> list[dict[str, Any]]:
+    """Every recorded run of the box, in time order: the scheduled ones (the timer writes the
+    history in the container, under the schedule's state_dir) and `gpubox schedule run-once`'s
+    from here (this machine's state dir), each run once (by run_id)."""
+    from . import history
+
+    where = f"{s.state_dir}/history/{s.box}.jsonl"
+    text = _read(ctx.container, where)
+    runs = [dict(r, _where=f"{ctx.container.name}:{where}") for r in history.parse_lines(text or "")]
+    local = history.store_path(s.box)
+    if local.exists():
+        runs += [dict(r, _where=str(local)) for r in history.parse_lines(local.read_text(encoding="utf-8"))]
+    seen, out = set(), []
+    for r in sorted(runs, key=lambda r: str(r.get("started_at") or "")):
+        key = r.get("run_id") or id(r)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def next_elapse(host, timer: str) -> str | None:
+    """When systemd runs the timer next (`systemctl show -p NextElapseUSecRealtime --value`), as
+    systemd prints it; None when it says nothing ("n/a", empty, or no systemctl)."""
+    r = host.run(["systemctl", "show", timer, "--property=NextElapseUSecRealtime", "--value"], timeout=20)
+    v = r.stdout.strip() if r.rc == 0 else ""
+    return v if v and v != "n/a" else None
+
+
+def next_cron_run(every: int, now: float) -> str:
+    """The next time cron starts the check: gpubox's cron lines fire at the multiples of `every`
+    from midnight (it divides an hour or a day; see cron_schedule), in the box's local time,
+    taken as this machine's."""
+    t = time.localtime(now)
+    midnight = time.mktime((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0, 0, 0, -1))
+    n = int((now - midnight) // every) + 1
+    return time.strftime("%a %Y-%m-%d %H:%M:%S %Z", time.localtime(midnight + n * every))
+
+
 def status(ctx, s: Spec) -> dict[str, Any]:
     """Installed? enabled/active? and the last run recorded on the box."""
-    from . import history
 
     h = target(ctx, s)
     systemd = uses_systemd(h, s)
@@ -414,8 +453,13 @@ def status(ctx, s: Spec) -> dict[str, Any]:
             active=st["is-active"],
             last_service_state=unit_state(h, s.service)["is-active"],
         )
-    text = _read(ctx.container, f"{s.state_dir}/history/{s.box}.jsonl")
-    runs = history.parse_lines(text or "")
+    if systemd:
+        out["next_run"] = next_elapse(h, s.timer)
+    elif out["installed"] and s.every:
+        out["next_run"] = next_cron_run(s.every, time.time())
+    else:
+        out["next_run"] = None
+    runs = recorded_runs(ctx, s)
     last = runs[-1] if runs else None
     out["runs"] = len(runs)
     out["last_run"] = (
@@ -426,6 +470,7 @@ def status(ctx, s: Spec) -> dict[str, Any]:
             "started_at": last.get("started_at"),
             "finished_at": last.get("finished_at"),
             "status": (last.get("verdict") or {}).get("status"),
+            "recorded": last.get("_where"),
             "reasons": [r.get("message") for r in (last.get("verdict") or {}).get("reasons") or []],
         }
     )

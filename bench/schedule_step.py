@@ -14,6 +14,7 @@ from gpubox.diffs import unified
 from gpubox.steps import OMIT, Finding, Plan, Remove, Run, Step, Write
 
 from .schedule import (
+    DEFAULTS,
     UNIT_DIR,
     Spec,
     TargetExists,
@@ -26,6 +27,7 @@ from .schedule import (
 )
 
 SYSTEMD_DIR = "/run/systemd/system"  # sd_booted(3): systemd runs there
+DEFAULT_GPUBOX = DEFAULTS["gpubox"]  # where install.sh links it
 
 
 def _systemd(ctx, s: Spec) -> bool:
@@ -63,7 +65,13 @@ class Facts:
 
 def _prereq_failure(s: Spec, path: str) -> Finding:
     if path == s.gpubox:
-        what, fix = "gpubox", "install it there (pip install gpubox) or set gpubox_schedule.gpubox"
+        what, fix = (
+            "gpubox",
+            # pip into Debian's python3 is refused (PEP 668, externally managed): a venv does it
+            f"install it in {s.box} with the checkout's ./install.sh (a venv in /opt/gpubox, linked as "
+            f"{DEFAULT_GPUBOX}), or with `ansible-playbook playbooks/bench.yml -l {s.box}` (the "
+            "gpubox_install role: /opt/gpubox/venv) and gpubox_schedule.gpubox: /opt/gpubox/venv/bin/gpubox",
+        )
     else:
         what, fix = (
             "the inventory",
@@ -161,6 +169,17 @@ class RemoveFile(Remove):
 class RemoveFacts:
     present: dict[str, str]  # the schedule's files there (units and cron line) and their text
     systemd: bool = False  # the target runs systemd (read only when units are present)
+    # the node_exporter textfile the checks wrote: (where, path, text), None when absent. Left
+    # behind, node_exporter would export the last verdict ("healthy") for ever.
+    prom: tuple[str, str, str] | None = None
+
+
+def prom_file(box) -> tuple[str, str]:
+    """(where, path) of the box's .prom textfile, as run-once writes it (bench.runonce)."""
+    from . import prom
+
+    where = str(box.var("gpubox_prometheus_on", "container"))
+    return where, prom.textfile_path(box.name, box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR))
 
 
 class RemoveStep(_SpecStep):
@@ -175,15 +194,25 @@ class RemoveStep(_SpecStep):
         paths = [f"{UNIT_DIR}/{s.service}", f"{UNIT_DIR}/{s.timer}", s.cron_file]
         present = {p: ctx.fact(TargetText, s.on, p) for p in paths if ctx.fact(TargetExists, s.on, p)}
         units = any(p.startswith(UNIT_DIR) for p in present)
-        return RemoveFacts({p: t or "" for p, t in present.items()}, units and _systemd(ctx, s))
+        where, path = prom_file(ctx.box)
+        prom = (
+            (where, path, ctx.fact(TargetText, where, path) or "")
+            if ctx.fact(TargetExists, where, path)
+            else None
+        )
+        return RemoveFacts({p: t or "" for p, t in present.items()}, units and _systemd(ctx, s), prom)
 
     def decide(self, facts: RemoveFacts, opts: Options) -> Finding:
         s = opts.spec
         present = list(facts.present)
-        if not present:
+        if not present and facts.prom is None:
             return Finding.ok("no scheduled health check installed", evidence=Evidence(files=[]))
         units = [p for p in present if p.startswith(UNIT_DIR)]
         removes = [RemoveFile(p, old=facts.present[p]) for p in present]
+        if facts.prom is not None:
+            where, path, text = facts.prom
+            removes.append(RemoveFile(path, old=text, where=where))
+            present.append(path)
         if units and facts.systemd:
             actions = [
                 Run(["systemctl", "disable", "--now", s.timer], timeout=60),

@@ -16,6 +16,13 @@ Servers, each used when found (docs/facts.md "Real servers"):
   sglang          `python -m sglang.launch_server` (SGLANG_PY=python)
 
     python benchmarks/interop.py [--only guidellm-mock,transformers] [--out 64] [--conc 4] [--json]
+                                 [--model-kind tiny-llama|qwen3-1.5b] [--model-dir DIR]
+
+On a GPU machine (e.g. one H200, transformers + its serving wheels):
+    TRANSFORMERS_PY=python3 TRANSFORMERS_ARGS='--device cuda --dtype bfloat16' \
+        python benchmarks/interop.py --only transformers --model-kind qwen3-1.5b --model-dir /tmp/q3
+then the wire check against the same server: benchmarks/ttft_wire.py --url URL --model DIR
+--tools gpubox,plain --capture packet (AF_PACKET where tcpdump is missing).
 
 The model builder runs in BUILD_PY (default: TRANSFORMERS_PY, else this python) because it needs
 torch, transformers and tokenizers. Exit 0 when every server that started was measured ok.
@@ -64,21 +71,33 @@ t = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>', eos_token='</
 t.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 t.save_pretrained(out)
-cfg = LlamaConfig(vocab_size=len(t), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
-                  bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, tie_word_embeddings=True)
-LlamaForCausalLM(cfg).save_pretrained(out)
+if sys.argv[3] == "qwen3-1.5b":  # random-init, bf16: ~1.6e9 parameters, served on a GPU
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size=len(t), hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                      max_position_embeddings=8192, bos_token_id=t.bos_token_id,
+                      eos_token_id=t.eos_token_id, tie_word_embeddings=False, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    m = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    print("parameters", sum(p.numel() for p in m.parameters()), file=sys.stderr)
+    m.save_pretrained(out)
+else:
+    cfg = LlamaConfig(vocab_size=len(t), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                      bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(out)
 print(json.dumps({"dir": str(out), "vocab": len(t)}))
 """
 
 
-def build_model(py: str, dest: Path) -> Path:
+def build_model(py: str, dest: Path, kind: str = "tiny-llama") -> Path:
     from gpubox.bench.client import WORDS
 
     if (dest / "config.json").exists():
         return dest
     r = subprocess.run(
-        [py, "-c", BUILD, str(dest), " ".join(WORDS)], capture_output=True, text=True, timeout=900
+        [py, "-c", BUILD, str(dest), " ".join(WORDS), kind], capture_output=True, text=True, timeout=900
     )
     if r.returncode != 0:
         raise SystemExit(f"model build failed: {r.stderr.strip().splitlines()[-1:]}")
@@ -123,9 +142,10 @@ def servers(model: Path, port: int, conc: int) -> dict[str, tuple[list[str], dic
                 "127.0.0.1",
                 "--port",
                 str(port),
+                *os.environ.get("TRANSFORMERS_ARGS", "").split(),  # e.g. --device cuda --dtype bfloat16
                 str(model),
             ],
-            {},
+            {"HF_HUB_OFFLINE": "1"},
         )
         if tpy
         else None,
@@ -249,23 +269,29 @@ def workloads(out: int, conc: int) -> dict[str, dict]:
     }
 
 
-def gpubox_bench(url: str, workload: dict, tmp: Path, tokenizer: Path | None) -> dict:
+def gpubox_bench(
+    url: str, workload: dict, tmp: Path, tokenizer: Path | None, model: str | None = None
+) -> dict:
     prof = tmp / "interop-profile.yml"
     prof.write_text(json.dumps({"warmup": 1, "repetitions": 3, "prompt_tokens": 64, "workloads": [workload]}))
-    argv = [
-        sys.executable,
-        "-m",
-        "gpubox.cli",
-        "bench",
-        "run",
-        "--url",
-        url,
-        "--profile-file",
-        str(prof),
-        "--out",
-        str(tmp / "results"),
-        "--json",
-    ] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
+    argv = (
+        [
+            sys.executable,
+            "-m",
+            "gpubox.cli",
+            "bench",
+            "run",
+            "--url",
+            url,
+            "--profile-file",
+            str(prof),
+            "--out",
+            str(tmp / "results"),
+            "--json",
+        ]
+        + (["--tokenizer", str(tokenizer)] if tokenizer else [])
+        + (["--model", model] if model else [])
+    )
     r = subprocess.run(
         argv,
         capture_output=True,
@@ -405,6 +431,17 @@ def own_timing(name: str, url: str, before: dict | None, log: Path, at: int, out
     return {}
 
 
+def served_model(url: str, path: str) -> str:
+    """The model id to ask for: the first one /v1/models lists; where it lists none (transformers
+    serve 5.17 with a local directory: `{"data": []}`, or 500 without a Hugging Face cache), the
+    directory the server was started with, which is what it answers to."""
+    try:
+        data = httpx.get(url + "/v1/models", timeout=5).json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        data = []
+    return data[0]["id"] if data and isinstance(data[0], dict) and data[0].get("id") else path
+
+
 def leftovers(srv: Server, port: int) -> list[str]:
     """Processes of the server still alive after teardown: every descendant the launcher saw, and
     anything whose command line names the port or is a renamed vLLM/SGLang worker (setproctitle
@@ -431,13 +468,20 @@ def main() -> int:
     ap.add_argument(
         "--model-dir", default=None, help="reuse a built tiny model (default: build in a temp dir)"
     )
+    ap.add_argument(
+        "--model-kind",
+        choices=("tiny-llama", "qwen3-1.5b"),
+        default="tiny-llama",
+        help="qwen3-1.5b: a random-init Qwen3 of ~1.6e9 parameters in bf16, for a GPU "
+        "(with TRANSFORMERS_ARGS='--device cuda --dtype bfloat16')",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     build_py = os.environ.get("BUILD_PY") or os.environ.get("TRANSFORMERS_PY") or sys.executable
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        model = build_model(build_py, Path(a.model_dir) if a.model_dir else tmp / "tiny-llama")
+        model = build_model(build_py, Path(a.model_dir) if a.model_dir else tmp / a.model_kind, a.model_kind)
         port = free_port()
         for name, cmd in servers(model, port, a.conc).items():
             if a.only and name not in a.only.split(","):
@@ -447,7 +491,7 @@ def main() -> int:
                 continue
             argv, env = cmd
             log = tmp / f"{name}.log"
-            srv = Server(argv, env, port=port, log_path=log)
+            srv = Server(argv, env, port=port, log_path=log, model=str(model))
             row = {"server": name, "argv": argv}
             t0 = time.monotonic()
             try:
@@ -461,13 +505,13 @@ def main() -> int:
                 ok = False
                 continue
             try:
-                mid = httpx.get(srv.url + "/v1/models", timeout=5).json()["data"][0]["id"]
+                mid = served_model(srv.url, str(model))
                 tok = model if name != "guidellm-mock" else None
                 row["gpubox"], row["own"], row["guidellm"] = {}, {}, {}
                 for wname, wl in workloads(a.out, a.conc).items():
                     own0 = vllm_own(srv.url) if name == "vllm" else None
                     at = log.stat().st_size
-                    g = gpubox_bench(srv.url, wl, tmp, tok)
+                    g = gpubox_bench(srv.url, wl, tmp, tok, mid)
                     if "error" in g:
                         row["gpubox"].setdefault("error", g["error"])
                         continue

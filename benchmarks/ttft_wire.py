@@ -11,6 +11,7 @@ Clients, one after another on the same server at each concurrency:
   gpubox       bench.client as `gpubox bench` uses it: kernel receive stamps (clientnet)
   gpubox-loop  the same with kernel stamps off (stamped in the event loop's read callback; the
                fallback where SO_TIMESTAMPNS is missing), to show what the kernel stamp removes
+  plain        the reference a user would write: httpx streaming with perf_counter around it
   GuideLLM     GUIDELLM=/path/to/guidellm (or on PATH), 0.8 CLI
   vllm         VLLM=/path/to/vllm (`vllm bench serve --backend openai --dataset-name random`)
 GuideLLM and vLLM need a tokenizer: a local one-word-one-token tokenizer is built with GuideLLM's
@@ -56,7 +57,7 @@ GOAL = 2.0
 HDR = re.compile(r"^(\d+\.\d+) IP6? (\S+)\.(\d+) > (\S+)\.(\d+): .*length (\d+)")
 TOKEN = re.compile(rb'"(?:text|content)": ?"[^"]')
 REQUEST = b"POST /v1/"
-TOOLS = ("gpubox", "gpubox-loop", "guidellm", "vllm")
+TOOLS = ("gpubox", "gpubox-loop", "plain", "guidellm", "vllm")
 
 
 USER = re.compile(rb'"user": ?"(ttft-\d+)"')
@@ -215,8 +216,8 @@ def row(tool: str, own_ms: float | None, wire: list[float], cap=None, **extra) -
     }
 
 
-async def _gpubox(url: str, conc: int, n: int, out: int, cap):
-    async with Client(url, timeout=60) as c:
+async def _gpubox(url: str, conc: int, n: int, out: int, cap, model: str | None = None):
+    async with Client(url, timeout=60, model=model) as c:
         prompt = await c.prompt_of(16)
         await run_concurrent(c, [Request(8, prompt=prompt) for _ in range(conc)], conc)  # C open connections
         with cap:
@@ -226,10 +227,54 @@ async def _gpubox(url: str, conc: int, n: int, out: int, cap):
     return smp
 
 
-def gpubox(tool: str, url: str, conc: int, n: int, out: int, cap) -> dict:
+def plain(url: str, model: str, conc: int, n: int, out: int, cap) -> dict:
+    """The reference a user would write: httpx streaming, `time.perf_counter()` around each
+    request, TTFT = the first SSE line that carries text (threads for concurrency)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    local = threading.local()
+
+    def one(i: int) -> tuple[str, float | None]:
+        h = getattr(local, "h", None) or httpx.Client(timeout=120)
+        local.h = h
+        body = {
+            "model": model,
+            "prompt": "a b c d e f g h",
+            "max_tokens": out,
+            "stream": True,
+            "temperature": 0.0,
+            "user": f"ttft-{i}",
+        }
+        t0 = time.perf_counter()
+        with h.stream("POST", url + "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    try:
+                        ch = json.loads(line[6:])["choices"][0]
+                    except (ValueError, KeyError, IndexError):
+                        continue
+                    if ch.get("text") or (ch.get("delta") or {}).get("content"):
+                        return f"ttft-{i}", time.perf_counter() - t0
+        return f"ttft-{i}", None
+
+    with ThreadPoolExecutor(conc) as ex:  # warm the connections, outside the capture
+        list(ex.map(lambda i: one(10_000 + i), range(conc)))
+        with cap:
+            got = list(ex.map(one, range(n)))
+    cap.ttfts()
+    by_tag = {u: w for _, w, u in cap.requests if u}
+    pairs = [(t, by_tag[u]) for u, t in got if t is not None and u in by_tag]
+    own = statistics.median(c for c, _ in pairs) * 1000 if pairs else None
+    return row("plain", own, [w for _, w in pairs], cap, sent=n)
+
+
+def gpubox(tool: str, url: str, conc: int, n: int, out: int, cap, model: str | None = None) -> dict:
     clientnet.KERNEL_STAMPS = tool == "gpubox"
     try:
-        smp = asyncio.run(_gpubox(url, conc, n, out, cap))
+        smp = asyncio.run(_gpubox(url, conc, n, out, cap, model))
     finally:
         clientnet.KERNEL_STAMPS = True
     bad = [s.error for s in smp if not s.ok]
@@ -403,6 +448,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1, help="repeat every level this many times")
     ap.add_argument("--server", choices=("sim", "guidellm-mock"), default="sim")
     ap.add_argument("--url", default=None, help="measure this running server instead")
+    ap.add_argument(
+        "--model", default=None, help="the model to ask for (servers whose /v1/models lists none)"
+    )
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument(
         "--capture", choices=("tcpdump", "packet"), default="tcpdump" if shutil.which("tcpdump") else "packet"
@@ -435,7 +483,20 @@ def main() -> int:
                     for tool in tools:
                         cap = cap_cls(port, tmp)
                         if tool in ("gpubox", "gpubox-loop"):
-                            r = gpubox(tool, url, conc, n, a.out, cap)
+                            r = gpubox(tool, url, conc, n, a.out, cap, a.model)
+                        elif tool == "plain":
+                            import httpx
+
+                            try:
+                                listed = httpx.get(url + "/v1/models", timeout=10).json().get("data") or []
+                            except (httpx.HTTPError, ValueError):
+                                listed = []
+                            mid = a.model or (listed[0]["id"] if listed else None)
+                            r = (
+                                plain(url, mid, conc, n, a.out, cap)
+                                if mid
+                                else row(tool, None, [], status="no model")
+                            )
                         else:
                             exe = gl if tool == "guidellm" else vl
                             if not exe or tok is None:

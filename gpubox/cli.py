@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -34,6 +35,18 @@ class LazyGroup(click.Group):
             except ModuleNotFoundError:
                 pass
         return sorted(names)
+
+    def resolve_command(self, ctx, args):
+        """click's own did-you-mean looks in `self.commands`, which a lazy group leaves empty:
+        suggest from the registered names instead (`gpubox docter` -> 'doctor')."""
+        name = click.utils.make_str(args[0])
+        if self.get_command(ctx, name) is None and not name.startswith("-"):
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=2, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
@@ -122,6 +135,33 @@ def usage_line(exc: click.UsageError) -> str:
     return f"{path}: error: {msg} (see '{path} --help')"
 
 
+def interrupted(exc: BaseException) -> None:
+    """Ctrl-C anywhere: what was already changed (when steps ran), then exit 130 at once.
+
+    os._exit, not sys.exit: a pipeline lane may be blocked in a prompt's read of stdin (the
+    container restart asks in the lane that runs it); the interpreter's shutdown would then wait
+    for that stream's lock and abort ("Fatal Python error: _enter_buffered_busy", exit 134)."""
+    from .errors import Interrupted
+
+    while not isinstance(exc, Interrupted) and (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__  # click re-raises Ctrl-C as Abort from it
+    lines = exc.summary() if isinstance(exc, Interrupted) else []
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    msg = "\ngpubox: interrupted" + "".join(f"\n  {line}" for line in lines) + "\n"
+    try:
+        os.write(2, msg.encode(errors="replace"))
+    except OSError:
+        pass
+    import threading
+
+    if threading.active_count() > 1:  # a lane (or a prompt in it) still runs: leave at once
+        os._exit(130)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
     args = hoist_global_options(list(argv if argv is not None else sys.argv[1:]))
@@ -135,10 +175,9 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         click.echo(f"gpubox: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         # click turns Ctrl-C into Abort; either way it is SIGINT: 128 + 2, as shells report it.
-        click.echo("gpubox: interrupted", err=True)
-        sys.exit(130)
+        interrupted(exc)
     except click.UsageError as exc:
         click.echo(usage_line(exc), err=True)
         sys.exit(2)

@@ -10,6 +10,11 @@ from .facts import Fact, FactCache
 from .host import Host, connect_box
 from .inventory import Box, Inventory
 
+# One persistence default for every command (doctor, recover, lxc, tune, Ansible): host repairs
+# are made to survive the next reboot and checks look for that, unless --no-persist. A command
+# that defaulted otherwise would call a box ok that the others call "boot persistence missing".
+PERSIST_DEFAULT = True
+
 
 @dataclass
 class Context:
@@ -18,6 +23,9 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
     console: Any = None  # rich Console, or None when quiet/JSON
+    # what a step kept for a later step of the same run (not a fact: `forget` keeps it), e.g. the
+    # plan container-config showed before host-devices loaded nvidia-uvm (provision.lxc_step)
+    memo: dict[str, Any] = field(default_factory=dict)
     _hosts: tuple[Host, Host] | None = None
     _facts: FactCache = field(default_factory=FactCache)
 

@@ -23,6 +23,26 @@ class GpuboxError(Exception):
         return " ".join(msg.split("\n"))
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during a run of steps: carries what had ended by then (`results`, the
+    StepResults in order) and the steps still running, so the CLI can say what was already
+    changed before it exits 130."""
+
+    def __init__(self, results=(), running=()):
+        super().__init__()
+        self.results = list(results)
+        self.running = list(running)
+
+    def summary(self) -> list[str]:
+        """Lines for people: each change made, then what was cut short."""
+        changed = [r for r in self.results if getattr(r, "changed", False)]
+        out = [f"already changed: {r.name} ({r.host}): {r.detail}" for r in changed]
+        if not changed:
+            out.append("nothing was changed")
+        out += [f"interrupted while running: {n}" for n in self.running]
+        return out
+
+
 class InventoryError(GpuboxError):
     """The inventory cannot be read or does not describe the box asked for."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -17,8 +18,42 @@ from .steps import DRIFT, FAILED, FIXED, OK, SKIPPED, RunReport
 STYLE = {OK: "green", FIXED: "cyan", DRIFT: "yellow", FAILED: "bold red", SKIPPED: "dim"}
 
 
+# Width when the output is no terminal (a file, a pipe, cron mail) and COLUMNS is not set: rich
+# would take 80 there; commands, unit lines and udev rules then wrap mid-word. Wider is still
+# cut nowhere: every table cell folds (never "…") and diffs wrap (OutputConsole).
+PIPE_WIDTH = 160
+
+
+class OutputConsole(Console):
+    """A rich Console that never loses text: tables fold their cells where a column is too narrow
+    (rich's default is to cut them with an ellipsis), at any width."""
+
+    def print(self, *objects: Any, **kw: Any) -> None:
+        for o in objects:
+            if isinstance(o, Table):
+                fold(o)
+        super().print(*objects, **kw)
+
+
+def fold(t: Table) -> Table:
+    """Every column of `t` wraps (fold) instead of cutting; headers too."""
+    for c in t.columns:
+        if c.overflow in ("ellipsis", "crop"):
+            c.overflow = "fold"
+        c.no_wrap = False
+    return t
+
+
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty and not os.environ.get("COLUMNS"):
+        width = PIPE_WIDTH
+    return OutputConsole(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def plain(value: Any) -> Text:
@@ -58,11 +93,28 @@ def render_report(
             verb = "changed" if s.changed else "would change"
             con.print(f"[bold]{escape(s.name)}[/] ({escape(s.host)}) {verb}:")
             if s.diff:
-                con.print(Syntax(s.diff, "diff", theme="ansi_dark", background_color="default"))
+                con.print(
+                    Syntax(s.diff, "diff", theme="ansi_dark", background_color="default", word_wrap=True)
+                )
             for argv in s.commands:
                 con.print("  $ " + escape(" ".join(_q(a) for a in argv)))
-    verdict = "[green]ok[/]" if report.ok else "[red]problems remain[/]"
-    con.print(f"{escape(report.box)}: {verdict} ({report.seconds:.2f} s)")
+    con.print(recap_line(report))
+
+
+def recap_line(report: RunReport) -> str:
+    """The last line of every run, like Ansible's PLAY RECAP: the counts, then the verdict.
+    Skipped steps are counted apart and said, never folded into ok."""
+    counts = report.recap()
+    parts = " ".join(f"{k}={v}" for k, v in counts.items())
+    if report.ok:
+        verdict = "[green]ok[/]"
+        if counts["skipped"]:
+            verdict += f" [dim]({counts['skipped']} skipped: not checked, not counted as ok)[/]"
+    elif report.steps and all(s.status == SKIPPED for s in report.steps):
+        verdict = "[yellow]nothing checked[/] (every step skipped)"
+    else:
+        verdict = "[red]problems remain[/]"
+    return f"{escape(report.box)}: {verdict} ({report.seconds:.2f} s) recap: {parts}"
 
 
 def _q(a: str) -> str:

@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .errors import GpuboxError, TransportError, os_error
+from .errors import GpuboxError, Interrupted, TransportError, os_error
 from .steps import DRIFT, FAILED, FIXED, MODES, OK, SKIPPED, RunReport, Step, StepResult, evidence_dict
 
 
@@ -216,6 +216,8 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
     shared = _Shared()
     t0 = time.monotonic()
 
+    running: dict[str, str] = {}  # lane -> the step it runs now (said when Ctrl-C cuts it short)
+
     def run_lane(seq: list[Node], wait: bool = True) -> None:
         for node in seq:
             reqs = [r for r in node.requires if r in names]
@@ -231,6 +233,7 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
             if mode == "apply" and bad:
                 res = blocked(node.step, ctx, bad)
             else:
+                running[node.lane] = node.name
                 if on_start:
                     on_start(node)
                 try:
@@ -249,19 +252,35 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
     lanes: dict[str, list[Node]] = {}
     for n in nodes:
         lanes.setdefault(n.lane, []).append(n)
-    if parallel and len(lanes) > 1:
-        threads = [
-            threading.Thread(target=run_lane, args=(seq,), name=f"lane-{lane}", daemon=True)
-            for lane, seq in lanes.items()
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    else:
-        # Sequential: walk the global order (which _check_order proved consistent).
-        for n in nodes:
-            run_lane([n], wait=False)
+
+    def interrupted() -> Interrupted:
+        """Ctrl-C: stop the lanes at their next step; say what ended and what was cut short."""
+        with shared.cond:
+            shared.error = shared.error or KeyboardInterrupt()
+            shared.cond.notify_all()
+            done = [shared.results[n.name] for n in nodes if n.name in shared.results]
+            cut = [name for name in running.values() if name not in shared.results]
+        return Interrupted(done, cut)
+
+    try:
+        if parallel and len(lanes) > 1:
+            threads = [
+                threading.Thread(target=run_lane, args=(seq,), name=f"lane-{lane}", daemon=True)
+                for lane, seq in lanes.items()
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():  # a plain join() would not wake for SIGINT on every platform
+                    t.join(0.2)
+        else:
+            # Sequential: walk the global order (which _check_order proved consistent).
+            for n in nodes:
+                run_lane([n], wait=False)
+    except KeyboardInterrupt:
+        raise interrupted() from None
+    if isinstance(shared.error, KeyboardInterrupt):
+        raise interrupted()
     if shared.error is not None:
         raise shared.error
     report = RunReport(box=getattr(getattr(ctx, "box", None), "name", "-"), mode=mode)

@@ -286,13 +286,28 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        """No problem remains: every step ok, fixed, or skipped for a reason that is not a block."""
+        """No problem remains and something was checked: every step ok, fixed, or skipped for a
+        reason that is not a block, and not every step skipped. Skipped is its own status: a
+        run where nothing could be checked (a probe with no GPU, no NVML) is not "ok"."""
         for s in self.steps:
             if s.status in (DRIFT, FAILED):
                 return False
             if s.status == SKIPPED and s.evidence.get("blocked_by"):
                 return False
-        return True
+        return not self.steps or any(s.status != SKIPPED for s in self.steps)
+
+    def recap(self) -> dict[str, int]:
+        """Counts per outcome, as Ansible's PLAY RECAP: ok (checked, nothing to do), changed
+        (repaired and verified), drift (would change / still needs it), failed, blocked (not run:
+        a step it requires did not end ok), skipped (could not run, or nothing to check)."""
+        out = dict.fromkeys(("ok", "changed", "drift", "failed", "blocked", "skipped"), 0)
+        for s in self.steps:
+            if s.status == SKIPPED:
+                out["blocked" if s.evidence.get("blocked_by") else "skipped"] += 1
+            else:
+                key = "changed" if s.status == FIXED else s.status
+                out[key] = out.get(key, 0) + 1
+        return out
 
     @property
     def changed(self) -> bool:
@@ -308,6 +323,7 @@ class RunReport:
             "mode": self.mode,
             "ok": self.ok,
             "changed": self.changed,
+            "recap": self.recap(),
             "seconds": round(self.seconds, 4),
             "steps": [s.to_dict() for s in self.steps],
         }

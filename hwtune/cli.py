@@ -11,16 +11,15 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from gpubox.clihelp import box_context, dry_run_option, emit, json_option
+from gpubox.clihelp import box_context, dry_run_option, emit, json_option, nccl_profile_option
+from gpubox.clihelp import persist_option as persist_opt
 from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json
 from gpubox.pipeline import run_steps
 
 from . import steps as hw_steps
 
-persist_option = click.option(
-    "--persist", is_flag=True, help="Also make it survive reboots (boot unit / sysctl.d)."
-)
+persist_option = persist_opt("Also make it survive reboots (boot unit / sysctl.d).")
 
 
 def _run(
@@ -71,7 +70,7 @@ def tune() -> None:
 
 @tune.command("check")
 @click.argument("box")
-@click.option("--persist", is_flag=True, help="Also check that the settings are persisted for the next boot.")
+@persist_opt("Also check that the settings are persisted for the next boot.")
 @json_option
 @click.pass_context
 def tune_check(ctx, box, persist, as_json):
@@ -142,7 +141,7 @@ def tune_numa(ctx, box, dry_run, persist, as_json):
 
 @tune.command("nccl")
 @click.argument("box")
-@click.option("--profile", help="Profile name or YAML file [default: gpubox_nccl_profile].")
+@nccl_profile_option(help_text="Profile name or YAML file [default: gpubox_nccl_profile].")
 @dry_run_option
 @json_option
 @click.pass_context
@@ -153,16 +152,16 @@ def tune_numa(ctx, box, dry_run, persist, as_json):
     help="Measure first (this machine's GPUs: A/B all-reduce with an A/A arm); "
     "install only if the profile is slower nowhere and faster somewhere.",
 )
-def tune_nccl(ctx, box, profile, dry_run, as_json, measure_gate):
+def tune_nccl(ctx, box, nccl_profile, dry_run, as_json, measure_gate):
     """Write the NCCL profile where BOX's server reads it (EnvironmentFile + /etc/nccl.conf)."""
-    gate = _measure_gate(ctx, box, profile, as_json) if measure_gate else None
+    gate = _measure_gate(ctx, box, nccl_profile, as_json) if measure_gate else None
     _run(
         ctx,
         box,
         ("nccl-env",),
         as_json=as_json,
         title=f"{box}: tune nccl",
-        profile=profile,
+        nccl_profile=nccl_profile,
         dry_run=dry_run,
         nccl_gate=gate,
     )
@@ -183,7 +182,7 @@ def _measure_gate(ctx, box, profile, as_json) -> dict:
     finally:
         c.close()
     if not name:
-        raise GpuboxError("no profile to measure", "give --profile or set gpubox_nccl_profile")
+        raise GpuboxError("no profile to measure", "give --nccl-profile or set gpubox_nccl_profile")
     prof = load_profile(str(name))
     topo = discover_local()
     result = nccl_compare.run(prof, nccl_compare.tp_sets(topo), rounds=2, quick=True, aa=True, timeout=120.0)
@@ -255,7 +254,7 @@ def nccl_show(name, as_json):
 
 
 @nccl.command("export")
-@click.option("--profile", "profile", default=None, help="Profile name or YAML file [default: pcie-2numa].")
+@nccl_profile_option(help_text="Profile name or YAML file [default: pcie-2numa].")
 @click.option(
     "--format",
     "fmt",
@@ -266,11 +265,11 @@ def nccl_show(name, as_json):
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write to FILE (atomically) instead of stdout."
 )
-def nccl_export(profile, fmt, output):
+def nccl_export(nccl_profile, fmt, output):
     """Export a profile: shell `export K=V`, systemd EnvironmentFile, docker --env-file, nccl.conf, JSON."""
     from .nccl import load_profile, render
 
-    p = load_profile(profile or "pcie-2numa")
+    p = load_profile(nccl_profile or "pcie-2numa")
     header = None if fmt == "json" else f"NCCL profile {p.name}, exported by gpubox ({fmt})"
     text = render(p.env, fmt, header=header)
     for line in _issue_lines(p.issues):

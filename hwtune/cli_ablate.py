@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gpubox.clihelp import json_option
+from gpubox.clihelp import json_option, nccl_profile_option
 from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json
 
@@ -36,9 +36,7 @@ def table_md(result: dict) -> str:
 
 @click.command("ablate")
 @click.option("--local", is_flag=True, help="Ablate on this machine (the only mode that measures GPUs).")
-@click.option(
-    "--profile", "profile_name", default="pcie-2numa", show_default=True, help="Profile to take apart."
-)
+@nccl_profile_option(default="pcie-2numa", help_text="NCCL profile to take apart.")
 @click.option(
     "--repeats",
     type=click.IntRange(2, 50),
@@ -64,7 +62,7 @@ def table_md(result: dict) -> str:
 @json_option
 def tune_ablate(
     local,
-    profile_name,
+    nccl_profile,
     repeats,
     sizes,
     allreduce_sets,
@@ -80,7 +78,7 @@ def tune_ablate(
     Arms: none (NCCL's defaults), +VAR (defaults plus that variable only), all-VAR, all. Every
     child keeps NVLink multicast off. MaxReadReq and NUMA balancing are host settings and are not
     toggled here; the table says so.
-      gpubox tune ablate --local --profile pcie-2numa --repeats 3 --out ablation/
+      gpubox tune ablate --local --nccl-profile pcie-2numa --repeats 3 --out ablation/
     """
     from . import ablate, nccl_compare
     from . import probe as probe_script
@@ -98,7 +96,7 @@ def tune_ablate(
         size_list = None
     if not size_list or min(size_list) < 4:
         raise GpuboxError(f"--sizes {sizes!r} is not a list of byte sizes", "e.g. 1M,256M")
-    profile = load_profile(profile_name)
+    profile = load_profile(nccl_profile)
     sets_arg = _parse_sets(allreduce_sets)
     if sets_arg is not None:
         sets = [{"tp": len(s), "gpus": s} for s in sets_arg if len(s) > 1]

@@ -1,6 +1,6 @@
 """The nccl-env step: the box's NCCL profile in the container's files, decided purely.
 
-Options: the profile asked for (`--profile` or gpubox_nccl_profile, loaded and validated; `auto`
+Options: the profile asked for (`--nccl-profile` or gpubox_nccl_profile, loaded and validated; `auto`
 picks by topology class from every known profile) and the A/B gate's verdict of `tune nccl
 --measure`. Facts: the container's files (hwtune.nccl.box_files) and, where a choice depends on
 it, the topology class (inventory `gpubox_topology`, else NVML in the container, else the
@@ -137,7 +137,7 @@ class NcclEnvStep(Step):
     requires = ("container",)
 
     def options(self, ctx) -> NcclOptions:
-        name = ctx.opt("profile") or ctx.box.var("gpubox_nccl_profile")
+        name = ctx.opt("nccl_profile") or ctx.box.var("gpubox_nccl_profile")
         auto = str(name) == "auto"
         return NcclOptions(
             profile=load_profile(str(name)) if name and not auto else None,

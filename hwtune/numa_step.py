@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpubox.context import PERSIST_DEFAULT
 from gpubox.facts import FileText
 from gpubox.steps import OMIT, Finding, HostPath, Plan, Run, Step, Write
 
@@ -43,11 +44,11 @@ class NumaBalancingStep(Step):
     where = "host"
 
     def options(self, ctx) -> Options:
-        return Options(desired(ctx), bool(ctx.opt("persist")), ctx.box.name)
+        return Options(desired(ctx), bool(ctx.opt("persist", PERSIST_DEFAULT)), ctx.box.name)
 
     def gather(self, ctx) -> Facts:
         live = ctx.fact(LiveValue)
-        if live is None or not ctx.opt("persist"):
+        if live is None or not ctx.opt("persist", PERSIST_DEFAULT):
             return Facts(live)
         return Facts(live, ctx.fact(SysctlFiles), ctx.fact(FileText, CONF))
 

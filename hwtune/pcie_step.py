@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from gpubox.context import PERSIST_DEFAULT
 from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 
 from .pcie import (
@@ -92,7 +93,10 @@ class PcieMrrsStep(Step):
     def options(self, ctx) -> MrrsOptions:
         want = ctx.box.var("gpubox_gpus", None)
         return MrrsOptions(
-            _target(ctx), bool(ctx.opt("persist")), ctx.box.name, None if want is None else int(want)
+            _target(ctx),
+            bool(ctx.opt("persist", PERSIST_DEFAULT)),
+            ctx.box.name,
+            None if want is None else int(want),
         )
 
     def gather(self, ctx) -> MrrsFacts:
@@ -100,7 +104,7 @@ class PcieMrrsStep(Step):
         if not facts.devices:
             return facts
         facts.lockdown = ctx.fact(Lockdown)
-        if ctx.opt("persist"):
+        if ctx.opt("persist", PERSIST_DEFAULT):
             facts.unit = ctx.fact(UnitFile)
             if facts.unit:
                 facts.unit_enabled = ctx.fact(UnitEnabled)

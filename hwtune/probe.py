@@ -407,8 +407,13 @@ def nvml_section():
     """(section dict, pynvml module or None, handles by bus id)."""
     try:
         import pynvml as nv
-    except ImportError:
-        return {"status": "skipped", "reason": "pynvml not importable (pip install nvidia-ml-py)"}, None, {}
+    except ImportError as exc:
+        # the true reason, with the interpreter that failed: the probe runs with the container's
+        # python, which may not be the one that has nvidia-ml-py
+        why = f"pynvml not importable by {sys.executable} ({type(exc).__name__}: {exc})"
+        if getattr(exc, "name", None) == "pynvml":
+            why += "; install nvidia-ml-py where that python finds it (under PEP 668: in a venv)"
+        return {"status": "skipped", "reason": why}, None, {}
     try:
         nv.nvmlInit()
     except nv.NVMLError as exc:

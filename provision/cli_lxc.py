@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from gpubox.clihelp import box_context, dry_run_option, emit, json_option
+from gpubox.clihelp import ask, box_context, dry_run_option, emit, json_option
+from gpubox.clihelp import persist_option as persist_opt
 from gpubox.pipeline import run_steps
 
 
@@ -43,13 +44,14 @@ def _run(click_ctx, box: str, mode: str, **options) -> None:
 
 @lxc.command("check")
 @click.argument("box")
+@persist_opt("Also check that the host makes the uvm nodes at every boot.")
 @json_option
 @click.pass_context
-def check(click_ctx, box: str, as_json: bool) -> None:
+def check(click_ctx, box: str, persist: bool, as_json: bool) -> None:
     """Check the host's NVIDIA nodes, the container config, the container and CUDA inside it.
 
     Exit 0 when CUDA works in the container, 1 when something needs repair."""
-    _run(click_ctx, box, "check", as_json=as_json)
+    _run(click_ctx, box, "check", persist=persist, as_json=as_json)
 
 
 @lxc.command("fix")
@@ -63,7 +65,7 @@ def check(click_ctx, box: str, as_json: bool) -> None:
     help="auto: restart the container only when live-applying the rules is not enough.",
 )
 @click.option("--yes", is_flag=True, help="Restart without asking when a restart is needed.")
-@click.option("--persist", is_flag=True, help="Also make the host create the uvm nodes at every boot.")
+@persist_opt("Also make the host create the uvm nodes at every boot.")
 @json_option
 @click.pass_context
 def fix(click_ctx, box: str, dry_run: bool, restart: str, yes: bool, persist: bool, as_json: bool) -> None:
@@ -72,7 +74,7 @@ def fix(click_ctx, box: str, dry_run: bool, restart: str, yes: bool, persist: bo
     if not as_json and not yes and sys.stdin.isatty():
 
         def confirm(question: str) -> bool:
-            return click.confirm(question, default=False, err=True)
+            return ask(question)
 
     _run(
         click_ctx,

@@ -10,7 +10,7 @@ import time
 import click
 from rich.markup import escape
 
-from gpubox.clihelp import box_context, json_option
+from gpubox.clihelp import ask, box_context, json_option
 from gpubox.output import console, print_json, render_report
 
 skip_option = click.option(
@@ -92,7 +92,7 @@ def recover(
     if not yes and not dry_run and sys.stdin.isatty():
 
         def confirm(question: str) -> bool:  # the container restart asks first unless --yes
-            return click.confirm(question, default=False, err=True)
+            return ask(question)
 
     c = box_context(
         ctx,
@@ -102,7 +102,7 @@ def recover(
         yes=yes,
         restart=restart,
         persist=persist,
-        profile=profile,
+        bench_profile=profile,
         confirm=confirm,
     )
     try:
@@ -187,6 +187,9 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     finally:
         c.close()
     secs = time.monotonic() - t0
+    # The demo's box is healthy now, so a dry run on it has nothing to show: with --keep, a second
+    # box with the same faults stays beside it to practise on (recover --dry-run, then recover).
+    practice = build(str(sim.dest / "practice"), chosen) if keep else None
     if as_json:
         doc = outcome.to_dict()
         doc.update(
@@ -196,6 +199,7 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
                 "doctor_before_ok": before.ok,
                 "doctor_after_ok": after.ok,
                 "demo_seconds": round(secs, 2),
+                "practice_inventory": str(practice.inventory_path) if practice else None,
             }
         )
         print_json(doc)
@@ -206,4 +210,26 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
             f"demo took {secs:.1f} s; inventory: {sim.inventory_path}"
             + ("" if keep else " (temporary: use --keep DIR to keep it)")
         )
+        for line in practice_lines(practice, chosen):
+            con.print(line)
     sys.exit(0 if (outcome.exit_code == 0 and after.ok) else 1)
+
+
+def practice_lines(practice, faults) -> list[str]:
+    """What to type next: the kept faulty box's commands, or the command that makes one."""
+    import shlex
+
+    if practice is None:
+        cmd = "gpubox sim create /tmp/gpubox-practice" + "".join(f" --fault {shlex.quote(f)}" for f in faults)
+        return [
+            "a faulty box to practise on: "
+            + escape(cmd)
+            + " && gpubox -i /tmp/gpubox-practice/inventory.yml recover ct200 --dry-run"
+        ]
+    inv = shlex.quote(str(practice.inventory_path))
+    return [
+        f"a box with the same faults to practise on: {escape(str(practice.dest))}",
+        f"  gpubox -i {escape(inv)} doctor {practice.box}",
+        f"  gpubox -i {escape(inv)} recover {practice.box} --dry-run",
+        f"  gpubox -i {escape(inv)} recover {practice.box}",
+    ]

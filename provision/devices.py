@@ -23,6 +23,20 @@ UVM_NODES = {"/dev/nvidia-uvm": 0, "/dev/nvidia-uvm-tools": 1}
 _GPU_NODE = re.compile(r"^nvidia(\d+)$")
 
 
+def char_majors(text: str) -> frozenset[int]:
+    """Every major of the `Character devices:` block of /proc/devices."""
+    out, in_char = set(), False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.endswith(":"):
+            in_char = s == "Character devices:"
+            continue
+        parts = s.split(None, 1)
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            out.add(int(parts[0]))
+    return frozenset(out)
+
+
 def parse_proc_devices(text: str) -> dict[str, int]:
     """name -> major from the `Character devices:` block only (block majors can share names)."""
     out: dict[str, int] = {}
@@ -66,6 +80,9 @@ class HostDevices:
     majors: dict[str, int]  # every char device name in /proc/devices
     gpus: int
     nodes: list[Node] = field(default_factory=list)
+    # every char major registered, also those whose name another major has too (the H200's
+    # /proc/devices lists infiniband_verbs at 231 and 244): `majors` keeps one major per name
+    char_majors: frozenset[int] = frozenset()
 
     @property
     def frontend(self) -> int | None:
@@ -89,7 +106,7 @@ class HostDevices:
         return out
 
     def registered(self, major: int) -> bool:
-        return major in self.majors.values()
+        return major in self.majors.values() or major in self.char_majors
 
     def node(self, path: str) -> Node | None:
         return next((n for n in self.nodes if n.path == path), None)
@@ -180,7 +197,9 @@ class DeviceScanFact(Fact):
 
 def host_devices(scan: DeviceScan) -> HostDevices:
     """Pure: the host's devices from a scan (majors by name, wanted and present nodes)."""
-    hd = HostDevices(parse_proc_devices(scan.proc_devices), scan.gpus)
+    hd = HostDevices(
+        parse_proc_devices(scan.proc_devices), scan.gpus, char_majors=char_majors(scan.proc_devices)
+    )
     fe = hd.frontend
     want_fe = (lambda minor: (fe, minor)) if fe is not None else (lambda minor: None)
     paths: list[tuple[str, tuple[int, int] | None]] = [
@@ -198,6 +217,30 @@ def host_devices(scan: DeviceScan) -> HostDevices:
             n.want, n.required = n.have, False
             hd.nodes.append(n)
     return hd
+
+
+# What a plan made before host-devices has loaded nvidia-uvm writes where the uvm major goes: the
+# kernel assigns that major only at the module load (a dynamic one), so the plan cannot name it.
+UVM_PENDING = "<nvidia-uvm major, read after modprobe>"
+
+
+def predicted_dynamic_major(registered: set[int]) -> int | None:
+    """The major the kernel gives the next dynamic char device: the highest free of 254..234, else
+    of 511..384 (linux fs/char_dev.c find_dynamic_major). A prediction only: another driver that
+    registers first takes it, which is why apply reads the real one."""
+    for m in [*range(254, 233, -1), *range(511, 383, -1)]:
+        if m not in registered:
+            return m
+    return None
+
+
+def with_uvm_major(hd: HostDevices, major: int) -> HostDevices:
+    """`hd` as it is once nvidia-uvm holds `major`: the uvm nodes are wanted at it."""
+    nodes = [
+        Node(n.path, (major, UVM_NODES[n.path]), n.have, n.is_char, n.required) if n.path in UVM_NODES else n
+        for n in hd.nodes
+    ]
+    return HostDevices({**hd.majors, "nvidia-uvm": major}, hd.gpus, nodes, hd.char_majors | {major})
 
 
 def read_host_devices(host, gpus: int | None = None) -> HostDevices:

@@ -8,15 +8,26 @@ and container (starting a container asks for consent and waits for it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpubox.context import PERSIST_DEFAULT
 from gpubox.errors import GpuboxError
 from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
 
 from . import cuda_probe
 from .confedit import review
-from .devices import DeviceScan, DeviceScanFact, HostDevices, describe_rdev, host_devices
+from .devices import (
+    UVM_PENDING,
+    DeviceScan,
+    DeviceScanFact,
+    HostDevices,
+    describe_rdev,
+    host_devices,
+    predicted_dynamic_major,
+    with_uvm_major,
+)
 from .gpucheck import GpuPresence, read_presence, shortfall
 from .hostdiag import KernelModules, KernelModulesFact, driver_not_loaded
 from .lxc import (
@@ -28,7 +39,6 @@ from .lxc import (
     HostRdev,
     OwnedRecord,
     clear_restart_due,
-    modprobe_argvs,
     needed_modprobe_runs,
     pending_lines,
     persist_files,
@@ -46,6 +56,9 @@ def _gpus(ctx):
 
 # --- host-devices -------------------------------------------------------------------------------
 
+# ctx.memo key: container-config's finding as shown before host-devices loaded nvidia-uvm
+SHOWN_CONFIG = "container-config/shown-before-modprobe"
+
 
 @dataclass
 class HostDevicesFacts:
@@ -60,6 +73,7 @@ class HostDevicesFacts:
 class HostDevicesOptions:
     persist: bool = False
     expect_gpus: int | None = None  # gpubox_gpus from the inventory
+    box: str = "BOX"
 
 
 @dataclass
@@ -82,12 +96,14 @@ class HostDevicesStep(Step):
 
     def options(self, ctx) -> HostDevicesOptions:
         want = _gpus(ctx)
-        return HostDevicesOptions(bool(ctx.opt("persist")), None if want is None else int(want))
+        return HostDevicesOptions(
+            bool(ctx.opt("persist", PERSIST_DEFAULT)), None if want is None else int(want), ctx.box.name
+        )
 
     def gather(self, ctx) -> HostDevicesFacts:
         scan = ctx.fact(DeviceScanFact, _gpus(ctx))
         files = None
-        if ctx.opt("persist"):
+        if ctx.opt("persist", PERSIST_DEFAULT):
             # the files as they would be for the box's full GPU count, never for fewer
             files = {p: ctx.fact(FileText, p) for p in persist_files(max(scan.gpus, int(_gpus(ctx) or 0)))}
         facts = HostDevicesFacts(scan, files, read_presence(ctx))
@@ -163,14 +179,35 @@ class HostDevicesStep(Step):
             )
             if problems
             else "nothing creates the uvm nodes at boot",
-            repair="; ".join(" ".join(a) for a in runs or modprobe_argvs(hd.gpus, gpu_nodes=False))
-            + (" (+ --persist)" if problems else ""),
+            repair=f"gpubox lxc fix {opts.box}"
+            + (f" (runs {'; '.join(' '.join(a) for a in runs)})" if runs else "")
+            + (
+                ""
+                if opts.persist or not problems
+                else f"; boot files too: gpubox lxc fix {opts.box} --persist"
+            ),
             plan=Plan(" and ".join(what), actions=actions),
             evidence=ev,
         )
 
+    def apply(self, ctx, plan: Plan) -> None:
+        """The plan's actions. First, when they load nvidia-uvm, container-config's finding as a
+        dry run shows it now (its uvm rule at the major read after modprobe): container-config
+        then checks that what it writes is that plan (ContainerConfigStep.check)."""
+        memo = getattr(ctx, "memo", None)
+        if memo is not None and any(isinstance(a, Run) and "-u" in a.argv for a in plan.actions):
+            try:
+                memo[SHOWN_CONFIG] = ContainerConfigStep().check(ctx)
+            except GpuboxError:
+                memo.pop(SHOWN_CONFIG, None)  # container-config reports that itself
+        super().apply(ctx, plan)
+
 
 # --- container-config ---------------------------------------------------------------------------
+
+
+def opts_box(ctx) -> str:
+    return getattr(getattr(ctx, "box", None), "name", "BOX")
 
 
 @dataclass
@@ -274,7 +311,7 @@ class ContainerConfigStep(Step):
                 evidence=ev,
             )
         hd = host_devices(facts.devices)
-        rev = review(conf, hd, opts.mode, _lookup(facts.rdev), set(facts.recorded), _exists(facts.rdev))
+        rev, predicted = self._review(conf, hd, facts, opts)
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev.warnings = rev.warnings
         note = ""
@@ -303,6 +340,11 @@ class ContainerConfigStep(Step):
                 repair=f"edit {path} by hand as said, then re-run",
                 evidence=ev,
             )
+        if predicted is not None:
+            note += (
+                f" (nvidia-uvm is loaded by host-devices first: its rule is written with the major "
+                f"read then, predicted {predicted})"
+            )
         if rev.issues:
             stale = [i for i in rev.issues if i.kind == "stale-rule"]
             plan = Plan()
@@ -322,12 +364,68 @@ class ContainerConfigStep(Step):
         how = opts.mode or "as configured"
         return Finding.ok(f"{path} main section matches the host ({how}){note}{extra}", evidence=ev)
 
+    @staticmethod
+    def _review(conf, hd: HostDevices, facts: ConfigFacts, opts: ConfigOptions):
+        """(review, predicted uvm major or None). When nvidia-uvm is not loaded yet (host-devices,
+        which this step requires, loads it) its major is unknown until then: the review is made
+        with a stand-in major (the kernel's prediction, one the config does not mention), and
+        the stand-in is then written as UVM_PENDING in the text, so a dry run shows
+        `c <nvidia-uvm major, read after modprobe>:* rwm` where apply writes the major it reads."""
+        recorded = set(facts.recorded)
+        if hd.uvm is not None or hd.frontend is None:
+            return review(conf, hd, opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)), None
+        taken = set(hd.char_majors) | set(hd.majors.values()) | recorded
+        predicted = predicted_dynamic_major(taken)
+        stand = predicted
+        while stand is not None and (str(stand) in facts.conf or stand in taken):
+            taken.add(stand)
+            stand = predicted_dynamic_major(taken)
+        if stand is None:  # every dynamic major taken: nvidia-modprobe will fail, host-devices says so
+            return review(conf, hd, opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)), None
+        rev = review(
+            conf, with_uvm_major(hd, stand), opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)
+        )
+        rule = f"c {stand}:"
+        rev.new = rev.new.replace(rule, f"c {UVM_PENDING}:")
+        for i in rev.issues:
+            i.text = i.text.replace(f"nvidia-uvm is now {stand}", "nvidia-uvm is not loaded yet")
+            i.text = re.sub(rf"\b{stand}\b", UVM_PENDING, i.text)
+        return rev, predicted
+
+    def check(self, ctx) -> Finding:
+        """The decision over the facts; in a run where host-devices has just loaded nvidia-uvm,
+        also the proof that this is the plan a dry run showed: the text it would write must be the
+        shown one with the placeholder replaced by the major now read, and nothing else."""
+        f = super().check(ctx)
+        shown = ctx.memo.pop(SHOWN_CONFIG, None) if hasattr(ctx, "memo") else None
+        if shown is None or f.plan is None or not isinstance(f.plan.data, ConfCommit):
+            return f
+        want = shown.plan.data.text if shown.plan and isinstance(shown.plan.data, ConfCommit) else None
+        uvm = host_devices(ctx.fact(DeviceScanFact, _gpus(ctx))).uvm
+        if want is not None and uvm is not None:
+            want = want.replace(UVM_PENDING, str(uvm))
+        if want != f.plan.data.text:
+            return Finding.failed(
+                "the config rewrite after nvidia-modprobe is not the one the plan showed before it "
+                "(nothing written)",
+                cause="the host changed between plan and apply (another driver load, an edit)",
+                repair=f"gpubox recover {opts_box(ctx)} --dry-run, review, then re-run",
+                evidence=f.evidence,
+            )
+        f.detail += f" (nvidia-uvm major read after modprobe: {uvm}, as planned)"
+        return f
+
     def apply(self, ctx, plan: Plan) -> None:
         commit = plan.data
         if not isinstance(commit, ConfCommit):
             raise GpuboxError(
                 "the config issues cannot be fixed in the file",
                 "fix host-devices first (the nodes devN names must exist on the host)",
+            )
+        if UVM_PENDING in commit.text:
+            raise GpuboxError(
+                "the nvidia-uvm major is not known yet: nvidia-uvm is not loaded on the host",
+                "run host-devices first (do not --skip it): it loads the module, then its major is read",
             )
         write_conf(ctx.host, commit.vmid, commit.text, commit.digest)
         record_majors(ctx.host.name, commit.vmid, commit.majors, restart_due=digest(commit.text))
@@ -458,7 +556,7 @@ class ContainerStep(Step):
             return Finding.drift(
                 detail,
                 cause="the live device cgroup denies them (rule missing/stale at start)",
-                repair="live-apply the rules with lxc-cgroup (no restart)",
+                repair=f"gpubox lxc fix {opts.box} (live-applies the rules with lxc-cgroup, no restart)",
                 plan=plan,
                 evidence=ev,
             )
@@ -466,7 +564,7 @@ class ContainerStep(Step):
         return Finding.drift(
             detail,
             cause="nodes missing or stale in the container (bound at start)",
-            repair="restart the container so LXC binds the host's current nodes",
+            repair=f"gpubox lxc fix {opts.box} (restarts the container so LXC binds the host's current nodes)",
             plan=self._restart_plan("reboot", facts, opts),
             evidence=ev,
         )

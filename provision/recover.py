@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from gpubox import areas, selection
 from gpubox.errors import GpuboxError
 from gpubox.pipeline import Node, run_pipeline
@@ -26,7 +28,8 @@ GROUPS = areas.step_groups()
 
 
 class _DoctorBench(Step):
-    """The bench step as doctor sees it: a missing or old result is no fault of the box."""
+    """The bench step as doctor sees it: a missing or old result is no fault of the box, and no
+    health either: it is skipped (not measured), never counted as ok."""
 
     def __init__(self, inner: Step):
         self.inner = inner
@@ -39,7 +42,7 @@ class _DoctorBench(Step):
     def check(self, ctx):
         f = self.inner.check(ctx)
         if f.status == "drift" and "verdict" not in evidence_dict(f.evidence):
-            f.status = "ok"
+            f.status = "skipped"
             f.detail += " (run `gpubox bench BOX` or `gpubox recover BOX` to measure)"
         return f
 
@@ -114,11 +117,12 @@ def _progress(ctx):
     }
 
     def start(node):
-        con.print(f"[dim]…[/] {node.name} ({node.step.host_name(ctx)})")
+        con.print(f"[dim]…[/] {escape(node.name)} ({escape(node.step.host_name(ctx))})")
 
     def done(res: StepResult):
+        # the whole detail, wrapped by the console: a cut at a fixed length stopped mid-word
         con.print(
-            f"  {sym.get(res.status, res.status)} {res.name}: {res.detail[:160]} [dim]({res.seconds:.2f} s)[/]"
+            f"  {sym.get(res.status, res.status)} {res.name}: {escape(res.detail)} [dim]({res.seconds:.2f} s)[/]"
         )
 
     return start, done
@@ -205,6 +209,28 @@ def headline(doc: dict[str, Any]) -> str:
     return f"decode@{out_len} tok/s TP{'/'.join(map(str, tps))}: " + ", ".join(parts)
 
 
+def repairs(report: RunReport) -> list[dict[str, Any]]:
+    """Each change this recover made (steps that ended fixed): what, where, the values set (the
+    step's before -> after detail) and the commands it ran."""
+    return [
+        {"step": s.name, "host": s.host, "detail": s.detail, "commands": s.commands}
+        for s in report.steps
+        if s.changed
+    ]
+
+
+def _record_repairs(outcome: Outcome) -> None:
+    """Put the repairs into the result document (its optional `repairs` key), so the report made
+    from it lists them next to the measurement they preceded."""
+    doc, path = outcome.bench, outcome.bench_path
+    doc["repairs"] = repairs(outcome.report)
+    p = Path(path) if path else None
+    if p is not None and p.is_file() and p.stem == doc.get("run_id"):
+        from gpubox.bench import results
+
+        results.write({k: v for k, v in doc.items() if k != "path"}, p.parent)  # atomic, validated
+
+
 def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
     from gpubox.bench import runner
     from gpubox.state import sub_dir
@@ -232,6 +258,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         return
     outcome.bench = doc
     outcome.bench_path = doc.get("path") or str(out)
+    _record_repairs(outcome)
     verdict = doc.get("verdict", {})
     reasons = "; ".join(r.get("message", "") for r in verdict.get("reasons", [])[:3])
     outcome.report.steps.append(

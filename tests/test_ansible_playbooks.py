@@ -334,6 +334,17 @@ def test_check_diff_changes_no_file_and_shows_the_diffs(fleet):
     assert "# run: setpci -A linux-sysfs" in p.stdout and "CAP_EXP+8.w=5000:7000" in p.stdout
     assert "+kernel.numa_balancing = 0" in p.stdout  # ct-c's host
     assert "# run: nvidia-modprobe -u" in p.stdout  # ct-a's and ct-c's hosts
+    # ct-a (the seed's box: uvm not loaded, rule at the stale 508): --check --diff shows the rule
+    # replaced by one at the major read after modprobe, not deleted (issue 29), and apply wrote
+    # that plan with the major filled in
+    shown = "+lxc.cgroup2.devices.allow: c <nvidia-uvm major, read after modprobe>:* rwm"
+    assert shown in p.stdout, _explain(p)
+    cc = {s["name"]: s for s in fleet.runs["recover_results"]["ct-a"]["steps"]}["container-config"]
+    assert (
+        cc["status"] == "fixed"
+        and "as planned" in cc["detail"]
+        and "+lxc.cgroup2.devices.allow: c 511:* rwm" in cc["diff"]
+    )
 
 
 def test_fault_run_repairs_every_box(fleet):

@@ -125,7 +125,7 @@ def test_ttft_excludes_a_blocked_event_loop(tmp_path):
     assert s.ok and s.clock == "kernel/kernel" and s.to_dict()["clock"] == "kernel/kernel"
     first = s.started + s.ttft_s
     assert t["t_first"] - SLACK <= first < t["t_first"] + 0.005  # the simulator's write, not the wake-up
-    assert s.ttft_s < 0.6  # the loop woke up at 0.7 s
+    # (no bound in seconds: the simulator's own write stamp above is the reference, load or not)
 
 
 @linux

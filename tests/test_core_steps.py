@@ -200,7 +200,9 @@ def test_skipped_without_block_is_ok():
     from gpubox.steps import StepResult
 
     r.steps.append(StepResult("bench", "ct200", "skipped", detail="--no-bench"))
-    assert r.ok and r.exit_code == 0
+    assert not r.ok and r.exit_code == 1  # nothing was checked: skipped alone is not ok
+    r.steps.insert(0, StepResult("numa-balancing", "pve1", "ok"))
+    assert r.ok and r.exit_code == 0 and r.recap()["skipped"] == 1
 
 
 def test_emit_json_and_exit_status(ctx, capsys):

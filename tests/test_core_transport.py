@@ -295,7 +295,7 @@ def test_ssh_silent_host_times_out_naming_host(sshd):
             )
         took = time.monotonic() - t0
     assert f"pve9: cannot reach 127.0.0.1:{port}" in str(ei.value) and "1 s" in str(ei.value)
-    assert 0.9 <= took < 4
+    assert took >= 0.9  # the 1 s timeout fired (no upper bound: a loaded machine only adds delay)
 
 
 def test_ssh_second_loopback_address(sshd_factory, tmp_path, monkeypatch):

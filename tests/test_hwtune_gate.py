@@ -289,7 +289,7 @@ def test_tune_nccl_refuses_a_profile_for_another_topology(tmp_path):
     inv = Inventory(sim.inventory_path)
     nv = tmp_path / "nvonly.yaml"
     nv.write_text("name: nvonly\ntopologies: [nvlink, nvswitch]\nenv:\n  NCCL_PROTO: Simple\n")
-    ctx = Context(box=inv.box("ct200"), inventory=inv, options={"profile": str(nv)})
+    ctx = Context(box=inv.box("ct200"), inventory=inv, options={"nccl_profile": str(nv)})
     rep = run_steps(ctx, steps(ctx, ("nccl-env",)), "apply")
     s = rep.steps[0]
     assert s.status == "failed" and "is for nvlink, nvswitch; this box is pcie-multi-numa" in s.detail

@@ -196,20 +196,20 @@ def test_cli_profiles_show_export(tmp_path, tricky_profile):
     assert "NCCL_MIN_NCHANNELS" not in profiles["pcie-2numa"]["env"]  # deprecated: MIN_CTAS instead
     assert gpubox("nccl", "show", "pcie-2numa").returncode == 0
     out = tmp_path / "out.env"
-    r = gpubox("nccl", "export", "--profile", str(tricky_profile), "--format", "envfile", "-o", str(out))
+    r = gpubox("nccl", "export", "--nccl-profile", str(tricky_profile), "--format", "envfile", "-o", str(out))
     assert r.returncode == 0 and bash_env(out) == TRICKY and nccl.parse_envfile(out.read_text()) == TRICKY
     r = gpubox("nccl", "export", "--format", "shell")
     assert r.returncode == 0 and "export NCCL_PROTO=LL" in r.stdout and "debugging knob" in r.stderr
 
 
 def test_cli_unknown_profile_is_bad_input():
-    r = gpubox("nccl", "export", "--profile", "pcie-2numo")
+    r = gpubox("nccl", "export", "--nccl-profile", "pcie-2numo")
     assert r.returncode == 2 and "did you mean pcie-2numa?" in r.stderr
 
 
 def test_cli_user_profile_dir_and_invalid_profile(tmp_path):
     (tmp_path / "bad.yaml").write_text("name: bad\nenv:\n  NCCL_PROTO: LL,Simpel\n")
-    r = gpubox("nccl", "export", "--profile", "bad", env={"GPUBOX_NCCL_PROFILES": str(tmp_path)})
+    r = gpubox("nccl", "export", "--nccl-profile", "bad", env={"GPUBOX_NCCL_PROFILES": str(tmp_path)})
     assert r.returncode == 2 and "Simpel" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

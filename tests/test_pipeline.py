@@ -31,6 +31,7 @@ class Rec(Step):
         self.log.append(("check", self.name, time.monotonic()))
         if self.sleep:
             time.sleep(self.sleep)
+        self.log.append(("checked", self.name, time.monotonic()))
         if self.world.get(self.name) or not self.broken:
             return Finding.ok("fine")
         return Finding.drift("broken", cause="test", repair="fix")
@@ -49,13 +50,13 @@ def test_lanes_overlap_and_respect_requires():
     b = Rec("b", "container", world, log, sleep=0.2)
     c = Rec("c", "container", world, log)
     nodes = [Node(a, (), "host"), Node(b, (), "container"), Node(c, ("a",), "container")]
-    t0 = time.monotonic()
     rep = run_pipeline(Ctx(), nodes, "check")
-    took = time.monotonic() - t0
     assert [s.name for s in rep.steps] == ["a", "b", "c"]
-    assert took < 0.38, "lanes a and b should have run at the same time"
     start = {n: t for v, n, t in log if v == "check"}
-    assert start["c"] >= start["a"] + 0.2  # c waited for a
+    end = {n: t for v, n, t in log if v == "checked"}
+    # overlap from the steps' own start/end stamps, not a wall-clock budget a loaded machine breaks
+    assert start["b"] < end["a"] and start["a"] < end["b"], "lanes a and b should have run at the same time"
+    assert start["c"] >= end["a"]  # c waited for a
 
 
 def test_apply_blocks_dependents_of_unfixable_step():

@@ -67,7 +67,8 @@ def test_bad_invocations_exit_2(capsys, tmp_path):
 def test_sim_box_without_gpu_is_skipped_not_failed(capsys, sim):
     rc, out, _ = gpubox(capsys, "-i", str(sim.inventory_path), "probe", sim.box, "--json")
     rep = json.loads(out)
-    assert rc == 0 and rep["ok"] is True
+    # skipped, not failed; and not ok either: nothing was checked (issue 29), so exit 1
+    assert rc == 1 and rep["ok"] is False
     assert {s["status"] for s in rep["steps"]} == {"skipped"}
     # the script really ran in the simulated container (its document came back through the transport)
     assert rep["probe"]["schema"] == "gpubox.probe/1" and rep["probe"]["seconds"] >= 0
@@ -112,7 +113,7 @@ def test_gpu_probe_step_in_check_and_apply_modes(sim):
         (res,) = rep.steps
         assert res.name == "gpu-probe" and res.status == SKIPPED and not res.changed
         assert "no NVML" in res.detail or "pynvml" in res.detail
-        assert rep.ok
+        assert not rep.ok and rep.recap()["skipped"] == 1  # nothing checked: not ok (issue 29)
     ctx.close()
 
 

@@ -33,7 +33,8 @@ def test_script_from_stdin_reports_absence_without_crashing():
 def test_script_without_site_packages_names_the_missing_modules():
     # -I -S: no site-packages, so neither pynvml nor torch can be imported (a bare python3).
     doc = run_script(isolated=True)
-    assert doc["nvml"] == {"status": "skipped", "reason": "pynvml not importable (pip install nvidia-ml-py)"}
+    assert doc["nvml"]["status"] == "skipped"
+    assert doc["nvml"]["reason"].startswith(f"pynvml not importable by {sys.executable} (ModuleNotFoundError")
     assert doc["torch"]["status"] == "skipped" and "torch not importable" in doc["torch"]["reason"]
 
 

@@ -260,7 +260,7 @@ def test_no_gpu_document_is_all_skipped():
     assert {c.status for c in checks} == {SKIPPED}
     st, detail, _ = pv.summarize(checks)
     assert st == SKIPPED and "no NVML" in detail and "torch" in detail
-    assert pv.report(doc).exit_code == 0
+    assert pv.report(doc).exit_code == 1  # every check skipped: nothing checked, not ok (issue 29)
 
 
 def test_summarize_worst_wins(real):

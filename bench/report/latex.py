@@ -34,6 +34,13 @@ _TEX = {
     ">": r"\textgreater{}",
     "|": r"\textbar{}",
     '"': r"\textquotedbl{}",
+    # characters that T1 fonts join into ligatures: `--` an en dash (a command's
+    # --tensor-parallel-size), `---` an em dash, `<<`/`>>` and `,,` quotes, `` ` `` and `'` curly
+    # quotes; an empty group after each keeps them the characters that were written
+    "-": "-{}",
+    ",": ",{}",
+    "`": r"\textasciigrave{}",
+    "'": r"\textquotesingle{}",
     # Unicode that findings use; anything else non-ASCII is transliterated or becomes '?', since
     # pdflatex stops on characters its fonts do not set up ("Unicode character ... not set up").
     "\u00d7": r"$\times$",

@@ -114,6 +114,18 @@ def appendix(run: Run) -> Appendix:
         ("NUMA balancing", nb_txt),
         ("gpubox", f"{_s(tool.get('version'))} ({_s(tool.get('git'))})"),
     ]
+    # what `gpubox recover` changed before this measurement, one row per repair, with the values
+    # it set and the commands it ran (the result's optional `repairs`, written by recover)
+    for r in run.doc.get("repairs") or []:
+        if not isinstance(r, dict):
+            continue
+        ran = "; ".join(" ".join(map(str, c)) for c in r.get("commands") or [] if isinstance(c, list))
+        facts.append(
+            (
+                f"repair: {_s(r.get('step'))} ({_s(r.get('host'))})",
+                _s(r.get("detail")) + (f"; ran: {ran}" if ran else ""),
+            )
+        )
     gpus = [g for g in f.get("gpus") or [] if isinstance(g, dict)]
     gt = None
     if gpus:

@@ -343,6 +343,7 @@ class Sim:
         self.active = 0
         self.total_tokens = 0
         self.requests = 0
+        self.loading_left = int(getattr(a, "loading_requests", 0) or 0)
         self.truth: list[dict] = []
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * max(self.budget, 1)
@@ -507,6 +508,10 @@ class Handler:
         s, a = self.sim, self.sim.a
         if path == "/health":
             await _send(w, 200, b"")
+        elif path == "/v1/models" and a.models_list == "empty":
+            # transformers serve 5.17 serving a local directory (read on the H200 device machine,
+            # 2026-12-01): it lists Hugging Face cache repos only, so its own model is not there
+            await _send(w, 200, json.dumps({"object": "list", "data": []}).encode())
         elif path == "/v1/models":
             await _send(
                 w,
@@ -581,6 +586,13 @@ class Handler:
             await _send(
                 w, a.error_status, _err("simulated engine failure", a.error_status, "InternalServerError")
             )
+            return True
+        if a.models_list == "empty" and req.get("model") != a.served_name:
+            await _send(w, 404, _err(f"model {req.get('model')!r} not found", 404, "NotFoundError"))
+            return True
+        if s.loading_left > 0:  # a lazy server: answers HTTP before its model is loaded
+            s.loading_left -= 1
+            await _send(w, 503, _err("model is loading", 503, "ServiceUnavailableError"))
             return True
         chat = path.endswith("chat/completions")
         prompt_tokens = s.chat_tokens(req.get("messages")) if chat else s.count(str(req.get("prompt", "")))
@@ -669,6 +681,7 @@ class Handler:
             loop = asyncio.get_running_loop()
             # absolute deadlines so pacing never drifts: first token after prefill, then n/rate
             t_next = t_recv + s.ttft(prompt_tokens)
+            plan_first = t_next
             t_first = t_last = None
             first = True
             while emitted < n_target:
@@ -732,8 +745,16 @@ class Handler:
                     "e2e_s": t_last - t_recv,
                     "output_tokens": emitted,
                     "prompt_tokens": prompt_tokens,
+                    # the simulator's own clock: when it meant to send the first and last token.
+                    # Sent later than planned = the machine could not keep the pace (load), which
+                    # tests measure instead of assuming a margin
+                    "plan_ttft_s": plan_first - t_recv,
+                    "plan_e2e_s": t_next - t_recv,
                 }
             )
+            if a.truth_file:
+                with open(a.truth_file, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({**s.truth[-1], "tp": a.tp, "method": a.method}) + "\n")
             del loop
             return True
         finally:
@@ -747,6 +768,18 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--model", default="/dev/shm/Qwen3.6-27B")
     p.add_argument("--served-model-name", dest="served_name", default=None)
+    p.add_argument(
+        "--models-list",
+        choices=["full", "empty"],
+        default="full",
+        help="empty: /v1/models lists nothing and only the named model is served (transformers serve 5.17)",
+    )
+    p.add_argument(
+        "--truth-file", default=None, help="append each request's /sim/truth record here (JSON lines)"
+    )
+    p.add_argument(
+        "--loading-requests", type=int, default=0, help="answer the first N generation requests 503 (loading)"
+    )
     p.add_argument("--drafter", default="")
     p.add_argument("--method", choices=["auto", "linear", "ddtree"], default="auto")
     p.add_argument("--budget", type=int, default=15)

@@ -7,8 +7,25 @@ in the simulation, or by the container's inventory env), else the host's.
 from __future__ import annotations
 
 import os
+import re
+import time
 
 from ..core import SimBox, StandinError
+
+
+def _next_elapse(unit, st) -> str:
+    """NextElapseUSecRealtime of a monotonic timer as systemd prints it with --value: activation
+    + OnActiveSec (no run has happened in the simulation), in local time; "" when inactive or the
+    timer has no monotonic setting (OnCalendar is not simulated)."""
+    if not st.get("active") or not unit.exists():
+        return ""
+    m = re.search(r"^OnActiveSec=(\d+)(min|h|d|s)?$", unit.read_text(), re.M)
+    if not m:
+        return ""
+    span = int(m.group(1)) * {"s": 1, None: 1, "min": 60, "h": 3600, "d": 86400}[m.group(2)]
+    return time.strftime(
+        "%a %Y-%m-%d %H:%M:%S %Z", time.localtime(st.get("activated_at", time.time()) + span)
+    )
 
 
 def _root(sim: SimBox):
@@ -40,8 +57,13 @@ def main(sim: SimBox, argv: list[str]) -> int:
                 s["enabled"] = True
                 if "--now" in flags:
                     s["active"], s["starts"] = True, s["starts"] + 1
+                    s["activated_at"] = time.time()
             elif verb in ("start", "restart"):
                 s["active"], s["starts"] = True, s["starts"] + 1
+                s["activated_at"] = time.time()
+            elif verb == "show":
+                print(_next_elapse(unit_dir / u, s) if "--property=NextElapseUSecRealtime" in flags else "")
+                return 0
             elif verb == "disable":
                 s["enabled"] = False
                 if "--now" in flags:

@@ -1,0 +1,99 @@
+"""Ctrl-C and option names (issue 29, point 2).
+
+A real SIGINT to a real `gpubox recover` at the container-restart prompt (on a pseudo-terminal,
+as a person sees it): exit 130, a list of what was already changed, no "Fatal Python error".
+`--profile` is the benchmark profile everywhere; the NCCL profile is `--nccl-profile`."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from gpubox.simbox import build
+from tests.clirun import gpubox
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read_until(fd: int, proc: subprocess.Popen, want: bytes | None, limit: float) -> bytes:
+    buf, end = b"", time.monotonic() + limit
+    while time.monotonic() < end:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if r:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            buf += chunk
+            if want is not None and want in buf:
+                break
+        elif proc.poll() is not None:
+            break
+    return buf
+
+
+def test_ctrl_c_at_the_restart_prompt_exits_130_with_what_was_changed(tmp_path):
+    sim = build(tmp_path / "box", ["uvm_missing", "uvm_stale_major"], gpus=2)
+    conf0 = sim.hpath("/etc/pve/lxc/200.conf").read_text()
+    master, slave = pty.openpty()
+    env = dict(os.environ, GPUBOX_STATE_DIR=str(tmp_path / "state"), COLUMNS="200", PYTHONPATH=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "recover", "ct200", "--no-bench"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    try:
+        out = _read_until(master, proc, b"[y/N]", 120)
+        assert b"[y/N]" in out, out.decode(errors="replace")[-2000:]
+        proc.send_signal(signal.SIGINT)
+        out += _read_until(master, proc, None, 60)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert rc == 130, text[-2000:]
+    assert "Fatal Python error" not in text and "Traceback" not in text
+    tail = text[text.index("gpubox: interrupted") :]
+    assert "already changed: host-devices" in tail and "already changed: container-config" in tail
+    assert "interrupted while running: container" in tail
+    # what it says was changed was changed, and nothing after the prompt was
+    assert "c 511:* rwm" in sim.hpath("/etc/pve/lxc/200.conf").read_text() != conf0
+    assert not any("reboot" in json.dumps(c) for c in sim.calls())  # the prompt's question was not run
+
+
+def test_profile_is_the_benchmark_profile_in_recover(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    sim = build(tmp_path / "box", ["nccl_missing"], gpus=2)
+    rc, out, err = gpubox(
+        capsys, "-i", sim.inventory_path, "recover", "ct200", "--dry-run", "--profile", "health", "--json"
+    )
+    nccl = {s["name"]: s for s in json.loads(out)["steps"]}["nccl-env"]
+    assert nccl["status"] == "drift" and "unknown NCCL profile" not in nccl["detail"]
+
+
+def test_nccl_profile_has_its_own_name_and_the_old_spelling_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    sim = build(tmp_path / "box", ["nccl_missing"], gpus=2)
+    rc, out, err = gpubox(
+        capsys, "-i", sim.inventory_path, "tune", "nccl", "ct200", "--profile", "pcie-2numa"
+    )
+    assert rc == 2 and "--nccl-profile pcie-2numa" in err and len(err.strip().splitlines()) == 1
+    rc, out, err = gpubox(
+        capsys, "-i", sim.inventory_path, "tune", "nccl", "ct200", "--nccl-profile", "pcie-2numa", "--dry-run"
+    )
+    assert rc == 1 and "NCCL_PROTO=LL" in out
+    rc, out, err = gpubox(capsys, "nccl", "export", "--profile", "pcie-2numa")
+    assert rc == 2 and "--nccl-profile" in err
