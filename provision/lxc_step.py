@@ -317,6 +317,11 @@ class ContainerConfigStep(Step):
         note = ""
         if pending:
             note = f" (pending, applied at the next restart: {', '.join(pending)})"
+        if predicted is not None:
+            note += (
+                f" (nvidia-uvm is loaded by host-devices first: its rule is written with the major "
+                f"read then, predicted {predicted})"
+            )
         refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
         if refused and rev.changed:
             # a foreign line stops the start: gpubox's own lines are still brought right now (no
@@ -339,11 +344,6 @@ class ContainerConfigStep(Step):
                 cause="a line gpubox does not own stops the container from starting",
                 repair=f"edit {path} by hand as said, then re-run",
                 evidence=ev,
-            )
-        if predicted is not None:
-            note += (
-                f" (nvidia-uvm is loaded by host-devices first: its rule is written with the major "
-                f"read then, predicted {predicted})"
             )
         if rev.issues:
             stale = [i for i in rev.issues if i.kind == "stale-rule"]

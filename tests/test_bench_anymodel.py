@@ -32,7 +32,7 @@ def _sim_argv(port: int, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "gpubox.bench.simserver",
+        "gpubox.simbox.simserver",
         "--port",
         str(port),
         "--model",
@@ -123,7 +123,7 @@ PARENT = r"""
 import sys, time
 from gpubox.bench.launcher import Server, free_port
 port = free_port()
-argv = [sys.executable, "-m", "gpubox.bench.simserver", "--port", str(port), "--startup-s", "0"]
+argv = [sys.executable, "-m", "gpubox.simbox.simserver", "--port", str(port), "--startup-s", "0"]
 s = Server(argv, {}, port=port, log_path=sys.argv[1])
 s.start()
 s.wait_ready(120)
