@@ -1,6 +1,7 @@
 """One scheduled health check, what the timer runs: lock, benchmark, judge, record, export, alert.
 
-1. take the box's run lock (a second run is refused at once, never queued behind the first);
+1. take the box's one lock on its Proxmox host (gpubox.boxlock; a second taker waits
+   $GPUBOX_LOCK_WAIT seconds, then is refused naming the holder);
 2. run `gpubox bench BOX --profile P --json` (the benchmark's own CLI, so the unit depends only
    on its documented output, docs/result-schema.md) or read a result file (--from-json);
 3. judge it against the box's history and expectations (bench.regress) and record it;
@@ -13,7 +14,6 @@ the reason, so monitoring sees gpubox_health 2 instead of a silent gap.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -25,46 +25,19 @@ from typing import Any
 
 from gpubox import areas
 from gpubox.errors import GpuboxError
-from gpubox.state import state_dir
 
 from . import alert, history, prom, regress
 
-HELD_ENV = "GPUBOX_LOCK_HELD"  # set by run-once for its `gpubox bench` child: the lock it holds
-
 
 @contextmanager
-def run_lock(box: str, base: Path | None = None):
-    """Exclusive, non-blocking lock for BOX's health runs (flock(2) on a file in the state dir).
+def run_lock(ctx, what: str | None = None):
+    """The box's one lock (gpubox.boxlock: on its Proxmox host) for a measurement of it: a health
+    check, a manual bench and any repair of the same box never overlap, whichever control node,
+    state directory or front end started them. Yields the lock file's path on the host."""
+    from gpubox.boxlock import box_lock
 
-    The kernel drops the lock when the holder exits, however it exits, so a crash never leaves
-    a stale lock behind."""
-    d = (base or state_dir()) / "locks"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"health-{history.store_path(box).stem}.lock"
-    if os.environ.get(HELD_ENV) == str(path):  # our parent (run-once) holds it for us
-        yield path
-        return
-    f = open(path, "a+")
-    try:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise GpuboxError(
-                f"a health check of {box} is already running ({holder})",
-                "wait for it to finish; runs never overlap",
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
-        f.flush()
-        from gpubox.boxlock import box_lock
-
-        with box_lock(box):  # the one per-box lock too: no repair may restart the box mid-benchmark
-            yield path
-    finally:
-        f.close()
+    with box_lock(ctx, what) as info:
+        yield info.path
 
 
 def _stamp() -> str:
@@ -128,7 +101,7 @@ def run_benchmark(
         argv += ["-i", str(inventory)]
     argv += ["bench", box, "--profile", profile, "--json"]
     try:
-        env = dict(os.environ, **({HELD_ENV: str(lock_path)} if lock_path else {}))
+        env = dict(os.environ)  # carries $GPUBOX_BOX_LOCK_HELD: the child re-enters our lock
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return failed_doc(box, profile, f"no result within the time limit of {timeout:g} s", t0, simulated)
@@ -172,7 +145,7 @@ def run_once(
     prom_dir = prom_dir or box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR)
     simulated = bool(box.var("gpubox_simulated", False))
     notes: list[str] = []
-    with run_lock(box.name) as lock_path:
+    with run_lock(ctx, f"gpubox schedule run-once {box.name}") as lock_path:
         if from_json:
             try:
                 doc = json.loads(Path(from_json).read_text())

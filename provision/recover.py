@@ -241,7 +241,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     from gpubox.bench.runonce import run_lock
 
     try:
-        with run_lock(ctx.box.name):  # never overlap a scheduled health check of the same box
+        with run_lock(ctx):  # never overlap a scheduled health check of the same box
             doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
     except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
         outcome.report.steps.append(

@@ -237,10 +237,34 @@ def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, ca
 def test_manual_bench_is_refused_while_a_health_check_holds_the_lock(tmp_path, capsys):
     """`gpubox bench` takes the same per-box lock as the scheduled run."""
     from gpubox.bench.runonce import run_lock
+    from gpubox.context import Context
+    from gpubox.inventory import Inventory
     from gpubox.simbox import build
     from tests.clirun import gpubox
 
     sim = build(tmp_path / "box", [])
-    with run_lock("ct200"):
+    inv = Inventory(sim.inventory_path)
+    holder = subprocess.Popen(  # another process holds it (in-process the lock is re-entrant)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from gpubox.context import Context; from gpubox.inventory import Inventory;"
+            "from gpubox.bench.runonce import run_lock; inv = Inventory(sys.argv[1]);"
+            "ctx = Context(box=inv.box('ct200'), inventory=inv)\n"
+            "with run_lock(ctx, 'test holder'):\n print('held', flush=True); sys.stdin.read()",
+            str(sim.inventory_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
         rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", "--json")
-    assert rc == 2 and "already running" in err and len(err.strip().splitlines()) == 1
+    finally:
+        holder.communicate("", timeout=30)
+    assert rc == 2 and "`test holder` is already running (pid" in err, err
+    assert len(err.strip().splitlines()) == 1
+    with run_lock(Context(box=inv.box("ct200"), inventory=inv)):  # free again once the holder left
+        pass

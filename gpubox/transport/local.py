@@ -11,7 +11,7 @@ import time
 from typing import Mapping, Sequence
 
 from ..errors import TransportError
-from .base import CmdResult, FileStat, LineCallback, LineSplitter, Transport, validate_argv
+from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
 
 class LocalTransport(Transport):
@@ -118,6 +118,19 @@ class LocalTransport(Transport):
             th.join(timeout=5)
         return b"".join(out), b"".join(err)
 
+    def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Held:
+        argv = validate_argv(argv)
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env
+            )
+        except FileNotFoundError:
+            raise TransportError(f"{self.name}: {argv[0]} not found", f"install {argv[0]} there") from None
+        return _LocalHeld(proc)
+
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
@@ -172,3 +185,31 @@ class LocalTransport(Transport):
 
     def remove(self, path: str) -> None:
         os.unlink(path)
+
+
+class _LocalHeld(Held):
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__()
+        self.proc = proc
+        self._err = b""
+        threading.Thread(target=self._drain, daemon=True).start()
+        self._start()
+
+    def _drain(self) -> None:
+        self._err = self.proc.stderr.read()
+
+    def _read(self) -> bytes:
+        return self.proc.stdout.read1(4096)
+
+    def _close_stdin(self) -> None:
+        self.proc.stdin.close()
+
+    def _poll(self) -> int | None:
+        return self.proc.poll()
+
+    def _kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stderr_text(self) -> str:
+        return self._err.decode(errors="replace")

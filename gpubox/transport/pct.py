@@ -12,7 +12,7 @@ import secrets
 import stat as _stat
 from typing import Mapping, Sequence
 
-from .base import CmdResult, FileStat, LineCallback, Transport, validate_argv
+from .base import CmdResult, FileStat, Held, LineCallback, Transport, validate_argv
 
 
 class PctTransport(Transport):
@@ -56,6 +56,13 @@ class PctTransport(Transport):
             inner = ["env", "-C", cwd, *inner]
         r = self._pct("exec", str(self.vmid), "--", *inner, timeout=timeout, input=input, on_stderr=on_stderr)
         return CmdResult(list(argv), r.rc, r.stdout, r.stderr, r.seconds, self.name)
+
+    def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Held:
+        """Through `pct exec` on the host (lxc-attach passes stdin on, so EOF still ends it)."""
+        inner = list(validate_argv(argv))
+        if env:
+            inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
+        return self.host.hold(["pct", "exec", str(self.vmid), "--", *inner], env=self.host_env or None)
 
     def read_bytes(self, path: str) -> bytes:
         # base64 because the host transport hands back decoded text: raw `cat` would mangle any
