@@ -145,11 +145,22 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
         raise GpuboxError(
             f"cannot create output directory {d}: {exc.strerror}", "pick a writable --out"
         ) from None
-    path = d / f"{doc['run_id']}.json"
-    tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    path = d / result_file_name(doc)
+    from gpubox.safeio import write_atomic
+
+    write_atomic(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
     return path
+
+
+def result_file_name(doc: dict[str, Any]) -> str:
+    """`<history key>-<start stamp>.json`: the box's identity names the file (two boxes called ct200
+    in two inventories never share one); a document without box_id keeps `<run_id>.json`."""
+    from .history import doc_key
+
+    if not doc.get("box_id"):
+        return f"{doc['run_id']}.json"
+    stamp = str(doc["run_id"]).rsplit("-", 1)[-1]
+    return f"{doc_key(doc)}-{stamp}.json"
 
 
 def record_history(doc: dict[str, Any]) -> bool:
@@ -160,7 +171,7 @@ def record_history(doc: dict[str, Any]) -> bool:
     return True
 
 
-def history_baseline(box: str):
+def history_baseline(box):
     """`baseline(key)` over the box's history."""
     from . import history
 

@@ -30,13 +30,13 @@ from . import alert, history, prom, regress
 
 
 @contextmanager
-def run_lock(ctx, what: str | None = None):
+def run_lock(ctx, what: str | None = None, wait: float | None = None):
     """The box's one lock (gpubox.boxlock: on its Proxmox host) for a measurement of it: a health
     check, a manual bench and any repair of the same box never overlap, whichever control node,
     state directory or front end started them. Yields the lock file's path on the host."""
     from gpubox.boxlock import box_lock
 
-    with box_lock(ctx, what) as info:
+    with box_lock(ctx, what, wait) as info:
         yield info.path
 
 
@@ -145,7 +145,9 @@ def run_once(
     prom_dir = prom_dir or box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR)
     simulated = bool(box.var("gpubox_simulated", False))
     notes: list[str] = []
-    with run_lock(ctx, f"gpubox schedule run-once {box.name}") as lock_path:
+    # wait=0: a scheduled run is refused at once, never queued behind another (systemd's timer
+    # already never starts a second one of its own; this covers recover, bench, other nodes).
+    with run_lock(ctx, f"gpubox schedule run-once {box.name}", wait=0) as lock_path:
         if from_json:
             try:
                 doc = json.loads(Path(from_json).read_text())
@@ -154,14 +156,17 @@ def run_once(
                     f"cannot read result {from_json}: {exc}", "give a gpubox.bench/1 JSON file"
                 ) from None
             history.validate(doc)
-            if doc["box"] != box.name:
+            if doc["box"] != box.name or doc.get("box_id") not in (None, box.id):
                 raise GpuboxError(
-                    f"{from_json} is a result of {doc['box']}, not {box.name}", "give a result of this box"
+                    f"{from_json} is a result of {doc['box']} ({doc.get('box_id') or 'no identity'}), "
+                    f"not {box.name} ({box.id})",
+                    "give a result of this box",
                 )
         else:
             inv = str(ctx.inventory.path) if ctx.inventory is not None else None
             doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated, lock_path)
-        doc = regress.judge(doc, history.runs(box.name), settings)
+        doc["box_id"] = box.id  # the history of this box (Proxmox host + vmid), never a namesake's
+        doc = regress.judge(doc, history.runs(box), settings)
         history.record(doc)
         doctor = None
         if with_doctor:
@@ -187,7 +192,7 @@ def run_once(
         "status": v["status"],
         "ok": v["status"] == "healthy",
         "reasons": v.get("reasons", []),
-        "history": str(history.store_path(box.name)),
+        "history": str(history.store_path(box)),
         "prom": prom_path,
         "lock": str(lock_path),
         "doctor": None

@@ -98,8 +98,9 @@ def describe(rec: dict | None, live: bool) -> str:
 
 
 @contextmanager
-def box_lock(ctx, what: str | None = None):
-    """Hold the lock of ctx.box on its Proxmox host for the duration of the block."""
+def box_lock(ctx, what: str | None = None, wait: float | None = None):
+    """Hold the lock of ctx.box on its Proxmox host for the duration of the block (WAIT seconds
+    for a holder to finish: default $GPUBOX_LOCK_WAIT; 0 refuses at once)."""
     box = ctx.box
     host = ctx.host
     lock, holder = lock_paths(box.vmid)
@@ -122,7 +123,7 @@ def box_lock(ctx, what: str | None = None):
             host.makedirs(LOCK_DIR)
     except OSError as exc:
         raise os_error(exc) from None
-    wait = _wait_s()
+    wait = _wait_s() if wait is None else max(0.0, float(wait))
     argv = ["flock", *(["-n"] if wait == 0 else ["-w", f"{wait:g}"]), "-E", str(BUSY), real]
     held = host.transport.hold([*argv, "sh", "-c", _SCRIPT])
     line = held.first_line(timeout=wait + 30)

@@ -235,7 +235,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     from gpubox.bench import runner
     from gpubox.state import sub_dir
 
-    out = Path(out_dir or sub_dir("results", ctx.box.name))
+    out = Path(out_dir or sub_dir("results", ctx.box.id))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     from gpubox.bench.runonce import run_lock
