@@ -54,6 +54,7 @@ class LockInfo:
     path: str
     key: str
     stale: dict | None = None
+    swept: list[str] | None = None  # temps a killed run left on the box, removed now
 
 
 def lock_paths(vmid: int) -> tuple[str, str]:
@@ -157,12 +158,15 @@ def box_lock(ctx, what: str | None = None, wait: float | None = None):
             host.write(holder, json.dumps(rec) + "\n", mode=0o644, backup=False)
         except OSError as exc:
             raise os_error(exc) from None
+        from .temps import HOST_DIRS, sweep
+
+        swept = sweep(host, HOST_DIRS)  # a killed run's temps: removed before any work, and said
         with _mutex:
             _held[key] = 1
         old_env = os.environ.get(HELD_ENV)
         os.environ[HELD_ENV] = key if not old_env else old_env + os.pathsep + key
         try:
-            yield LockInfo(real, key, stale)
+            yield LockInfo(real, key, stale, swept)
         finally:
             with _mutex:
                 _held.pop(key, None)

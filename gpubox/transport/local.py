@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Mapping, Sequence
 
+from .. import safeio
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
@@ -139,13 +140,22 @@ class LocalTransport(Transport):
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = os.path.dirname(path) or "."
-        tmp = os.path.join(d, tmp_name or f".{os.path.basename(path)}.gpubox.{os.getpid()}.tmp")
+        tmp = os.path.join(d, tmp_name or safeio.tmp_name(path))
         if mode is None:
             try:
                 mode = os.stat(path).st_mode & 0o7777
             except FileNotFoundError:
                 mode = 0o644
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        # A new file, never opened through what stands at that name (a planted symlink): O_EXCL.
+        # A caller-given name (Proxmox's `<file>.tmp.<pid>`) left by a killed run is removed first.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, mode)
+        except FileExistsError:
+            if not tmp_name:
+                raise
+            os.unlink(tmp)
+            fd = os.open(tmp, flags, mode)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import base64
 import posixpath
-import secrets
 import stat as _stat
 from typing import Mapping, Sequence
 
+from .. import safeio
 from .base import CmdResult, FileStat, Held, LineCallback, Transport, validate_argv
 
 
@@ -77,11 +77,8 @@ class PctTransport(Transport):
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
-        token = secrets.token_hex(6)
-        host_tmp = f"/tmp/.gpubox-push-{token}"
-        ct_tmp = posixpath.join(
-            posixpath.dirname(path), tmp_name or f".{posixpath.basename(path)}.gpubox.{token}.tmp"
-        )
+        host_tmp = f"/tmp/{safeio.tmp_name('gpubox-push')}"
+        ct_tmp = posixpath.join(posixpath.dirname(path), tmp_name or safeio.tmp_name(path))
         if mode is None:  # keep the old file's permissions, like the other transports
             old = self.stat(path)
             mode = old.perms if old else 0o644

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import paramiko
 
+from .. import safeio
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
@@ -359,12 +360,12 @@ class SSHTransport(Transport):
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = posixpath.dirname(path) or "."
-        tmp = posixpath.join(d, tmp_name or f".{posixpath.basename(path)}.gpubox.{os.getpid()}.tmp")
+        tmp = posixpath.join(d, tmp_name or safeio.tmp_name(path))
         if mode is None:
             old = self.stat(path)
             mode = old.perms if old else 0o644
         try:
-            with self.sftp.open(tmp, "wb") as f:
+            with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
                 f.write(data)
             self.sftp.chmod(tmp, mode)
