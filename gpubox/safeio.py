@@ -6,7 +6,7 @@ documents, history stores, Prometheus textfiles. One way to write them, and one 
   renamed over the target; rename(2) replaces a symlink at the target instead of following it,
   so a planted `DIR/report.md -> ~/.ssh/authorized_keys` is replaced, its target untouched.
   Appends open with O_APPEND|O_NOFOLLOW (ELOOP on a symlink).
-- Recognisable temps: `.<name>.gpubox-tmp.<pid>.<random>`. A run killed between create and
+- Recognisable temps: `.<name>.gpubox.tmp.<pid>.<random>`. A run killed between create and
   rename leaves one; `clean_stale(dir)` (called by the next writer into that directory) removes
   those whose pid no longer runs here and says which.
 - Errors name the file: an OSError from write(2) carries no file name (ENOSPC, EDQUOT, EROFS,
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .errors import GpuboxError, os_error
 
-TMP_TAG = ".gpubox-tmp."
-_TMP = re.compile(r"^\.(?P<name>.+)\.gpubox-tmp\.(?P<pid>[0-9]+)\.[0-9a-f]+$")
+TMP_TAG = ".gpubox.tmp."
+_TMP = re.compile(r"^\.(?P<name>.+)\.gpubox\.tmp\.(?P<pid>[0-9]+)\.[0-9a-f]+$")
 
 
 def tmp_name(target: str | os.PathLike, pid: int | None = None) -> str:

@@ -193,7 +193,10 @@ def execute(plan: Plan, host_for: Callable[[str | None], Any], backup_for: Calla
         elif isinstance(a, Write):
             host.write(a.path, a.text, mode=a.mode)
         elif isinstance(a, Remove):
-            backup_for(host, a.path).write_bytes(host.read_bytes(a.path))
+            from .safeio import write_atomic
+
+            # tmp + rename: a full backup directory leaves no 0-byte "backup" behind (ENOSPC names it)
+            write_atomic(backup_for(host, a.path), host.read_bytes(a.path), mode=0o600)
             host.remove(a.path)
         else:
             raise TypeError(f"unknown plan action {a!r}")

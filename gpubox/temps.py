@@ -1,7 +1,7 @@
 """Temp files a killed run left on a box, found and removed by the next run (under the box lock).
 
 Every temp gpubox creates on a host or container is named by `gpubox.safeio.tmp_name`
-(`.<name>.gpubox-tmp.<pid>.<hex>`); older releases wrote `.<name>.gpubox.<pid|hex>.tmp`, and the
+(`.<name>.gpubox.tmp.<pid>.<hex>`); older releases wrote `.<name>.gpubox.<pid|hex>.tmp`, and the
 container config is written Proxmox's way, `<vmid>.conf.tmp.<pid>` (pve-container's
 PVE::LXC::Config write path through pmxcfs). A run killed between create and rename leaves one
 of them in the directory it was writing, and nothing ever removed it.

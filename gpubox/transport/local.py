@@ -61,12 +61,21 @@ class LocalTransport(Transport):
             else:
                 out, err = self._communicate_live(proc, data, timeout, on_stderr)
         except subprocess.TimeoutExpired:
-            # Its own session: kill the whole process group, so no grandchild outlives the timeout.
+            # Its own session: kill the whole process group, and every descendant that left it
+            # (setsid, a daemonising hook: psutil walks the tree while the parent still lives).
+            kill_tree(proc.pid)
+            # Not communicate(): a grandchild that left the group (setsid, a daemonising hook)
+            # may hold the pipes open for ever; the command itself is dead, so stop reading.
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 pass
-            proc.communicate()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
             raise TransportError(
                 f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
                 "raise the timeout or check what the command waits for",
@@ -223,3 +232,22 @@ class _LocalHeld(Held):
 
     def stderr_text(self) -> str:
         return self._err.decode(errors="replace")
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL PID's process group and all its descendants (found before anything dies)."""
+    try:
+        import psutil
+
+        kids = psutil.Process(pid).children(recursive=True)
+    except Exception:  # psutil missing or PID gone: the group kill below still applies
+        kids = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for k in kids:
+        try:
+            k.kill()
+        except Exception:
+            pass
