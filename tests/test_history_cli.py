@@ -60,9 +60,8 @@ def test_no_history_is_a_clear_error(capsys):
 
 
 def test_on_box_reads_the_scheduled_runs_store(tmp_path, capsys, monkeypatch):
-    from gpubox.simbox import build
-
     from gpubox.inventory import Inventory
+    from gpubox.simbox import build
 
     sim = build(tmp_path / "box")
     box = Inventory(sim.inventory_path).box("ct200")
