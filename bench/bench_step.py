@@ -23,7 +23,7 @@ import httpx
 from gpubox.facts import Fact
 from gpubox.steps import OMIT, Finding, Plan, Step
 
-from . import history, results
+from . import history, results, schema
 from .launcher import build_command, spec_from_box
 from .workloads import resolve_profile
 
@@ -47,7 +47,7 @@ def latest_result(box, out_dir: str | Path | None = None) -> dict[str, Any] | No
             doc = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA and history.doc_key(doc) == key:
+        if schema.problem(doc) is None and history.doc_key(doc) == key:  # damaged files never count
             docs.append(doc)
     return max(docs, key=lambda x: x.get("started_at", "")) if docs else None
 

@@ -175,8 +175,13 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
         docs = docs[-last:] if last else docs
     else:
         key = _history_key(ctx, box)
-        docs = store.runs(key, last=last)
+        skipped: list[str] = []
+        docs = store.runs(key, last=last, problems=skipped)
         where = str(store.store_path(key))
+        from gpubox.escape import terminal
+
+        for p in skipped[:5]:  # damaged lines: said (on stderr), never listed as runs
+            click.echo(f"gpubox: warning: skipped {terminal(p)}", err=True)
     if not docs:
         others = [b for b in store.boxes() if b != box]
         hint = (

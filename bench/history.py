@@ -35,8 +35,8 @@ from gpubox.identity import encode_name
 from gpubox.safeio import append, write_atomic
 from gpubox.state import state_dir
 
-SCHEMA = "gpubox.bench/1"
-HISTORY_SCHEMA = "gpubox.history/1"
+from .schema import HISTORY_SCHEMA, SCHEMA  # one definition (bench.schema)
+
 _BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
 
 
@@ -112,8 +112,11 @@ def _trim(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate(doc: Any) -> None:
-    """Refuse anything that is not a gpubox.bench/1 document naming its box and run."""
+def validate(doc: Any, where: str = "result document") -> None:
+    """Refuse anything that is not a gpubox.bench/1 document naming its box and run (bench.schema)."""
+    from . import schema
+
+    schema.check(doc, where)
     if not isinstance(doc, dict):
         raise GpuboxError("a benchmark result must be a JSON object", "pass a gpubox.bench/1 document")
     if doc.get("schema") != SCHEMA:
@@ -133,20 +136,25 @@ def validate(doc: Any) -> None:
         raise GpuboxError("result document's 'measurements' is not a list", "see docs/result-schema.md")
 
 
-def parse_lines(text: str) -> list[dict[str, Any]]:
-    """Result documents from the store's text, oldest first; damaged lines are skipped."""
+def parse_lines(text: str, where: str = "history", problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """Result documents from the store's text, oldest first. A line that is torn (a crash
+    mid-append), or breaks bench.schema (NaN, wrong types, a newer schema version...) is
+    skipped, and said in PROBLEMS as `<where>:<line>: <field>: <what>`: it must not hide the rest,
+    nor be listed as a run."""
+    from .schema import ResultError, history_line
+
     docs = []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line after a crash must not hide the rest
-        doc = rec.get("doc") if isinstance(rec, dict) else None
-        if isinstance(doc, dict) and doc.get("run_id"):
-            docs.append(doc)
+            doc = history_line(line, f"{where}:{n}")
+        except ResultError as exc:
+            if problems is not None:
+                problems.append(exc.problem)
+            continue
+        docs.append(doc)
     docs.sort(key=lambda d: (str(d.get("started_at", "")), str(d.get("run_id"))))
     return docs
 
@@ -196,12 +204,14 @@ def _run_id_of(line: str) -> str | None:
         return None
 
 
-def runs(box: Any, last: int | None = None, base: Path | None = None) -> list[dict[str, Any]]:
+def runs(
+    box: Any, last: int | None = None, base: Path | None = None, problems: list[str] | None = None
+) -> list[dict[str, Any]]:
     """BOX's recorded runs, oldest first (the newest `last` of them when given); only documents
     that belong to BOX (doc_key), whatever else a copied or edited store holds."""
     key = store_key(box)
     path = key_path(key, base)
-    docs = [d for d in parse_lines(_read_store(path)) if doc_key(d) == key]
+    docs = [d for d in parse_lines(_read_store(path), str(path), problems) if doc_key(d) == key]
     return docs[-last:] if last else docs
 
 

@@ -14,7 +14,6 @@ the reason, so monitoring sees gpubox_health 2 instead of a silent gap.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -30,14 +29,32 @@ from . import alert, history, prom, regress
 
 
 @contextmanager
-def run_lock(ctx, what: str | None = None, wait: float | None = None):
+def run_lock(ctx, what: str | None = None, wait: float | None = None, on: str = "host"):
     """The box's one lock (gpubox.boxlock: on its Proxmox host) for a measurement of it: a health
     check, a manual bench and any repair of the same box never overlap, whichever control node,
     state directory or front end started them. Yields the lock file's path on the host."""
     from gpubox.boxlock import box_lock
 
-    with box_lock(ctx, what, wait) as info:
+    with box_lock(ctx, what, wait, on) as info:
         yield info.path
+
+
+@contextmanager
+def _health_lock(ctx, what: str, notes: list[str]):
+    """run-once's lock: the box's one lock on its Proxmox host, refused at once when held; when
+    the container cannot reach its host (its inventory has no working connection to it), the
+    same lock in the container, said in the notes, rather than no health check at all."""
+    from contextlib import ExitStack
+
+    from gpubox.errors import TransportError
+
+    with ExitStack() as stack:
+        try:
+            path = stack.enter_context(run_lock(ctx, what, wait=0))
+        except TransportError as exc:
+            notes.append(f"box lock taken in the container only: the Proxmox host is not reachable ({exc})")
+            path = stack.enter_context(run_lock(ctx, what, wait=0, on="container"))
+        yield path
 
 
 def _stamp() -> str:
@@ -106,8 +123,10 @@ def run_benchmark(
     except subprocess.TimeoutExpired:
         return failed_doc(box, profile, f"no result within the time limit of {timeout:g} s", t0, simulated)
     try:
-        doc = json.loads(p.stdout)
-        history.validate(doc)
+        from .schema import parse
+
+        doc = parse(p.stdout, "the benchmark's --json output")
+        history.validate(doc, "the benchmark's --json output")
         return doc
     except (ValueError, GpuboxError):
         tail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}, no result document"])[-1]
@@ -147,15 +166,12 @@ def run_once(
     notes: list[str] = []
     # wait=0: a scheduled run is refused at once, never queued behind another (systemd's timer
     # already never starts a second one of its own; this covers recover, bench, other nodes).
-    with run_lock(ctx, f"gpubox schedule run-once {box.name}", wait=0) as lock_path:
+    with _health_lock(ctx, f"gpubox schedule run-once {box.name}", notes) as lock_path:
         if from_json:
-            try:
-                doc = json.loads(Path(from_json).read_text())
-            except (OSError, ValueError) as exc:
-                raise GpuboxError(
-                    f"cannot read result {from_json}: {exc}", "give a gpubox.bench/1 JSON file"
-                ) from None
-            history.validate(doc)
+            from .schema import load
+
+            doc = load(from_json)  # strict JSON + bench.schema: one error naming file and field
+            history.validate(doc, str(from_json))
             if doc["box"] != box.name or doc.get("box_id") not in (None, box.id):
                 raise GpuboxError(
                     f"{from_json} is a result of {doc['box']} ({doc.get('box_id') or 'no identity'}), "

@@ -87,9 +87,12 @@ def safe_token(value: Any, what: str) -> str:
     return s
 
 
-def unit_base(box: str) -> str:
-    # cron.d names must be [A-Za-z0-9_-] (Debian cron(8), run-parts naming) or they are ignored.
-    return "gpubox-health-" + re.sub(r"[^A-Za-z0-9_-]", "_", box)
+def unit_base(vmid: int) -> str:
+    """`gpubox-health-ct<vmid>`: the units and cron file live on the box's own container or
+    Proxmox host, where the vmid is the container's identity (gpubox.identity: the box_id's part
+    on its own host). A slug of the box name was lossy: boxes gpu.a and gpu_a got one unit, and
+    the second install replaced the first box's health check. cron.d names stay [A-Za-z0-9_-]."""
+    return f"gpubox-health-ct{int(vmid)}"
 
 
 def check_calendar(spec: str, host=None) -> str:
@@ -137,7 +140,7 @@ class Spec:
 
     @property
     def base(self) -> str:
-        return unit_base(self.box)
+        return unit_base(self.vmid)
 
     @property
     def service(self) -> str:

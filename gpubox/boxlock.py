@@ -99,11 +99,13 @@ def describe(rec: dict | None, live: bool) -> str:
 
 
 @contextmanager
-def box_lock(ctx, what: str | None = None, wait: float | None = None):
+def box_lock(ctx, what: str | None = None, wait: float | None = None, on: str = "host"):
     """Hold the lock of ctx.box on its Proxmox host for the duration of the block (WAIT seconds
-    for a holder to finish: default $GPUBOX_LOCK_WAIT; 0 refuses at once)."""
+    for a holder to finish: default $GPUBOX_LOCK_WAIT; 0 refuses at once). ON="container" takes
+    the same-named lock inside the container instead (container-side work that cannot reach
+    the host)."""
     box = ctx.box
-    host = ctx.host
+    host = ctx.host if on == "host" else ctx.container
     lock, holder = lock_paths(box.vmid)
     real = host.path(lock)
     # A digest: the key travels in $GPUBOX_BOX_LOCK_HELD joined by os.pathsep, and paths hold ':'.
