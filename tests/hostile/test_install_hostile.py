@@ -86,7 +86,7 @@ def test_dev_install_path_with_a_space(tmp_path, checkout):
 def test_link_that_points_at_a_directory_is_replaced_not_followed(tmp_path, checkout):
     target_dir = tmp_path / "somedir"
     target_dir.mkdir()
-    (BIN(tmp_path)).mkdir()
+    BIN(tmp_path).mkdir(parents=True)
     (BIN(tmp_path) / "gpubox").symlink_to(target_dir)
     p = _run(checkout, tmp_path)
     assert p.returncode == 0, p.stderr
@@ -96,7 +96,7 @@ def test_link_that_points_at_a_directory_is_replaced_not_followed(tmp_path, chec
 
 
 def test_someone_elses_file_is_not_replaced(tmp_path, checkout):
-    (BIN(tmp_path)).mkdir()
+    BIN(tmp_path).mkdir(parents=True)
     other = BIN(tmp_path) / "gpubox"
     other.write_text("#!/bin/sh\necho other tool\n")
     p = _run(checkout, tmp_path)
