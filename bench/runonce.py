@@ -194,7 +194,8 @@ def run_once(
         if write_prom:
             host = ctx.host if prom_on == "host" else ctx.container
             try:
-                prom_path = prom.write(host, box.name, prom.render(doc, doctor), prom_dir)
+                # named by vmid, the box's identity where the file lives (a box name is not a path)
+                prom_path = prom.write(host, f"ct{box.vmid}", prom.render(doc, doctor), prom_dir)
             except (OSError, GpuboxError) as exc:
                 notes.append(f"metrics not written: {exc}")
         fired = alert.fire(ctx.container, argv, doc, alert_timeout)

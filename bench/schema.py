@@ -162,7 +162,7 @@ def _bounded(v: Any, path: str, depth: int = 0) -> str | None:
     if isinstance(v, int):
         return None if abs(v) <= MAX_INT else f"{_where(path)}: integer with {len(str(abs(v)))} digits"
     if isinstance(v, float):
-        return None if math.isfinite(v) else f"{_where(path)}: {v} is not a finite number"
+        return None if math.isfinite(v) else f"{_where(path)}: {_const(v)} is not a finite number"
     if isinstance(v, str):
         return None if len(v) <= MAX_STR else f"{_where(path)}: a string of {len(v)} characters"
     if isinstance(v, list):
@@ -178,6 +178,10 @@ def _bounded(v: Any, path: str, depth: int = 0) -> str | None:
                 return p
         return None
     return f"{_where(path)}: {type(v).__name__} is not JSON"
+
+
+def _const(v: float) -> str:
+    return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
 
 
 def _check(v: Any, spec: Any, path: str) -> str | None:
@@ -196,7 +200,7 @@ def _check(v: Any, spec: Any, path: str) -> str | None:
             "number": isinstance(v, (int, float)) and not isinstance(v, bool),
         }[t]
         if ok and t == "number" and isinstance(v, float) and not math.isfinite(v):
-            return f"{_where(path)}: {v} is not a finite number"
+            return f"{_where(path)}: {_const(v)} is not a finite number"
         return None if ok else f"{_where(path)}: {_kind(v)} ({_short(v)}), expected {_WORDS[t]}"
     kind, inner, *rest = spec
     opt = kind.endswith("?") or (rest and rest[0] == "?")
@@ -267,10 +271,6 @@ def check(doc: Any, where: str) -> dict[str, Any]:
     return doc
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a finite number")
-
-
 def _int(text: str) -> int:
     if len(text.lstrip("-")) > 19:
         raise ValueError(f"integer with {len(text.lstrip('-'))} digits")
@@ -278,9 +278,11 @@ def _int(text: str) -> int:
 
 
 def parse(text: str | bytes, where: str) -> Any:
-    """Strict JSON: no NaN/Infinity, bounded integers and depth; ResultError naming WHERE."""
+    """JSON with bounded integers and depth; ResultError naming WHERE. NaN/Infinity are refused
+    by check(), which names their field."""
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_int=_int)
+        # NaN/Infinity parse (as Python's json does) so that check() can name their field.
+        return json.loads(text, parse_int=_int)
     except RecursionError:
         raise ResultError(f"{where}: nested too deeply", "give a result written by `gpubox bench`") from None
     except json.JSONDecodeError as exc:
