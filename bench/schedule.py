@@ -417,8 +417,9 @@ def status(ctx, s: Spec) -> dict[str, Any]:
             active=st["is-active"],
             last_service_state=unit_state(h, s.service)["is-active"],
         )
-    text = _read(ctx.container, f"{s.state_dir}/history/{s.box}.jsonl")
-    runs = history.parse_lines(text or "")
+    key = history.store_key(ctx.box)  # the box's identity: run-once records under it
+    text = _read(ctx.container, f"{s.state_dir}/history/{key}.jsonl")
+    runs = [d for d in history.parse_lines(text or "") if history.doc_key(d) == key]
     last = runs[-1] if runs else None
     out["runs"] = len(runs)
     out["last_run"] = (
