@@ -228,7 +228,9 @@ class Step:
 
     # -- the verbs the engine calls --------------------------------------------------------------
     def check(self, ctx) -> Finding:
-        return self.decide(self.gather(ctx), self.options(ctx))
+        # Options first: a bad value is bad input before anything is read from the box.
+        opts = self.options(ctx)
+        return self.decide(self.gather(ctx), opts)
 
     def plan(self, ctx, finding: Finding) -> Plan:
         return finding.plan or Plan()
