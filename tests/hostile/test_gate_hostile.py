@@ -256,3 +256,20 @@ def test_playbook_extra_vars_pass_the_same_gate(tmp_path, playbook_bin, extra, v
     msg = _role_results(p, results)["ct1"].get("msg", "")
     assert msg.startswith(f"ct1: {var} = "), msg
     assert not (tmp_path / "pve1" / "run").exists(), "DAMAGE: a lock or file appeared on the host"
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_container_side_request_passes_the_same_gate(case):
+    """bench.remote (the benchmark's container side) checks the request's variables like the CLI."""
+    from gpubox.bench.remote import context_from
+    from gpubox.errors import GpuboxError
+
+    name, var, value = case
+    ct = {"gpubox_vmid": 200, "gpubox_proxmox_host": "pve1", "gpubox_root": "/tmp/x"}
+    if value is None:
+        ct.pop(var)
+    else:
+        ct[var] = value
+    with pytest.raises(GpuboxError) as ei:
+        context_from({"container": {"name": "ct1", "vars": ct}, "host": {"name": "pve1", "vars": {}}})
+    assert var in str(ei.value) and str(ei.value).startswith("ct1: "), str(ei.value)
