@@ -171,11 +171,13 @@ class LocalTransport(Transport):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+            if isinstance(exc, OSError) and exc.filename is None:  # write(2)/fsync(2) name no file
+                raise OSError(exc.errno, exc.strerror or str(exc), path) from None
             raise
         try:  # the rename itself is durable only once the directory is synced
             dfd = os.open(d, os.O_RDONLY)

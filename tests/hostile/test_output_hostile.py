@@ -158,3 +158,24 @@ def test_report_of_hostile_text_renders(tmp_path, capsys):
     assert rc == 0, err
     assert "\x1b" not in stdout + err
     shutil.rmtree(out)
+
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EIO"])
+def test_box_file_write_error_names_the_file(tmp_path, monkeypatch, code):
+    """The host transport's atomic write: fsync(2)/write(2) errors carry no file name of their own."""
+    from gpubox.errors import os_error
+    from gpubox.transport.local import LocalTransport
+
+    target = tmp_path / "etc" / "sysctl.d" / "90-gpubox.conf"
+    target.parent.mkdir(parents=True)
+    n = getattr(errno, code)
+
+    def failing(fd):
+        raise OSError(n, os.strerror(n))
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError) as ei:
+        LocalTransport("pve1").write_bytes_atomic(str(target), b"kernel.numa_balancing = 0\n")
+    monkeypatch.undo()
+    assert str(target) in str(os_error(ei.value)) and code in str(os_error(ei.value))
+    assert list(target.parent.iterdir()) == [], "a temp file was left behind"
