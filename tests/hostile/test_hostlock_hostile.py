@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,51 @@ def test_release_then_free(tmp_path, faulty):
     holder.communicate("", timeout=30)
     p = _gpubox(faulty.inventory_path, tmp_path / "b", "tune", "numa", "ct200", wait="20")
     assert p.returncode in (0, 1), p.stderr
+
+
+def test_a_timer_run_and_recover_started_together_never_both_change_the_box(tmp_path, faulty):
+    """The real `schedule run-once` (held in its alert hook) and a real `recover` with another
+    state directory: recover is refused naming the timer's run, and the box is unchanged."""
+    import json as _json
+
+    started = tmp_path / "started"
+    hook = tmp_path / "slow-hook"
+    hook.write_text(
+        f"#!{sys.executable}\nimport pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(8)\n"
+    )
+    hook.chmod(0o755)
+    inv = yaml.safe_load(faulty.inventory_path.read_text())
+    inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_alert_command"] = [str(hook)]
+    faulty.inventory_path.write_text(yaml.safe_dump(inv))
+    fix = ROOT / "tests" / "fixtures" / "history" / "run07.json"
+    timer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpubox.cli",
+            "-i",
+            str(faulty.inventory_path),
+            "schedule",
+            "run-once",
+            "ct200",
+        ]
+        + ["--no-doctor", "--json", "--from-json", str(fix)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path / "var-lib-gpubox"),
+    )
+    try:
+        while not started.exists():
+            assert timer.poll() is None, timer.communicate()
+            time.sleep(0.05)
+        before = _digest(faulty.dest)
+        p = _gpubox(faulty.inventory_path, tmp_path / "operator", "recover", "ct200", "--no-bench")
+        after = _digest(faulty.dest)
+        out, err = timer.communicate(timeout=120)
+    finally:
+        if timer.poll() is None:
+            timer.kill()
+    assert p.returncode == 2 and "`gpubox schedule run-once ct200` is already running" in p.stderr, p.stderr
+    assert before == after, "DAMAGE: recover changed the box during the timer's run"
+    assert _json.loads(out)["run_id"], err
