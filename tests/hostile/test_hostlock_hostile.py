@@ -92,10 +92,10 @@ def test_two_state_dirs_exclude_each_other(tmp_path, faulty, second):
         after = _digest(faulty.dest)
     finally:
         holder.communicate("", timeout=30)
+    assert before == after, "DAMAGE: the box changed while another run held its lock"
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"`gpubox schedule run-once ct200` is already running (pid {holder.pid}" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
-    assert before == after, "DAMAGE: the box changed while another run held its lock"
 
 
 def _ssh_inventory(sim, sshd, path: Path) -> Path:
@@ -226,6 +226,6 @@ def test_a_timer_run_and_recover_started_together_never_both_change_the_box(tmp_
     finally:
         if timer.poll() is None:
             timer.kill()
-    assert p.returncode == 2 and "`gpubox schedule run-once ct200` is already running" in p.stderr, p.stderr
     assert before == after, "DAMAGE: recover changed the box during the timer's run"
+    assert p.returncode == 2 and "`gpubox schedule run-once ct200` is already running" in p.stderr, p.stderr
     assert _json.loads(out)["run_id"], err
