@@ -12,22 +12,25 @@
 #   ./install.sh --dev      .venv in this checkout, editable, with the test extra (pytest, ansible-lint)
 #
 # GPUBOX_PYTHON picks the interpreter (default /usr/bin/python3: the distribution's, not a pyenv or
-# conda python3 that may come first on PATH); GPUBOX_PREFIX the install directory.
+# conda python3 that may come first on PATH); GPUBOX_PREFIX the install directory, GPUBOX_BINDIR
+# where the gpubox link goes.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 py=${GPUBOX_PYTHON:-/usr/bin/python3}
 [ -x "$py" ] || py=$(command -v python3) || { echo "install.sh: no python3; apt-get install python3" >&2; exit 2; }
 
+# pip's arguments as positional parameters, never one word-split string: a checkout path with a
+# space (".../gpubox copy") stays one argument.
 if [ "${1:-}" = "--dev" ]; then
     venv=$here/.venv
-    spec="-e $here[test]"
+    set -- -e "$here[test]"
     bindir=""
 else
-    if [ "$(id -u)" -eq 0 ]; then prefix=${GPUBOX_PREFIX:-/opt/gpubox}; bindir=/usr/local/bin
-    else prefix=${GPUBOX_PREFIX:-$HOME/.local/share/gpubox}; bindir=$HOME/.local/bin; fi
+    if [ "$(id -u)" -eq 0 ]; then prefix=${GPUBOX_PREFIX:-/opt/gpubox}; bindir=${GPUBOX_BINDIR:-/usr/local/bin}
+    else prefix=${GPUBOX_PREFIX:-$HOME/.local/share/gpubox}; bindir=${GPUBOX_BINDIR:-$HOME/.local/bin}; fi
     venv=$prefix/venv
-    spec=$here
+    set -- "$here"
 fi
 
 # Debian splits venv/ensurepip into python3-venv; say so instead of pip's long error.
@@ -37,13 +40,21 @@ if ! "$py" -c 'import ensurepip, venv' 2>/dev/null; then
 fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-# shellcheck disable=SC2086  # spec is one or two words on purpose (-e PATH)
-"$venv/bin/python" -m pip install -q --disable-pip-version-check $spec
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$@"
+[ -x "$venv/bin/gpubox" ] || { echo "install.sh: pip did not install $venv/bin/gpubox" >&2; exit 2; }
 
 if [ -n "$bindir" ]; then
     mkdir -p "$bindir"
-    ln -sf "$venv/bin/gpubox" "$bindir/gpubox"
-    echo "gpubox installed in $venv, linked as $bindir/gpubox"
+    link=$bindir/gpubox
+    # A real file or directory there is someone else's: refuse. A symlink (ours, stale, or one
+    # pointing at a directory) is replaced itself: -n, or ln would follow it into the directory.
+    if [ -e "$link" ] && [ ! -L "$link" ]; then
+        echo "install.sh: $link exists and is not a symlink; move it away and re-run" >&2
+        exit 2
+    fi
+    ln -sfn "$venv/bin/gpubox" "$link"
+    [ "$(readlink "$link")" = "$venv/bin/gpubox" ] || { echo "install.sh: could not link $link" >&2; exit 2; }
+    echo "gpubox installed in $venv, linked as $link"
 else
     echo "gpubox (editable, with test tools) installed in $venv; run: $venv/bin/python -m pytest -q"
 fi

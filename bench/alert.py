@@ -72,10 +72,23 @@ def fire(
     if not argv:
         return {"fired": False, "reason": "no gpubox_alert_command configured"}
     data = json.dumps(payload(doc), indent=None) + "\n"
+    run_argv, limit = list(argv), timeout
+    if not getattr(host.transport, "is_local", False):
+        # Over SSH/pct closing our channel does not kill the hook: coreutils timeout(1) runs it in
+        # its own process group there and signals that whole group (then SIGKILL after 5 s).
+        run_argv, limit = ["timeout", "--kill-after=5", f"{timeout:g}", *argv], timeout + 15
     try:
-        r = host.run(argv, input=data, timeout=timeout)
+        r = host.run(run_argv, input=data, timeout=limit)
     except GpuboxError as exc:  # timed out, or could not be started on the host
         return {"fired": True, "ok": False, "argv": argv, "rc": None, "error": str(exc)}
+    if r.rc == 124 and run_argv is not argv and run_argv[0] == "timeout":
+        return {
+            "fired": True,
+            "ok": False,
+            "argv": argv,
+            "rc": None,
+            "error": f"timed out after {timeout:g} s",
+        }
     out = {"fired": True, "ok": r.rc == 0, "argv": argv, "rc": r.rc}
     if r.rc != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [""]

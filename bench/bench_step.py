@@ -23,26 +23,31 @@ import httpx
 from gpubox.facts import Fact
 from gpubox.steps import OMIT, Finding, Plan, Step
 
-from . import history, results
+from . import history, results, schema
 from .launcher import build_command, spec_from_box
 from .workloads import resolve_profile
 
 MAX_AGE_S = 24 * 3600
 
 
-def latest_result(box: str, out_dir: str | Path | None = None) -> dict[str, Any] | None:
-    """The box's newest result: bench.history when present, else the newest JSON in the result dir."""
+def latest_result(box, out_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """The box's newest result: bench.history when present, else the newest JSON in the result dir.
+
+    BOX is the inventory Box (or a name): only documents of that identity count, so doctor on a
+    box that was never benchmarked reports no result, not another box's (a glob on `ct2-*` also
+    matched ct2-lab's files)."""
     runs = history.runs(box, last=1)
     if runs:
         return runs[-1]
+    key = history.store_key(box)
     d = Path(out_dir) if out_dir else results.default_out_dir()
     docs = []
-    for p in d.glob(f"{box}-*.json"):
+    for p in d.glob("*.json"):
         try:
             doc = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if doc.get("schema") == results.SCHEMA and doc.get("box") == box:
+        if schema.problem(doc) is None and history.doc_key(doc) == key:  # damaged files never count
             docs.append(doc)
     return max(docs, key=lambda x: x.get("started_at", "")) if docs else None
 
@@ -124,21 +129,38 @@ class Evidence:
     server_running: Any = OMIT
 
 
-def _finding_from(latest: Latest, prefix: str = "", running: Any = OMIT) -> Finding:
+def ago(age_s: float | None) -> str:
+    """A result's age for people: '40 s', '12 min', '2.3 h', '3.0 d' ('age unknown' without a time)."""
+    if age_s is None or age_s != age_s or age_s == float("inf"):
+        return "age unknown"
+    a = max(0.0, age_s)
+    if a < 60:
+        return f"{a:.0f} s old"
+    if a < 3600:
+        return f"{a / 60:.0f} min old"
+    if a < 86400:
+        return f"{a / 3600:.1f} h old"
+    return f"{a / 86400:.1f} d old"
+
+
+def _finding_from(latest: Latest, prefix: str = "", running: Any = OMIT, age: str | None = None) -> Finding:
     """The finding a result's verdict stands for: healthy ok, degraded drift, failed failed."""
     top = "; ".join(latest.reasons[:3])
     ev = Evidence(run_id=latest.run_id, verdict=latest.status, result=latest.path, server_running=running)
+    when = f", {age}" if age else ""
     if latest.status == "healthy":
-        return Finding.ok(f"{prefix}benchmark healthy ({latest.measurements} measurements)", evidence=ev)
+        return Finding.ok(
+            f"{prefix}benchmark healthy ({latest.measurements} measurements{when})", evidence=ev
+        )
     if latest.status == "degraded":
         return Finding.drift(
-            f"{prefix}benchmark degraded: {top}",
+            f"{prefix}benchmark{f' ({age})' if age else ''} degraded: {top}",
             cause="throughput below expectation/history",
             repair="check the tuning steps (NCCL, MaxReadReq, NUMA balancing), then re-run",
             evidence=ev,
         )
     return Finding.failed(
-        f"{prefix}benchmark failed: {top}",
+        f"{prefix}benchmark{f' ({age})' if age else ''} failed: {top}",
         cause="the server failed or requests errored",
         repair="see the server log tail in the result; fix, then `gpubox bench BOX`",
         evidence=ev,
@@ -171,7 +193,7 @@ class BenchStep(Step):
         s = self._settings(ctx)
         url = f"http://{s.get('host', '127.0.0.1')}:{int(s.get('port', 8000))}"
         running = ctx.fact(ServerHealth, url)
-        doc = ctx.fact(LatestResult, ctx.box.name, self.out_dir or ctx.opt("bench_out"))
+        doc = ctx.fact(LatestResult, history.BoxKey(ctx.box.id), self.out_dir or ctx.opt("bench_out"))
         if doc is None:
             return Facts(running)
         age = _age_s(doc, time.time())
@@ -192,7 +214,7 @@ class BenchStep(Step):
                 repair="run the benchmark",
                 evidence=Evidence(run_id=facts.latest.run_id, server_running=running),
             )
-        f = _finding_from(facts.latest, "latest ", running)
+        f = _finding_from(facts.latest, "latest ", running, ago(facts.age_s))
         if f.status == "failed":  # a failed benchmark is re-run by apply, like a degraded one
             f.status = "drift"
         return f

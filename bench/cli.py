@@ -146,7 +146,7 @@ def bench_box(ctx, box_name, profile, tp, methods, out, as_json):
 
     c = box_context(ctx, box_name, as_json=as_json)
     try:
-        with run_lock(box_name):  # never overlap a scheduled health check of the same box
+        with run_lock(c):  # never overlap a scheduled health check of the same box
             doc = run_box(c, profile=profile, out_dir=out, tps=_csv(tp, int), methods=_csv(methods))
     finally:
         c.close()

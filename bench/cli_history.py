@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -68,13 +69,17 @@ def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> No
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    from gpubox.escape import mathtext
+
     times = [datetime.strptime(r["started_at"], "%Y-%m-%dT%H:%M:%SZ") for r in rows]
     fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
     for key in keys:
         pts = [(t, r["values"].get(key)) for t, r in zip(times, rows) if r["values"].get(key) is not None]
         if not pts:
             continue
-        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=_label(key))
+        (line,) = ax.plot(
+            [p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=mathtext(_label(key))
+        )
         bad = [
             (t, r["values"][key])
             for t, r in zip(times, rows)
@@ -82,7 +87,7 @@ def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> No
         ]
         if bad:
             ax.scatter([b[0] for b in bad], [b[1] for b in bad], marker="x", s=70, color="red", zorder=3)
-    ax.set_title(f"{box}: tokens/s per TP and method (x = flagged by the verdict)")
+    ax.set_title(mathtext(f"{box}: tokens/s per TP and method (x = flagged by the verdict)"))
     ax.set_ylabel("tok/s")
     ax.set_yscale("log")  # auto (~30 tok/s) and speculative (~300) on one chart
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
@@ -92,14 +97,36 @@ def plot(keys: list[str], rows: list[dict[str, Any]], path: str, box: str) -> No
     ax.legend(fontsize=8, ncol=2)
     fig.autofmt_xdate()
     fig.tight_layout()
+    import io
+
+    from gpubox.safeio import write_atomic
+
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
     try:
-        fig.savefig(path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt)  # rendered in memory, then one new file renamed into place
+        write_atomic(path, buf.getvalue())
     except (OSError, ValueError) as exc:
         raise GpuboxError(
             f"cannot write plot {path}: {exc}", "give a writable .png, .svg or .pdf path"
         ) from None
     finally:
         plt.close(fig)
+
+
+def _history_key(ctx, box: str):
+    """BOX's identity from the inventory (Proxmox host + vmid) when it names the box and that
+    history exists; else the name (a server measured by URL, runs recorded before identities).
+    Never both: `history ct200` shows one box's runs."""
+    from gpubox.errors import InventoryError
+
+    from . import history as store
+
+    try:
+        entry = ctx.find_root().obj.inventory.box(box)
+    except (InventoryError, AttributeError):
+        return box
+    return entry if store.store_path(entry).exists() or not store.store_path(box).exists() else box
 
 
 @click.command()
@@ -136,9 +163,10 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
 
         c = box_context(ctx, box, as_json=True)
         try:
-            path = f"{spec_from(c.box).state_dir}/history/{box}.jsonl"
+            path = f"{spec_from(c.box).state_dir}/history/{store.store_key(c.box)}.jsonl"
             try:
-                docs = store.parse_lines(c.container.read_text(path))
+                key = store.store_key(c.box)
+                docs = [d for d in store.parse_lines(c.container.read_text(path)) if store.doc_key(d) == key]
             except FileNotFoundError:
                 docs = []
             where = f"{box}:{path}"
@@ -146,8 +174,14 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
             c.close()
         docs = docs[-last:] if last else docs
     else:
-        docs = store.runs(box, last=last)
-        where = str(store.store_path(box))
+        key = _history_key(ctx, box)
+        skipped: list[str] = []
+        docs = store.runs(key, last=last, problems=skipped)
+        where = str(store.store_path(key))
+        from gpubox.escape import terminal
+
+        for p in skipped[:5]:  # damaged lines: said (on stderr), never listed as runs
+            click.echo(f"gpubox: warning: skipped {terminal(p)}", err=True)
     if not docs:
         others = [b for b in store.boxes() if b != box]
         hint = (

@@ -176,9 +176,17 @@ def _names_extras(status: int, body: bytes) -> bool:
     return status in (400, 422) and any(f.encode() in body for f in EXTRAS)
 
 
+def _body(r: httpx.Response):
+    """The body as the server meant it: decoded when it says Content-Encoding (httpx offers gzip
+    and deflate), the raw bytes otherwise (the stamps stay those of the socket reads). The bounds
+    apply to the decoded bytes, so a small gzip bomb still stops at the limit."""
+    enc = r.headers.get("content-encoding", "").strip().lower()
+    return r.aiter_bytes() if enc and enc != "identity" else r.aiter_raw()
+
+
 async def _read_bounded(r: httpx.Response, limit: int) -> bytes:
     buf = bytearray()
-    async for part in r.aiter_raw():
+    async for part in _body(r):
         buf += part
         if len(buf) > limit:
             raise BadAnswer(f"answer larger than {limit >> 10} KiB")
@@ -513,7 +521,7 @@ class Client:
                 s.error = _line_error(body, r.status_code)
                 return "extras-rejected" if extras and _names_extras(r.status_code, body) else None
             rd = SSEReader(cap)
-            async for raw in r.aiter_raw():
+            async for raw in _body(r):
                 if rd.feed(raw, lambda: arrival(r)):
                     break
                 s.chunks = rd.chunks

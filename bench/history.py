@@ -30,12 +30,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, os_error
+from gpubox.identity import encode_name
+from gpubox.safeio import append, write_atomic
 from gpubox.state import state_dir
 
-SCHEMA = "gpubox.bench/1"
-HISTORY_SCHEMA = "gpubox.history/1"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+from .schema import HISTORY_SCHEMA, SCHEMA  # one definition (bench.schema)
+
+_BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
 
 
 def history_dir(base: Path | None = None) -> Path:
@@ -44,21 +46,57 @@ def history_dir(base: Path | None = None) -> Path:
     return d
 
 
-def store_path(box: str, base: Path | None = None) -> Path:
-    """The JSONL file holding BOX's runs."""
-    if not _SAFE_NAME.match(box or ""):
-        raise GpuboxError(
-            f"box name {box!r} cannot name a history file",
-            "use letters, digits, '.', '_', '-' (as in the inventory)",
-        )
-    return history_dir(base) / f"{box}.jsonl"
+class BoxKey(str):
+    """A box identity passed where a Box would be (hashable, e.g. as a fact's argument)."""
+
+    @property
+    def id(self) -> str:
+        return str(self)
+
+
+def store_key(box: Any) -> str:
+    """The history key: a Box's identity (Proxmox host + vmid, gpubox.identity.box_id), or for a
+    name (a server measured by URL, a document that names no identity) that name encoded.
+
+    Injective across both kinds: a box key always ends in `-ct<digits>` and holds no `~`; a name
+    whose encoding would end like that is prefixed `name~`. So `history ct200` never mixes the runs
+    of two boxes called ct200 in two inventories, nor of gpu.a and gpu_a."""
+    ident = getattr(box, "id", None)
+    if isinstance(ident, str):
+        return ident
+    name = str(box or "")
+    if not name:
+        raise GpuboxError("a history needs a box name", "name the box")
+    enc = encode_name(name)
+    return f"name~{enc}" if _BOX_KEY.match(enc) else enc
+
+
+def doc_key(doc: dict[str, Any]) -> str:
+    """Where a result document belongs: its box_id when it carries one, else its box name."""
+    bid = doc.get("box_id")
+    return bid if isinstance(bid, str) and _BOX_KEY.match(bid) else store_key(doc.get("box"))
+
+
+def store_path(box: Any, base: Path | None = None) -> Path:
+    """The JSONL file holding BOX's runs (BOX: an inventory Box or a name)."""
+    return key_path(store_key(box), base)
+
+
+def key_path(key: str, base: Path | None = None) -> Path:
+    return history_dir(base) / f"{key}.jsonl"
 
 
 @contextmanager
 def _locked(path: Path):
-    with open(str(path) + ".lock", "a") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
+    try:  # never through a planted symlink (O_NOFOLLOW: ELOOP)
+        fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise os_error(exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def _utc_now() -> str:
@@ -74,8 +112,11 @@ def _trim(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate(doc: Any) -> None:
-    """Refuse anything that is not a gpubox.bench/1 document naming its box and run."""
+def validate(doc: Any, where: str = "result document") -> None:
+    """Refuse anything that is not a gpubox.bench/1 document naming its box and run (bench.schema)."""
+    from . import schema
+
+    schema.check(doc, where)
     if not isinstance(doc, dict):
         raise GpuboxError("a benchmark result must be a JSON object", "pass a gpubox.bench/1 document")
     if doc.get("schema") != SCHEMA:
@@ -86,24 +127,34 @@ def validate(doc: Any) -> None:
     for k in ("box", "run_id", "started_at"):
         if not doc.get(k):
             raise GpuboxError(f"result document has no {k!r}", "it must name box, run_id and started_at")
+    bid = doc.get("box_id")
+    if bid is not None and not (isinstance(bid, str) and _BOX_KEY.match(bid)):
+        raise GpuboxError(
+            f"result document's box_id {bid!r} is not a box identity", "see docs/result-schema.md"
+        )
     if not isinstance(doc.get("measurements", []), list):
         raise GpuboxError("result document's 'measurements' is not a list", "see docs/result-schema.md")
 
 
-def parse_lines(text: str) -> list[dict[str, Any]]:
-    """Result documents from the store's text, oldest first; damaged lines are skipped."""
+def parse_lines(text: str, where: str = "history", problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """Result documents from the store's text, oldest first. A line that is torn (a crash
+    mid-append), or breaks bench.schema (NaN, wrong types, a newer schema version...) is
+    skipped, and said in PROBLEMS as `<where>:<line>: <field>: <what>`: it must not hide the rest,
+    nor be listed as a run."""
+    from .schema import ResultError, history_line
+
     docs = []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line after a crash must not hide the rest
-        doc = rec.get("doc") if isinstance(rec, dict) else None
-        if isinstance(doc, dict) and doc.get("run_id"):
-            docs.append(doc)
+            doc = history_line(line, f"{where}:{n}")
+        except ResultError as exc:
+            if problems is not None:
+                problems.append(exc.problem)
+            continue
+        docs.append(doc)
     docs.sort(key=lambda d: (str(d.get("started_at", "")), str(d.get("run_id"))))
     return docs
 
@@ -111,31 +162,39 @@ def parse_lines(text: str) -> list[dict[str, Any]]:
 def record(doc: dict[str, Any], base: Path | None = None) -> None:
     """Store one run (replacing an earlier record of the same run_id). Idempotent."""
     validate(doc)
-    path = store_path(doc["box"], base)
+    path = key_path(doc_key(doc), base)
     line = json.dumps(
         {"history": HISTORY_SCHEMA, "recorded_at": _utc_now(), "doc": _trim(doc)},
         separators=(",", ":"),
         sort_keys=False,
     )
     with _locked(path):
-        raw = path.read_text() if path.exists() else ""
+        raw = _read_store(path)
         existing = raw.splitlines()
         same = [i for i, l in enumerate(existing) if _run_id_of(l) == doc["run_id"]]
         if not same:
             torn = bool(raw) and not raw.endswith("\n")  # a crash mid-append: start a new line
-            with open(path, "a") as f:
-                f.write(("\n" if torn else "") + line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append(path, (("\n" if torn else "") + line + "\n").encode())
             return
         old = json.loads(existing[same[0]]).get("doc")
         if old == _trim(doc) and len(same) == 1:
             return  # the same run again: nothing changes
         keep = [l for i, l in enumerate(existing) if i not in same[1:]]
         keep[same[0]] = line
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text("\n".join(keep) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, ("\n".join(keep) + "\n").encode())
+
+
+def _read_store(path: Path) -> str:
+    """The store's text ('' when absent); never through a symlink; bytes that are not UTF-8 (a
+    damaged line) are replaced, so one bad line cannot hide the others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise os_error(exc) from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read().decode(errors="replace")
 
 
 def _run_id_of(line: str) -> str | None:
@@ -145,17 +204,19 @@ def _run_id_of(line: str) -> str | None:
         return None
 
 
-def runs(box: str, last: int | None = None, base: Path | None = None) -> list[dict[str, Any]]:
-    """BOX's recorded runs, oldest first (the newest `last` of them when given)."""
-    path = store_path(box, base)
-    if not path.exists():
-        return []
-    docs = parse_lines(path.read_text())
+def runs(
+    box: Any, last: int | None = None, base: Path | None = None, problems: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """BOX's recorded runs, oldest first (the newest `last` of them when given); only documents
+    that belong to BOX (doc_key), whatever else a copied or edited store holds."""
+    key = store_key(box)
+    path = key_path(key, base)
+    docs = [d for d in parse_lines(_read_store(path), str(path), problems) if doc_key(d) == key]
     return docs[-last:] if last else docs
 
 
 def boxes(base: Path | None = None) -> list[str]:
-    """Boxes that have a history."""
+    """Keys that have a history (box ids, names)."""
     return sorted(p.stem for p in history_dir(base).glob("*.jsonl"))
 
 

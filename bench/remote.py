@@ -242,10 +242,15 @@ def context_from(req: dict[str, Any]):
     try:
         ct = HostEntry(str(req["container"]["name"]), dict(req["container"]["vars"]))
         host = HostEntry(str(req["host"]["name"]), dict(req["host"]["vars"]))
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise GpuboxError(
             f"benchmark request lacks {exc}", "send the request bench.remote.build_request makes"
         ) from None
+    from gpubox.invschema import check_box
+
+    # The one input gate on the container side too: what arrives here is checked as the CLI and
+    # the Ansible module check it (a request is input, whoever built it).
+    check_box(ct.name, ct.vars, host.name, host.vars)
     ctx = Context(
         box=Box(container=ct, host=host),
         _hosts=(_HostOutOfReach(host.name), Host(ct, LocalTransport(ct.name), "container")),

@@ -14,10 +14,7 @@ from gpubox import __version__
 from gpubox.errors import GpuboxError
 from gpubox.state import state_dir
 
-SCHEMA = "gpubox.bench/1"
-STATUSES = ("ok", "failed", "skipped")
-WORKLOADS = ("decode", "concurrency", "long_context", "agentic")
-VERDICTS = ("healthy", "degraded", "failed")
+from .schema import SCHEMA, STATUSES, VERDICTS, WORKLOADS  # noqa: F401 - one definition (bench.schema)
 
 
 def utc_now() -> str:
@@ -79,7 +76,12 @@ def finish(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
 
 def validate(doc: dict[str, Any]) -> list[str]:
     """Problems with a document, [] when it follows the schema (what consumers rely on)."""
+    from . import schema
+
     errs: list[str] = []
+    typed = schema.problem(doc)
+    if typed:
+        errs.append(typed)
     if doc.get("schema") != SCHEMA:
         errs.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
     for k in (
@@ -145,11 +147,29 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
         raise GpuboxError(
             f"cannot create output directory {d}: {exc.strerror}", "pick a writable --out"
         ) from None
-    path = d / f"{doc['run_id']}.json"
-    tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    path = d / result_file_name(doc, d)
+    from gpubox.safeio import write_atomic
+
+    write_atomic(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
     return path
+
+
+def result_file_name(doc: dict[str, Any], d: Path) -> str:
+    """`<run_id>.json` (docs/result-schema.md), unless that file holds another box's run (two boxes
+    called ct200 in two inventories, the same second): then `<box identity>-<stamp>.json`, so one
+    box's result never replaces another's."""
+    from . import schema
+    from .history import doc_key
+
+    name = f"{doc['run_id']}.json"
+    try:
+        other = schema.load(d / name)
+    except GpuboxError:
+        return name  # absent (or not a result at all: replaced by rename, never written through)
+    if doc_key(other) == doc_key(doc):
+        return name
+    stamp = str(doc["run_id"]).rsplit("-", 1)[-1]
+    return f"{doc_key(doc)}-{stamp}.json"
 
 
 def record_history(doc: dict[str, Any]) -> bool:
@@ -160,7 +180,7 @@ def record_history(doc: dict[str, Any]) -> bool:
     return True
 
 
-def history_baseline(box: str):
+def history_baseline(box):
     """`baseline(key)` over the box's history."""
     from . import history
 
@@ -169,11 +189,10 @@ def history_baseline(box: str):
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise GpuboxError(f"cannot read result {path}: {exc}", "give a gpubox bench JSON file") from None
-    return doc
+    """One result file, parsed strictly and checked against bench.schema (error names file and field)."""
+    from . import schema
+
+    return schema.load(path)
 
 
 del time

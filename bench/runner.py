@@ -42,7 +42,11 @@ def server_identity(url: str, model: str | None) -> str:
     return f"url-{slug}-{h}"
 
 
-def _finish(doc: dict[str, Any], expect: dict | None, box: str, out_dir, baseline=None) -> dict[str, Any]:
+def _finish(doc: dict[str, Any], expect: dict | None, box, out_dir, baseline=None) -> dict[str, Any]:
+    """BOX: the inventory Box (its identity keys the history and the result file) or a name."""
+    ident = getattr(box, "id", None)
+    if ident:
+        doc["box_id"] = ident
     if baseline is None:
         baseline = results.history_baseline(box)
     results.finish(doc, evaluate(doc, expect, baseline))
@@ -105,7 +109,7 @@ def run_box(
         from .remote import run_remote
 
         doc = run_remote(ctx, name, prof, tps, methods, settings, out, progress=_progress)
-    return _finish(doc, settings.get("expect"), ctx.box.name, out, baseline)
+    return _finish(doc, settings.get("expect"), ctx.box, out, baseline)
 
 
 def allowed_tps(gpus: int) -> list[int]:

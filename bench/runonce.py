@@ -1,6 +1,7 @@
 """One scheduled health check, what the timer runs: lock, benchmark, judge, record, export, alert.
 
-1. take the box's run lock (a second run is refused at once, never queued behind the first);
+1. take the box's one lock on its Proxmox host (gpubox.boxlock; a second taker waits
+   $GPUBOX_LOCK_WAIT seconds, then is refused naming the holder);
 2. run `gpubox bench BOX --profile P --json` (the benchmark's own CLI, so the unit depends only
    on its documented output, docs/result-schema.md) or read a result file (--from-json);
 3. judge it against the box's history and expectations (bench.regress) and record it;
@@ -13,8 +14,6 @@ the reason, so monitoring sees gpubox_health 2 instead of a silent gap.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import subprocess
 import sys
@@ -25,46 +24,37 @@ from typing import Any
 
 from gpubox import areas
 from gpubox.errors import GpuboxError
-from gpubox.state import state_dir
 
 from . import alert, history, prom, regress
 
-HELD_ENV = "GPUBOX_LOCK_HELD"  # set by run-once for its `gpubox bench` child: the lock it holds
+
+@contextmanager
+def run_lock(ctx, what: str | None = None, wait: float | None = None, on: str = "host"):
+    """The box's one lock (gpubox.boxlock: on its Proxmox host) for a measurement of it: a health
+    check, a manual bench and any repair of the same box never overlap, whichever control node,
+    state directory or front end started them. Yields the lock file's path on the host."""
+    from gpubox.boxlock import box_lock
+
+    with box_lock(ctx, what, wait, on) as info:
+        yield info.path
 
 
 @contextmanager
-def run_lock(box: str, base: Path | None = None):
-    """Exclusive, non-blocking lock for BOX's health runs (flock(2) on a file in the state dir).
+def _health_lock(ctx, what: str, notes: list[str]):
+    """run-once's lock: the box's one lock on its Proxmox host, refused at once when held; when
+    the container cannot reach its host (its inventory has no working connection to it), the
+    same lock in the container, said in the notes, rather than no health check at all."""
+    from contextlib import ExitStack
 
-    The kernel drops the lock when the holder exits, however it exits, so a crash never leaves
-    a stale lock behind."""
-    d = (base or state_dir()) / "locks"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"health-{history.store_path(box).stem}.lock"
-    if os.environ.get(HELD_ENV) == str(path):  # our parent (run-once) holds it for us
-        yield path
-        return
-    f = open(path, "a+")
-    try:
+    from gpubox.errors import TransportError
+
+    with ExitStack() as stack:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise GpuboxError(
-                f"a health check of {box} is already running ({holder})",
-                "wait for it to finish; runs never overlap",
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
-        f.flush()
-        from gpubox.boxlock import box_lock
-
-        with box_lock(box):  # the one per-box lock too: no repair may restart the box mid-benchmark
-            yield path
-    finally:
-        f.close()
+            path = stack.enter_context(run_lock(ctx, what, wait=0))
+        except TransportError as exc:
+            notes.append(f"box lock taken in the container only: the Proxmox host is not reachable ({exc})")
+            path = stack.enter_context(run_lock(ctx, what, wait=0, on="container"))
+        yield path
 
 
 def failed_doc(
@@ -124,13 +114,15 @@ def run_benchmark(
         argv += ["-i", str(inventory)]
     argv += ["bench", box, "--profile", profile, "--json"]
     try:
-        env = dict(os.environ, **({HELD_ENV: str(lock_path)} if lock_path else {}))
+        env = dict(os.environ)  # carries $GPUBOX_BOX_LOCK_HELD: the child re-enters our lock
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return failed_doc(box, profile, f"no result within the time limit of {timeout:g} s", t0, simulated)
     try:
-        doc = json.loads(p.stdout)
-        history.validate(doc)
+        from .schema import parse
+
+        doc = parse(p.stdout, "the benchmark's --json output")
+        history.validate(doc, "the benchmark's --json output")
         return doc
     except (ValueError, GpuboxError):
         tail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}, no result document"])[-1]
@@ -168,23 +160,25 @@ def run_once(
     prom_dir = prom_dir or box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR)
     simulated = bool(box.var("gpubox_simulated", False))
     notes: list[str] = []
-    with run_lock(box.name) as lock_path:
+    # wait=0: a scheduled run is refused at once, never queued behind another (systemd's timer
+    # already never starts a second one of its own; this covers recover, bench, other nodes).
+    with _health_lock(ctx, f"gpubox schedule run-once {box.name}", notes) as lock_path:
         if from_json:
-            try:
-                doc = json.loads(Path(from_json).read_text())
-            except (OSError, ValueError) as exc:
+            from .schema import load
+
+            doc = load(from_json)  # strict JSON + bench.schema: one error naming file and field
+            history.validate(doc, str(from_json))
+            if doc["box"] != box.name or doc.get("box_id") not in (None, box.id):
                 raise GpuboxError(
-                    f"cannot read result {from_json}: {exc}", "give a gpubox.bench/1 JSON file"
-                ) from None
-            history.validate(doc)
-            if doc["box"] != box.name:
-                raise GpuboxError(
-                    f"{from_json} is a result of {doc['box']}, not {box.name}", "give a result of this box"
+                    f"{from_json} is a result of {doc['box']} ({doc.get('box_id') or 'no identity'}), "
+                    f"not {box.name} ({box.id})",
+                    "give a result of this box",
                 )
         else:
             inv = str(ctx.inventory.path) if ctx.inventory is not None else None
             doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated, lock_path)
-        doc = regress.judge(doc, history.runs(box.name), settings)
+        doc["box_id"] = box.id  # the history of this box (Proxmox host + vmid), never a namesake's
+        doc = regress.judge(doc, history.runs(box), settings)
         history.record(doc)
         doctor = None
         if with_doctor:
@@ -196,7 +190,8 @@ def run_once(
         if write_prom:
             host = ctx.host if prom_on == "host" else ctx.container
             try:
-                prom_path = prom.write(host, box.name, prom.render(doc, doctor), prom_dir)
+                # named by vmid, the box's identity where the file lives (a box name is not a path)
+                prom_path = prom.write(host, f"ct{box.vmid}", prom.render(doc, doctor), prom_dir)
             except (OSError, GpuboxError) as exc:
                 notes.append(f"metrics not written: {exc}")
         fired = alert.fire(ctx.container, argv, doc, alert_timeout)
@@ -210,7 +205,7 @@ def run_once(
         "status": v["status"],
         "ok": v["status"] == "healthy",
         "reasons": v.get("reasons", []),
-        "history": str(history.store_path(box.name)),
+        "history": str(history.store_path(box)),
         "prom": prom_path,
         "lock": str(lock_path),
         "doctor": None

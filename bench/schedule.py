@@ -88,9 +88,12 @@ def safe_token(value: Any, what: str) -> str:
     return s
 
 
-def unit_base(box: str) -> str:
-    # cron.d names must be [A-Za-z0-9_-] (Debian cron(8), run-parts naming) or they are ignored.
-    return "gpubox-health-" + re.sub(r"[^A-Za-z0-9_-]", "_", box)
+def unit_base(vmid: int) -> str:
+    """`gpubox-health-ct<vmid>`: the units and cron file live on the box's own container or
+    Proxmox host, where the vmid is the container's identity (gpubox.identity: the box_id's part
+    on its own host). A slug of the box name was lossy: boxes gpu.a and gpu_a got one unit, and
+    the second install replaced the first box's health check. cron.d names stay [A-Za-z0-9_-]."""
+    return f"gpubox-health-ct{int(vmid)}"
 
 
 def check_calendar(spec: str, host=None) -> str:
@@ -138,7 +141,7 @@ class Spec:
 
     @property
     def base(self) -> str:
-        return unit_base(self.box)
+        return unit_base(self.vmid)
 
     @property
     def service(self) -> str:
@@ -397,12 +400,14 @@ def recorded_runs(ctx, s: Spec) -> list[dict[str, Any]]:
     from here (this machine's state dir), each run once (by run_id)."""
     from . import history
 
-    where = f"{s.state_dir}/history/{s.box}.jsonl"
+    key = history.store_key(ctx.box)  # the box's identity: run-once records under it
+    where = f"{s.state_dir}/history/{key}.jsonl"
     text = _read(ctx.container, where)
     runs = [dict(r, _where=f"{ctx.container.name}:{where}") for r in history.parse_lines(text or "")]
-    local = history.store_path(s.box)
+    local = history.store_path(ctx.box)
     if local.exists():
         runs += [dict(r, _where=str(local)) for r in history.parse_lines(local.read_text(encoding="utf-8"))]
+    runs = [r for r in runs if history.doc_key(r) == key]  # never a namesake box's runs
     seen, out = set(), []
     for r in sorted(runs, key=lambda r: str(r.get("started_at") or "")):
         key = r.get("run_id") or id(r)

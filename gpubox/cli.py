@@ -12,6 +12,7 @@ import click
 
 from . import __version__, areas
 from .errors import GpuboxError
+from .escape import terminal
 
 # command name -> "module:attribute". The areas' commands come from their registrations
 # (gpubox.areas), still as strings: nothing loads until a command is run. A registered module that
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        click.echo(f"gpubox: error: {exc}", err=True)
+        click.echo(f"gpubox: error: {terminal(exc)}", err=True)  # server/document text: no raw escapes
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         # click turns Ctrl-C into Abort; either way it is SIGINT: 128 + 2, as shells report it.
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         from .errors import os_error
 
-        click.echo(f"gpubox: error: {os_error(exc)}", err=True)
+        click.echo(f"gpubox: error: {terminal(os_error(exc))}", err=True)
         sys.exit(2)
     except Exception as exc:  # a bug or an unforeseen state: still one line, and "could not run"
         if verbose:

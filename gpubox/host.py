@@ -127,8 +127,11 @@ class Host:
             except FileNotFoundError:
                 old = None
             if old is not None:
-                bp = backup_path(self.name, path)
-                bp.write_bytes(old)
+                from .safeio import write_atomic
+
+                # tmp + rename: ENOSPC in the backup directory leaves no 0-byte backup, and the
+                # error names the file; nothing is written to the host without its backup.
+                bp = write_atomic(backup_path(self.name, path), old, mode=0o600)
                 saved = str(bp)
         real = self.path(path)
         parent = posixpath.dirname(real)

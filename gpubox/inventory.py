@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import InventoryError
-from .invschema import check_host
+from .invschema import check_box, check_host
 
 INVENTORY_ENV = "GPUBOX_INVENTORY"
 CONTAINER_GROUP = "gpu_containers"
@@ -219,7 +219,14 @@ class Box:
 
     @property
     def vmid(self) -> int:
-        return int(self.container.vars["gpubox_vmid"])
+        return int(str(self.container.vars["gpubox_vmid"]).strip())
+
+    @property
+    def id(self) -> str:
+        """The box's identity (Proxmox host + vmid): names its results, history, units and lock."""
+        from .identity import box_id
+
+        return box_id(self.host.name, self.vmid)
 
     def var(self, key: str, default: Any = None) -> Any:
         """A box setting: the container's value, else its Proxmox host's."""
@@ -297,23 +304,16 @@ class Inventory:
         return sorted(n for n, h in self._hosts.items() if "gpubox_vmid" in h.vars)
 
     def box(self, name: str) -> Box:
-        if name not in self._hosts or "gpubox_vmid" not in self._hosts[name].vars:
+        if name not in self._hosts:
             known = ", ".join(self.box_names()) or "none"
             raise InventoryError(f"unknown box {name!r} in {self.path}", f"known boxes: {known}")
         ct = self._hosts[name]
-        try:
-            int(ct.vars["gpubox_vmid"])
-        except (TypeError, ValueError):
-            raise InventoryError(
-                f"box {name}: gpubox_vmid {ct.vars['gpubox_vmid']!r} is not a number",
-                "set gpubox_vmid to the container's numeric id, e.g. 200",
-            ) from None
+        if "gpubox_vmid" not in ct.vars and CONTAINER_GROUP not in ct.groups:
+            known = ", ".join(self.box_names()) or "none"
+            raise InventoryError(f"unknown box {name!r} in {self.path}", f"known boxes: {known}")
         hostname = ct.vars.get("gpubox_proxmox_host")
-        if not hostname:
-            raise InventoryError(
-                f"box {name} has no gpubox_proxmox_host",
-                "set gpubox_proxmox_host to the inventory name of its Proxmox host",
-            )
+        # The one gate (invschema.check_box), as the Ansible module applies it.
+        check_box(name, ct.vars, hostname, self._hosts[hostname].vars if hostname in self._hosts else {})
         if hostname not in self._hosts:
             known = ", ".join(sorted(n for n in self._hosts if n not in self.box_names())) or "none"
             raise InventoryError(

@@ -114,6 +114,24 @@ def check_host(name: str, vars: dict[str, Any]) -> None:
         )
 
 
+def check_box(name: str, ct_vars: dict[str, Any], host_name: str | None, host_vars: dict[str, Any]) -> int:
+    """The one gate for a box, whatever the front end (CLI, Ansible module, playbook extra-vars,
+    schedule run-once, the container side): both hosts' variables against SCHEMA, then what a box
+    must have. Returns the vmid as an int; raises InventoryError naming the variable."""
+    check_host(name, ct_vars)
+    if "gpubox_vmid" not in ct_vars or ct_vars["gpubox_vmid"] in (None, ""):
+        raise InventoryError(
+            f"{name}: gpubox_vmid is missing", "set gpubox_vmid to the container's numeric id, e.g. 200"
+        )
+    if not host_name:
+        raise InventoryError(
+            f"{name}: gpubox_proxmox_host is missing",
+            "set gpubox_proxmox_host to the inventory name of its Proxmox host",
+        )
+    check_host(str(host_name), host_vars)
+    return int(str(ct_vars["gpubox_vmid"]).strip())
+
+
 def _show(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."

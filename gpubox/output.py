@@ -58,8 +58,12 @@ def console(stderr: bool = False) -> Console:
 
 def plain(value: Any) -> Text:
     """User data (inventory values, paths, names, remote output) for a rich table cell or print:
-    a Text is never parsed as markup, so `[/path]` or `[bold]` in a value is shown as written."""
-    return Text(str(value))
+    a Text is never parsed as markup, so `[/path]` or `[bold]` in a value is shown as written, and
+    control characters (an ESC sequence in a stored field or a server's error) are shown escaped
+    (gpubox.escape.terminal; rich strips only BEL/BS/VT/FF/CR)."""
+    from .escape import terminal
+
+    return Text(terminal(value, newlines=True))
 
 
 def print_json(obj: Any) -> None:

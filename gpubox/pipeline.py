@@ -188,8 +188,19 @@ def run_pipeline(
     check_options(ctx, [n.step for n in nodes])
     from .boxlock import lock_for
 
-    with lock_for(ctx, mode):  # every change to a box holds its one lock
-        return _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel)
+    with lock_for(ctx, mode) as info:  # every change to a box holds its one lock
+        report = _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel)
+    swept = getattr(info, "swept", None)
+    if swept:  # a killed run's temp files, removed before this run worked
+        report.extra["removed_temps"] = swept
+        con = getattr(ctx, "console", None)
+        if con is not None:
+            from .escape import rich
+
+            con.print(
+                f"[dim]removed {len(swept)} stale temp file(s) of a killed run: {rich(', '.join(swept))}[/]"
+            )
+    return report
 
 
 def check_options(ctx, steps: Iterable[Step]) -> None:

@@ -193,7 +193,10 @@ def execute(plan: Plan, host_for: Callable[[str | None], Any], backup_for: Calla
         elif isinstance(a, Write):
             host.write(a.path, a.text, mode=a.mode)
         elif isinstance(a, Remove):
-            backup_for(host, a.path).write_bytes(host.read_bytes(a.path))
+            from .safeio import write_atomic
+
+            # tmp + rename: a full backup directory leaves no 0-byte "backup" behind (ENOSPC names it)
+            write_atomic(backup_for(host, a.path), host.read_bytes(a.path), mode=0o600)
             host.remove(a.path)
         else:
             raise TypeError(f"unknown plan action {a!r}")
@@ -228,7 +231,9 @@ class Step:
 
     # -- the verbs the engine calls --------------------------------------------------------------
     def check(self, ctx) -> Finding:
-        return self.decide(self.gather(ctx), self.options(ctx))
+        # Options first: a bad value is bad input before anything is read from the box.
+        opts = self.options(ctx)
+        return self.decide(self.gather(ctx), opts)
 
     def plan(self, ctx, finding: Finding) -> Plan:
         return finding.plan or Plan()

@@ -235,13 +235,13 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
     from gpubox.bench import runner
     from gpubox.state import sub_dir
 
-    out = Path(out_dir or sub_dir("results", ctx.box.name))
+    out = Path(out_dir or sub_dir("results", ctx.box.id))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     from gpubox.bench.runonce import run_lock
 
     try:
-        with run_lock(ctx.box.name):  # never overlap a scheduled health check of the same box
+        with run_lock(ctx):  # never overlap a scheduled health check of the same box
             doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
     except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
         outcome.report.steps.append(

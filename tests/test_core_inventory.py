@@ -231,7 +231,7 @@ def test_box_without_proxmox_host(tmp_path, capsys):
     rc, _, err = gpubox(capsys, "-i", str(f), "inventory", "show", "ct200")
     assert rc == 2
     assert err == (
-        "gpubox: error: box ct200 has no gpubox_proxmox_host "
+        "gpubox: error: ct200: gpubox_proxmox_host is missing "
         "(set gpubox_proxmox_host to the inventory name of its Proxmox host)\n"
     )
     f.write_text("all:\n  hosts:\n    pve7: {}\n    ct200: {gpubox_vmid: 200, gpubox_proxmox_host: pve1}\n")

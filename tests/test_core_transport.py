@@ -383,7 +383,7 @@ def test_pct_file_protocol(fake_pct, tmp_path):
     d.mkdir()
     _protocol(t, d)
     pushes = [c for c in _pct_calls(log) if c[0] == "push"]
-    assert pushes and all(c[1] == "200" and c[2].startswith("/tmp/.gpubox-push-") for c in pushes)
+    assert pushes and all(c[1] == "200" and c[2].startswith("/tmp/.gpubox-push.gpubox.tmp.") for c in pushes)
     assert ["--perms", "640"] == pushes[0][4:]
     assert pushes[-1][3].endswith("/sub/file.conf.tmp.4242")
     assert not any(Path(c[2]).exists() for c in pushes)  # host temporaries are cleaned up

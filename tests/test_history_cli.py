@@ -60,15 +60,21 @@ def test_no_history_is_a_clear_error(capsys):
 
 
 def test_on_box_reads_the_scheduled_runs_store(tmp_path, capsys, monkeypatch):
+    from gpubox.inventory import Inventory
     from gpubox.simbox import build
 
     sim = build(tmp_path / "box")
-    record_series(3)
+    box = Inventory(sim.inventory_path).box("ct200")
+    for n in range(1, 4):  # as the scheduled run-once records them: keyed by the box's identity
+        doc = json.loads((FIX / f"run{n:02d}.json").read_text())
+        doc["box_id"] = box.id
+        history.record(regress.judge(doc, history.runs(box)))
     dest = sim.cpath("/var/lib/gpubox/history")
     dest.mkdir(parents=True)
-    shutil.copy(history.store_path("ct200"), dest / "ct200.jsonl")
-    history.store_path("ct200").unlink()
+    shutil.copy(history.store_path(box), dest / f"{box.id}.jsonl")
+    history.store_path(box).unlink()
     rc, out, _ = gpubox(capsys, "-i", str(sim.inventory_path), "history", "ct200", "--on-box", "--json")
     assert rc == 0
     doc = json.loads(out)
-    assert doc["store"] == "ct200:/var/lib/gpubox/history/ct200.jsonl" and len(doc["runs"]) == 3
+    assert doc["store"] == f"ct200:/var/lib/gpubox/history/{box.id}.jsonl" and len(doc["runs"]) == 3
+    assert box.id == "pve1-ct200"

@@ -64,7 +64,16 @@ def test_torn_line_does_not_hide_other_runs():
     [
         ({"schema": "other/1", "box": "ct200", "run_id": "x", "started_at": "t"}, "schema"),
         ({"schema": "gpubox.bench/1", "box": "ct200", "started_at": "t"}, "run_id"),
-        ({"schema": "gpubox.bench/1", "box": "../etc", "run_id": "x", "started_at": "t"}, "box name"),
+        (
+            {
+                "schema": "gpubox.bench/1",
+                "box": "ct200",
+                "box_id": "../etc",
+                "run_id": "x",
+                "started_at": "t",
+            },
+            "box_id",
+        ),
     ],
 )
 def test_bad_documents_are_refused(bad, words):
@@ -204,3 +213,12 @@ def test_settings_validation_names_the_value():
         regress.Settings(tolerance=10)
     with pytest.raises(GpuboxError, match="window"):
         regress.Settings(window=0)
+
+
+def test_any_box_name_stays_inside_the_history_directory():
+    """Names are encoded injectively (gpubox.identity.encode_name), never used as paths."""
+    names = ["../etc", "a/b", "a_b", "a.b", "gpu.a", "gpu_a", "x" * 300, "pve1-ct200"]
+    paths = {history.store_path(n) for n in names}
+    assert len(paths) == len(names)
+    for p in paths:
+        assert p.parent == history.history_dir() and len(p.name) < 255

@@ -185,13 +185,14 @@ def test_pdf_compiles_and_shows_hostile_strings(tmp_path, capsys):
     [
         (None, "no such file"),
         ("{not json", "not valid JSON (line 1"),
-        ('{"schema": "other/1", "measurements": []}', "schema is 'other/1'"),
+        ('{"schema": "other/1", "measurements": []}', "r.json: schema: 'other/1', expected 'gpubox.bench/1'"),
         (
-            '{"schema": "gpubox.bench/1", "measurements": [{"key": "k", "tp": 0, "label": "a", '
+            '{"schema": "gpubox.bench/1", "box": "b", "run_id": "r", "started_at": "t", "verdict": '
+            '{"status": "healthy"}, "measurements": [{"key": "k", "tp": 0, "label": "a", '
             '"workload": "decode", "status": "ok"}]}',
-            "tp 0 is not a positive integer",
+            "r.json: measurements[0].tp: a number (0), expected a whole number >= 1",
         ),
-        ("[1, 2]", "top level is not a JSON object"),
+        ("[1, 2]", "r.json: top level is a list, not a result object"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, content, needle):

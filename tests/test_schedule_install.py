@@ -99,13 +99,18 @@ def test_status_and_remove(sim, capsys):
     assert rc == 1 and json.loads(out)["installed"] is False
     cli(capsys, sim, "schedule", "install", "ct200", "--json")
     # a run recorded on the box (its state dir, as the unit sets it)
-    hist = sim.cpath("/var/lib/gpubox/history/ct200.jsonl")
+    # (keyed by the box's identity, Proxmox host + vmid; a document of gpubox.bench/1)
+    hist = sim.cpath("/var/lib/gpubox/history/pve1-ct200.jsonl")
     hist.parent.mkdir(parents=True)
     hist.write_text(
         json.dumps(
             {
                 "history": "gpubox.history/1",
                 "doc": {
+                    "schema": "gpubox.bench/1",
+                    "box": "ct200",
+                    "box_id": "pve1-ct200",
+                    "measurements": [],
                     "run_id": "ct200-20261129T060000Z",
                     "started_at": "2026-11-29T06:00:00Z",
                     "verdict": {

@@ -27,6 +27,13 @@ EXPECT = {
 }
 
 
+def box_of(sim):
+    """The inventory Box: run-once keys its history by the box's identity (Proxmox host + vmid)."""
+    from gpubox.inventory import Inventory
+
+    return Inventory(sim.inventory_path).box("ct200")
+
+
 def hook(tmp_path, name, body):
     p = tmp_path / name
     p.write_text(f"#!{sys.executable}\nimport sys, time, pathlib\n{body}\n")
@@ -94,7 +101,7 @@ def test_series_records_history_writes_metrics_and_alerts_once(tmp_path, capsys)
     assert any("12.1% below the median" in r["message"] for r in payload["reasons"])
     assert res["alert"]["ok"] and res["alert"]["rc"] == 0
     # history holds the judged runs
-    runs = history.runs("ct200")
+    runs = history.runs(box_of(sim))
     assert [r["verdict"]["status"] for r in runs] == ["healthy"] * 6 + ["degraded"]
     # metrics in the container's textfile dir, parseable, health 1
     text = sim.cpath(PROM).read_text()
@@ -114,7 +121,7 @@ def test_failing_alert_command_is_reported_not_fatal(tmp_path, capsys):
     assert rc == 1 and res["status"] == "failed"
     assert res["alert"]["fired"] and not res["alert"]["ok"] and res["alert"]["rc"] == 3
     assert "alert command failed: exited 3: pager down" in res["notes"]
-    assert history.runs("ct200")[-1]["verdict"]["status"] == "failed", "the run is still recorded"
+    assert history.runs(box_of(sim))[-1]["verdict"]["status"] == "failed", "the run is still recorded"
     fams = {f.name: f for f in text_string_to_metric_families(sim.cpath(PROM).read_text())}
     assert fams["gpubox_health"].samples[0].value == 2
 
@@ -132,7 +139,7 @@ def test_alert_command_as_shell_string_is_refused(tmp_path, capsys):
     sim = make_sim(tmp_path, alert="notify-oncall --team x | mail")
     rc, res, err = run_once(capsys, sim, 1)
     assert rc == 2 and "argv list" in err and res is None
-    assert history.runs("ct200") == [], "bad settings are refused before anything is recorded"
+    assert history.runs(box_of(sim)) == [], "bad settings are refused before anything is recorded"
 
 
 def test_result_of_another_box_is_refused(tmp_path, capsys):
@@ -206,7 +213,7 @@ def test_overlapping_runs_are_refused(tmp_path):
             first.kill()
     assert first.returncode == 1 and json.loads(out)["status"] == "degraded"
     # only the first run was recorded; the lock is free again afterwards
-    assert [r["run_id"] for r in history.runs("ct200")] == ["ct200-20261102T120000Z"]
+    assert [r["run_id"] for r in history.runs(box_of(sim))] == ["ct200-20261102T120000Z"]
     third = subprocess.run(
         base + [str(FIX / "run01.json")], env=env, capture_output=True, text=True, timeout=60
     )
@@ -225,7 +232,7 @@ def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, ca
         main(["-i", str(sim.inventory_path), "schedule", "run-once", "ct200", "--no-doctor", "--json"])
     res = json.loads(capsys.readouterr().out)
     assert ei.value.code == 0 and res["status"] == "healthy", res
-    (run,) = history.runs("ct200")
+    (run,) = history.runs(box_of(sim))
     assert run["run_id"] == res["run_id"] and run["simulated"] is True
     keys = {m["key"] for m in run["measurements"] if m["status"] == "ok"}
     assert {"tp1/auto/decode/out1024", "tp1/ddtree:15/decode/out1024"} <= keys
@@ -237,10 +244,34 @@ def test_end_to_end_with_the_real_benchmark_on_the_simulated_server(tmp_path, ca
 def test_manual_bench_is_refused_while_a_health_check_holds_the_lock(tmp_path, capsys):
     """`gpubox bench` takes the same per-box lock as the scheduled run."""
     from gpubox.bench.runonce import run_lock
+    from gpubox.context import Context
+    from gpubox.inventory import Inventory
     from gpubox.simbox import build
     from tests.clirun import gpubox
 
     sim = build(tmp_path / "box", [])
-    with run_lock("ct200"):
+    inv = Inventory(sim.inventory_path)
+    holder = subprocess.Popen(  # another process holds it (in-process the lock is re-entrant)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from gpubox.context import Context; from gpubox.inventory import Inventory;"
+            "from gpubox.bench.runonce import run_lock; inv = Inventory(sys.argv[1]);"
+            "ctx = Context(box=inv.box('ct200'), inventory=inv)\n"
+            "with run_lock(ctx, 'test holder'):\n print('held', flush=True); sys.stdin.read()",
+            str(sim.inventory_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
         rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "bench", "ct200", "--json")
-    assert rc == 2 and "already running" in err and len(err.strip().splitlines()) == 1
+    finally:
+        holder.communicate("", timeout=30)
+    assert rc == 2 and "`test holder` is already running (pid" in err, err
+    assert len(err.strip().splitlines()) == 1
+    with run_lock(Context(box=inv.box("ct200"), inventory=inv)):  # free again once the holder left
+        pass

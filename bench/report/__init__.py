@@ -67,6 +67,8 @@ def make_report(
     if out_dir.exists() and not out_dir.is_dir():
         raise GpuboxError(f"{out_dir} exists and is not a directory", "choose another -o DIR")
 
+    from gpubox.safeio import staged
+
     from . import markdown, model, plots
     from .advise import advise_all
     from .advise_io import server_logs
@@ -74,12 +76,18 @@ def make_report(
     advised = runs[1:] if compare else runs  # with --compare the first run is the baseline being replaced
     advice = advise_all(advised, logs={r.name: server_logs(r) for r in advised})
     rep = model.build(runs, compare=compare, title=title, advice=advice)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    figs = plots.make_all(runs, out_dir / "figures", "pdf" if fmt == "latex" else "png", compare=compare)
-    render = {"latex": latex.render, "md": markdown.render_markdown, "html": markdown.render_html}[fmt]
-    main = render(rep, out_dir, figs)
-    res = Output(rep, [main] + ([] if fmt == "html" else [f.path for f in figs]), main)
-    if pdf:
-        res.pdf = latex.compile_pdf(main)
+    # Written into a private directory inside out_dir and moved in by rename only when every file
+    # is done (gpubox.safeio.staged): a planted symlink `out_dir/report.md` is replaced, not followed,
+    # and a rendering or LaTeX error leaves nothing behind.
+    with staged(out_dir) as work:
+        figs = plots.make_all(runs, work / "figures", "pdf" if fmt == "latex" else "png", compare=compare)
+        render = {"latex": latex.render, "md": markdown.render_markdown, "html": markdown.render_html}[fmt]
+        main = render(rep, work, figs)
+        files = [main] + ([] if fmt == "html" else [f.path for f in figs])
+        pdf_path = latex.compile_pdf(main) if pdf else None
+    final = lambda p: out_dir / Path(p).relative_to(work)  # noqa: E731
+    res = Output(rep, [final(f) for f in files], final(main))
+    if pdf_path:
+        res.pdf = final(pdf_path)
         res.files.append(res.pdf)
     return res

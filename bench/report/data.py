@@ -6,7 +6,6 @@ cannot be used raises a GpuboxError naming the file, the problem and the fix.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -146,20 +145,10 @@ def _fail(
 
 def load_run(path: str | Path, name: str | None = None) -> Run:
     """Read and check one result file."""
+    from ..schema import load
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise _fail(str(p), "no such file", "check the path of the result JSON") from None
-    except IsADirectoryError:
-        raise _fail(str(p), "is a directory", "name the result JSON file itself") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(str(p), f"cannot read: {exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(str(p), f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    return from_doc(doc, str(p), name)
+    return from_doc(load(p), str(p), name)  # strict JSON + bench.schema: one error naming file and field
 
 
 def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Run:

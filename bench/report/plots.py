@@ -57,7 +57,10 @@ class _Palette:
 
 
 def _series_name(runs: list[Run], r: Run, name: str) -> str:
-    return f"{name} ({r.name})" if len(runs) > 1 else name
+    """A legend entry: text from the documents, never parsed as mathtext (gpubox.escape)."""
+    from gpubox.escape import mathtext
+
+    return mathtext(f"{name} ({r.name})" if len(runs) > 1 else name)
 
 
 def _new(title: str, xlabel: str, ylabel: str, wide: bool = False):
@@ -310,13 +313,15 @@ def acceptance(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure
 
 
 def comparison(base: Run, new: Run, outdir: Path, fmt: str, top: int = 16) -> Figure | None:
+    from gpubox.escape import mathtext
+
     ds = deltas(base, new)
     if not ds:
         return None
     ds = sorted(ds, key=lambda t: -abs(t[2]))[:top]
     ds.sort(key=lambda t: t[2])
     fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(ds) + 1.3), dpi=150)
-    labels = [describe(m) for _, m, _ in ds]
+    labels = [mathtext(describe(m)) for _, m, _ in ds]
     vals = [d for _, _, d in ds]
     rects = ax.barh(range(len(ds)), vals, color=["#2ca02c" if v >= 0 else "#d62728" for v in vals])
     ax.bar_label(rects, labels=[f"{v:+.1f}%" for v in vals], fontsize=7, padding=2)
@@ -325,8 +330,8 @@ def comparison(base: Run, new: Run, outdir: Path, fmt: str, top: int = 16) -> Fi
     lo, hi = min(0, min(vals)), max(0, max(vals))
     pad = (hi - lo) * 0.18 or 1
     ax.set_xlim(lo - (pad if lo < 0 else 0), hi + pad)
-    ax.set_xlabel(f"change, {new.name} vs {base.name} (%)")
-    ax.set_title(f"{new.name} vs {base.name}", fontsize=11)
+    ax.set_xlabel(mathtext(f"change, {new.name} vs {base.name} (%)"))
+    ax.set_title(mathtext(f"{new.name} vs {base.name}"), fontsize=11)
     ax.spines[["top", "right"]].set_visible(False)
     return Figure(
         f"compare-{_safe(base.name)}-{_safe(new.name)}",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat as _stat
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -146,9 +148,100 @@ class Transport(ABC):
     @abstractmethod
     def remove(self, path: str) -> None: ...
 
+    def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> "Held":
+        """Start ARGV and keep it running with stdin open (see Held); the box lock uses it."""
+        raise hold_unsupported(self.name)
+
     def close(self) -> None:  # noqa: B027 - an optional hook: most transports hold nothing to close
         """Release connections (no-op by default)."""
 
     @property
     def is_local(self) -> bool:
         return False
+
+
+class Held:
+    """A long-running command on a host whose life is the point (a `flock` that holds a lock while
+    its `cat` waits on stdin). It ends when we close its stdin (`release`), and also when this
+    process dies however it dies: the pipe or SSH channel closes, `cat` reads EOF, flock exits
+    and the kernel drops the lock. Subclasses give `_read`, `_close_stdin`, `_poll`, `_kill`."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+
+    def _start(self) -> None:
+        self._reader.start()
+
+    def _pump(self) -> None:
+        buf = b""
+        while True:
+            try:
+                b = self._read()
+            except Exception:  # noqa: BLE001 - a broken pipe/channel ends the stream, nothing more
+                b = b""
+            if not b:
+                break
+            buf += b
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self._lines.put(line.decode(errors="replace"))
+        if buf:
+            self._lines.put(buf.decode(errors="replace"))
+        self._lines.put(None)
+
+    def first_line(self, timeout: float) -> str | None:
+        """The command's first stdout line, or None when it ended (or TIMEOUT passed) without one."""
+        import queue
+
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def release(self, timeout: float = 10) -> int | None:
+        """Close stdin and wait for the command to end; its exit status (None if it had to be killed)."""
+        try:
+            self._close_stdin()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self._poll()
+            if rc is not None:
+                return rc
+            time.sleep(0.02)
+        self._kill()
+        return None
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self._poll()
+            if rc is not None:
+                return rc
+            time.sleep(0.02)
+        return None
+
+    def stderr_text(self) -> str:
+        return ""
+
+    def _read(self) -> bytes:
+        raise NotImplementedError
+
+    def _close_stdin(self) -> None:
+        raise NotImplementedError
+
+    def _poll(self) -> int | None:
+        raise NotImplementedError
+
+    def _kill(self) -> None:
+        raise NotImplementedError
+
+
+def hold_unsupported(name: str):
+    from ..errors import TransportError
+
+    return TransportError(f"{name}: this connection cannot hold a command open", "use local, ssh or pct")

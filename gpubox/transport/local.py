@@ -10,8 +10,9 @@ import threading
 import time
 from typing import Mapping, Sequence
 
+from .. import safeio
 from ..errors import TransportError
-from .base import CmdResult, FileStat, LineCallback, LineSplitter, Transport, validate_argv
+from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
 
 class LocalTransport(Transport):
@@ -60,12 +61,21 @@ class LocalTransport(Transport):
             else:
                 out, err = self._communicate_live(proc, data, timeout, on_stderr)
         except subprocess.TimeoutExpired:
-            # Its own session: kill the whole process group, so no grandchild outlives the timeout.
+            # Its own session: kill the whole process group, and every descendant that left it
+            # (setsid, a daemonising hook: psutil walks the tree while the parent still lives).
+            kill_tree(proc.pid)
+            # Not communicate(): a grandchild that left the group (setsid, a daemonising hook)
+            # may hold the pipes open for ever; the command itself is dead, so stop reading.
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 pass
-            proc.communicate()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
             raise TransportError(
                 f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
                 "raise the timeout or check what the command waits for",
@@ -118,6 +128,19 @@ class LocalTransport(Transport):
             th.join(timeout=5)
         return b"".join(out), b"".join(err)
 
+    def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Held:
+        argv = validate_argv(argv)
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env
+            )
+        except FileNotFoundError:
+            raise TransportError(f"{self.name}: {argv[0]} not found", f"install {argv[0]} there") from None
+        return _LocalHeld(proc)
+
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
@@ -126,24 +149,35 @@ class LocalTransport(Transport):
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = os.path.dirname(path) or "."
-        tmp = os.path.join(d, tmp_name or f".{os.path.basename(path)}.gpubox.{os.getpid()}.tmp")
+        tmp = os.path.join(d, tmp_name or safeio.tmp_name(path))
         if mode is None:
             try:
                 mode = os.stat(path).st_mode & 0o7777
             except FileNotFoundError:
                 mode = 0o644
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        # A new file, never opened through what stands at that name (a planted symlink): O_EXCL.
+        # A caller-given name (Proxmox's `<file>.tmp.<pid>`) left by a killed run is removed first.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, mode)
+        except FileExistsError:
+            if not tmp_name:
+                raise
+            os.unlink(tmp)
+            fd = os.open(tmp, flags, mode)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+            if isinstance(exc, OSError) and exc.filename is None:  # write(2)/fsync(2) name no file
+                raise OSError(exc.errno, exc.strerror or str(exc), path) from None
             raise
         try:  # the rename itself is durable only once the directory is synced
             dfd = os.open(d, os.O_RDONLY)
@@ -172,3 +206,50 @@ class LocalTransport(Transport):
 
     def remove(self, path: str) -> None:
         os.unlink(path)
+
+
+class _LocalHeld(Held):
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__()
+        self.proc = proc
+        self._err = b""
+        threading.Thread(target=self._drain, daemon=True).start()
+        self._start()
+
+    def _drain(self) -> None:
+        self._err = self.proc.stderr.read()
+
+    def _read(self) -> bytes:
+        return self.proc.stdout.read1(4096)
+
+    def _close_stdin(self) -> None:
+        self.proc.stdin.close()
+
+    def _poll(self) -> int | None:
+        return self.proc.poll()
+
+    def _kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stderr_text(self) -> str:
+        return self._err.decode(errors="replace")
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL PID's process group and all its descendants (found before anything dies)."""
+    try:
+        import psutil
+
+        kids = psutil.Process(pid).children(recursive=True)
+    except Exception:  # psutil missing or PID gone: the group kill below still applies
+        kids = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for k in kids:
+        try:
+            k.kill()
+        except Exception:
+            pass

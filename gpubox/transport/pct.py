@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import base64
 import posixpath
-import secrets
 import stat as _stat
 from typing import Mapping, Sequence
 
-from .base import CmdResult, FileStat, LineCallback, Transport, validate_argv
+from .. import safeio
+from .base import CmdResult, FileStat, Held, LineCallback, Transport, validate_argv
 
 
 class PctTransport(Transport):
@@ -57,6 +57,13 @@ class PctTransport(Transport):
         r = self._pct("exec", str(self.vmid), "--", *inner, timeout=timeout, input=input, on_stderr=on_stderr)
         return CmdResult(list(argv), r.rc, r.stdout, r.stderr, r.seconds, self.name)
 
+    def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Held:
+        """Through `pct exec` on the host (lxc-attach passes stdin on, so EOF still ends it)."""
+        inner = list(validate_argv(argv))
+        if env:
+            inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
+        return self.host.hold(["pct", "exec", str(self.vmid), "--", *inner], env=self.host_env or None)
+
     def read_bytes(self, path: str) -> bytes:
         # base64 because the host transport hands back decoded text: raw `cat` would mangle any
         # byte that is not UTF-8.
@@ -70,11 +77,8 @@ class PctTransport(Transport):
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
-        token = secrets.token_hex(6)
-        host_tmp = f"/tmp/.gpubox-push-{token}"
-        ct_tmp = posixpath.join(
-            posixpath.dirname(path), tmp_name or f".{posixpath.basename(path)}.gpubox.{token}.tmp"
-        )
+        host_tmp = f"/tmp/{safeio.tmp_name('gpubox-push')}"
+        ct_tmp = posixpath.join(posixpath.dirname(path), tmp_name or safeio.tmp_name(path))
         if mode is None:  # keep the old file's permissions, like the other transports
             old = self.stat(path)
             mode = old.perms if old else 0o644

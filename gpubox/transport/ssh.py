@@ -20,8 +20,9 @@ from typing import Mapping, Sequence
 
 import paramiko
 
+from .. import safeio
 from ..errors import TransportError
-from .base import CmdResult, FileStat, LineCallback, LineSplitter, Transport, validate_argv
+from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
 # paramiko logs handshake failures from its own thread; without a handler Python's last-resort
 # handler would print them as a traceback-like blurb next to our one-line error.
@@ -303,6 +304,23 @@ class SSHTransport(Transport):
             self.name,
         )
 
+    def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Held:
+        """ARGV in its own channel, stdin open. When this process dies the TCP connection drops,
+        sshd closes the session's pipes and the command reads EOF: a dead control node holds nothing."""
+        argv = validate_argv(argv)
+        cmd = list(argv)
+        if env:
+            cmd = ["env", *[f"{k}={v}" for k, v in env.items()], *cmd]
+        chan = self._session()
+        try:
+            chan.exec_command(shlex.join(cmd))
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            chan.close()
+            raise TransportError(
+                f"{self.name}: cannot start `{shlex.join(argv)}`: {exc}", "check the host"
+            ) from None
+        return _SSHHeld(chan)
+
     def _session(self) -> paramiko.Channel:
         """A new exec channel; reconnects once when the old connection has gone away."""
         for attempt in (0, 1):
@@ -342,12 +360,12 @@ class SSHTransport(Transport):
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = posixpath.dirname(path) or "."
-        tmp = posixpath.join(d, tmp_name or f".{posixpath.basename(path)}.gpubox.{os.getpid()}.tmp")
+        tmp = posixpath.join(d, tmp_name or safeio.tmp_name(path))
         if mode is None:
             old = self.stat(path)
             mode = old.perms if old else 0o644
         try:
-            with self.sftp.open(tmp, "wb") as f:
+            with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
                 f.write(data)
             self.sftp.chmod(tmp, mode)
@@ -450,3 +468,32 @@ class _RevokedAwarePolicy(paramiko.MissingHostKeyPolicy):
                 "the key was revoked on purpose: verify the host before trusting a new key",
             )
         raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
+
+
+class _SSHHeld(Held):
+    def __init__(self, chan: paramiko.Channel):
+        super().__init__()
+        self.chan = chan
+        self._start()
+
+    def _read(self) -> bytes:
+        return self.chan.recv(4096)
+
+    def _close_stdin(self) -> None:
+        self.chan.shutdown_write()
+
+    def _poll(self) -> int | None:
+        if self.chan.exit_status_ready():
+            rc = self.chan.recv_exit_status()
+            self.chan.close()
+            return rc
+        return None
+
+    def _kill(self) -> None:
+        self.chan.close()
+
+    def stderr_text(self) -> str:
+        out = b""
+        while self.chan.recv_stderr_ready():
+            out += self.chan.recv_stderr(65536)
+        return out.decode(errors="replace")

@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python3 -m tests.hostile.tally            # this checkout's code
     PYTHONPATH=/path/to/other/checkout:$PWD python3 -m tests.hostile.tally   # e.g. main, for "before"
+    python3 -m tests.hostile.tally tests/hostile/test_gate_hostile.py ...    # only these files
 
 A case is clean when its test passes; damaged when it failed on an assertion marked DAMAGE
 (a command ran, config space or a file outside gpubox's own changed, two changers overlapped)."""
@@ -29,7 +30,7 @@ def main() -> int:
                 "-q",
                 "-p",
                 "no:cacheprovider",
-                str(HERE),
+                *([] if any(a.endswith(".py") for a in sys.argv[1:]) else [str(HERE)]),
                 f"--junitxml={xml}",
                 *sys.argv[1:],
             ],

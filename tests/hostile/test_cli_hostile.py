@@ -103,14 +103,12 @@ def test_non_utf8_nccl_file_and_profile(tmp_path, capsys):
 
 
 def test_file_where_lock_directory_should_be(tmp_path, capsys, monkeypatch):
+    """The box lock lives on the Proxmox host (gpubox.boxlock): a file where its directory should be."""
     sim = _sim(tmp_path)
-    state = tmp_path / "st"
-    state.mkdir()
-    (state / "locks").write_text("not a directory")
-    monkeypatch.setenv("GPUBOX_STATE_DIR", str(state))
+    sim.hpath("/run/lock/gpubox").write_text("not a directory")
     before = sim.hpath("/etc/pve/lxc/200.conf").read_bytes()
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "pcie", "ct200")
-    assert rc == 2 and _one_line(err) and "locks" in err, err
+    assert rc == 2 and _one_line(err) and "/run/lock/gpubox" in err, err
     assert sim.hpath("/etc/pve/lxc/200.conf").read_bytes() == before
 
 

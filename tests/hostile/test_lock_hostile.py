@@ -78,7 +78,9 @@ def test_second_changer_refuses_naming_holder(tmp_path, second):
     assert not [t for t in b_starts if min(a_times) <= t <= max(a_times)], (
         "DAMAGE: the second changer worked on the box while the first did"
     )
-    assert b.returncode == 2 and "being changed by" in err_b, f"not refused: rc={b.returncode} {err_b[-300:]}"
+    assert b.returncode == 2 and "is already running (pid" in err_b, (
+        f"not refused: rc={b.returncode} {err_b[-300:]}"
+    )
     assert f"pid {a.pid}" in err_b and err_b.count("\n") == 1, err_b
 
 

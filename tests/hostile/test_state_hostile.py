@@ -37,12 +37,12 @@ def test_backup_and_lock_paths_stay_inside(tmp_path, name):
         lambda: state.backup_path(name, "/etc/pve/lxc/200.conf"),
         lambda: state.backup_path("pve1", "/" + name),
     ]
-    try:  # the lock and results paths (absent before the fix: only backups counted)
-        from gpubox.boxlock import lock_path
+    try:  # the results paths (the box lock lives on the host now: gpubox.boxlock, by vmid)
+        from gpubox.identity import box_id
 
-        paths += [lambda: lock_path(name), lambda: state.sub_dir("results", name)]
+        paths += [lambda: state.sub_dir("results", name), lambda: state.sub_dir("results", box_id(name, 200))]
     except ImportError:
-        pass
+        paths += [lambda: state.sub_dir("results", name)]
     for make in paths:
         p = make()
         assert p.resolve().is_relative_to(root), f"DAMAGE: {p} is outside the state directory"

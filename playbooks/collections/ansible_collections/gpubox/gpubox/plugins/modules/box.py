@@ -20,6 +20,10 @@ description:
     C(pct exec), or locally when its connection says so (the simulated box).
   - Results carry the same fields as C(gpubox ... --json).
   - In check mode, recover/tune/stage plan only (gpubox's C(--dry-run)) and change nothing.
+  - Every action first checks the box's and host's variables with gpubox's inventory schema
+    (C(gpubox.invschema.check_box), the gate the CLI applies); a bad value fails the task naming the
+    variable, before anything is read. O(action=validate) does only that (the roles run it on the
+    control node before installing anything).
 version_added: "0.1.0"
 author: gpubox contributors (@gpubox)
 options:
@@ -27,7 +31,7 @@ options:
     description: What to run.
     type: str
     required: true
-    choices: [doctor, recover, tune, stage, bench]
+    choices: [doctor, recover, tune, stage, bench, validate]
   box:
     description: Inventory name of the box (the container).
     type: str
@@ -188,15 +192,23 @@ def container_connection(p):
     return "pct"                # from its Proxmox host, `pct exec` needs no credentials
 
 
+def check_input(p):
+    """The CLI's gate (gpubox.invschema.check_box) on the variables as Ansible resolved them,
+    extra-vars included: the same bad value gives the same one-line error everywhere."""
+    from gpubox.invschema import check_box
+
+    return check_box(p["box"], p["box_vars"] or {}, p["host"], p["host_vars"] or {})
+
+
 def make_context(p):
     from gpubox.context import Context
     from gpubox.inventory import Box
 
+    check_input(p)
     host = _entry(p["host"], p["host_vars"], "local")
     ct = _entry(p["box"], p["box_vars"], container_connection(p))
     ct.vars["gpubox_proxmox_host"] = p["host"]
     box = Box(container=ct, host=host)
-    box.vmid  # noqa: B018 - a bad gpubox_vmid is bad input before anything runs
     options = {"yes": True, "restart": p["restart"], "persist": p["persist"], "as_json": True,
                "dry_run": False, "bench_profile": p["bench_profile"]}
     return Context(box=box, inventory=None, options=options, console=None)
@@ -281,7 +293,8 @@ def problems(result):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            action=dict(type="str", required=True, choices=["doctor", "recover", "tune", "stage", "bench"]),
+            action=dict(type="str", required=True,
+                        choices=["doctor", "recover", "tune", "stage", "bench", "validate"]),
             box=dict(type="str", required=True),
             box_vars=dict(type="dict", required=True),
             host=dict(type="str", required=True),
@@ -309,11 +322,20 @@ def main():
         import gpubox
         from gpubox.errors import GpuboxError
     except ImportError as exc:
+        if p["action"] == "validate":  # not on this machine: the action's own call checks, where it runs
+            module.exit_json(changed=False, skipped=True, box=p["box"],
+                             msg=f"gpubox is not importable by {sys.executable}; checked where it runs")
         module.fail_json(msg=f"gpubox is not installed for {sys.executable}: {exc} "
                              "(run the gpubox_install role, or point ansible_python_interpreter at the gpubox venv)",
                          exit_code=2)
     where = {"gpubox_version": getattr(gpubox, "__version__", "?"),
              "gpubox_location": os.path.dirname(os.path.abspath(gpubox.__file__))}
+    if p["action"] == "validate":
+        try:
+            vmid = check_input(p)
+        except GpuboxError as exc:
+            module.fail_json(msg=str(exc), box=p["box"], ok=False, exit_code=exc.exit_code, **where)
+        module.exit_json(changed=False, box=p["box"], ok=True, vmid=vmid, exit_code=0, **where)
     ctx = None
     try:
         # Anything the library prints must not corrupt the module's JSON on stdout.
