@@ -46,7 +46,8 @@ def _named(exc: OSError, path) -> OSError:
     return exc
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that pid runs on this machine (EPERM: it runs, as another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -66,7 +67,7 @@ def stale_temps(directory: str | os.PathLike) -> list[Path]:
         return []
     for n in names:
         m = _TMP.match(n)
-        if m and int(m.group("pid")) != os.getpid() and not _alive(int(m.group("pid"))):
+        if m and int(m.group("pid")) != os.getpid() and not pid_alive(int(m.group("pid"))):
             out.append(d / n)
     return sorted(out)
 

@@ -52,6 +52,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpubox.safeio import pid_alive
+
 ENV_FORCE = "GPUBOX_LXC"  # "sim": never start real containers; "real": fail when they cannot start
 LXC_CONFIG = os.environ.get("GPUBOX_LXC_CONFIG", "/usr/share/lxc/config")  # lxc's own config dir
 # pve-container src/lxc-pve-userns.conf, installed as userns.conf.d/01-pve.conf (Makefile).
@@ -460,23 +462,13 @@ def parse_probe(stdout: str) -> tuple[dict[str, dict], list[str]]:
 # -- running a batch ----------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(tmp: str | None = None) -> list[str]:
     """Remove the lxcpaths of batches whose process is gone (a killed run) and their empty cgroups."""
     tmp = tmp or tempfile.gettempdir()
     gone = []
     for p in Path(tmp).glob("gpubox-lxc-*"):
         m = re.match(r"^gpubox-lxc-(\d+)-", p.name)
-        if not m or _pid_alive(int(m.group(1))):
+        if not m or pid_alive(int(m.group(1))):
             continue
         for ct in p.iterdir() if p.is_dir() else ():
             subprocess.run(
@@ -505,7 +497,7 @@ def _rm_cgroups(mine: str) -> None:
     root = Path("/sys/fs/cgroup")
     for d in sorted(root.glob("lxc.*.gpubox-*"), reverse=True):
         m = re.match(r"^lxc\.[a-z]+\.gpubox-(\d+)-", d.name)
-        if not (d.name.split(".", 2)[-1].startswith(mine) or (m and not _pid_alive(int(m.group(1))))):
+        if not (d.name.split(".", 2)[-1].startswith(mine) or (m and not pid_alive(int(m.group(1))))):
             continue
         for sub in sorted((x for x in d.rglob("*") if x.is_dir()), key=lambda x: -len(x.parts)):
             try:
