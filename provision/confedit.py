@@ -127,7 +127,13 @@ class Owner:
     (docs/facts.md "Real container configs"). A dynamic major gpubox recorded as NVIDIA's when it last
     wrote this config (`recorded`) is proof too, for configs that name no uvm/caps node."""
 
-    def __init__(self, hd: HostDevices, lines: list[Line], recorded: set[int] | frozenset = frozenset()):
+    def __init__(
+        self,
+        hd: HostDevices,
+        lines: list[Line],
+        recorded: set[int] | frozenset = frozenset(),
+        allows_all: bool = False,
+    ):
         self.now = set(hd.nvidia_majors().values())
         self.hd = hd
         self.recorded = set(recorded)  # NVIDIA majors gpubox saw when it last wrote this config
@@ -148,8 +154,13 @@ class Owner:
             r for l in lines if l.key == ALLOW for r in [parse_rule(l.key, (l.value or "").strip())] if r
         ]
 
+        # An unprivileged container's device list is a deny-list (pve-container's userns.conf.d
+        # allows `a`): there too every mount is permitted without a rule (fuzz: an idmap line + a
+        # stale 506, kept by the first run and dropped by the second).
         def permitted(major: int | None) -> bool:
-            return major is not None and any(r.kind in ("a", "c") and r.major in (None, major) for r in rules)
+            return major is not None and (
+                allows_all or any(r.kind in ("a", "c") and r.major in (None, major) for r in rules)
+            )
 
         self.names_dynamic = any(not permitted(hd.majors.get(name)) for name in named)
 
@@ -202,8 +213,9 @@ def review(
     warnings: list[str] = []
     drop: set[int] = set()
     replace: dict[int, Line] = {}
-    own = Owner(hd, lines, recorded)
     rdev = host_rdev or _rdev_from(hd)
+    before = StartModel.build(_entries(lines, set(), lambda i: lines[i]), rdev, host_exists)
+    own = Owner(hd, lines, recorded, allows_all=before.unprivileged and before.list_type_allows_all())
 
     def cur(i: int) -> Line:
         return replace.get(i, lines[i])

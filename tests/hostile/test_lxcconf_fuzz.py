@@ -87,6 +87,8 @@ FOUND = [
         "devN",
     ),
     ("lxc.mount.entry: /lxc/102010/devices/nvidia0 dev/nvidia0 none bind,optional,create=file\r\r", "devN"),
+    # unprivileged (an idmap line): a deny-list, so gpubox's own uvm mounts prove no stale rule
+    ("lxc.cgroup2.devices.allow: c 506:* rwm\nlxc.idmap: g 0 100000 1000\n", "cgroup2"),
 ]
 
 
