@@ -29,7 +29,7 @@ REAL = HERE / "fixtures" / "lxc" / "realworld"
 RECORD_CMD = ".venv/bin/python -m tests.lxc_corpus record"
 
 # Nodes the hosts of the real configs have besides the NVIDIA ones (major:minor as on a stock kernel).
-OTHER_NODES = {
+STOCK_NODES = {
     "/dev/dri/card0": (226, 0),
     "/dev/dri/renderD128": (226, 128),
     "/dev/uinput": (10, 223),
@@ -37,6 +37,9 @@ OTHER_NODES = {
     "/dev/net/tun": (10, 200),
     "/dev/ppp": (108, 0),
     "/dev/apex_0": (120, 0),
+}
+OTHER_NODES = {
+    **STOCK_NODES,
     # frigate_8652_dirmounts_coral binds nodes its owner made under /lxc/102010/devices
     "/lxc/102010/devices/nvidia0": (195, 0),
     "/lxc/102010/devices/nvidia1": (195, 1),

@@ -15,20 +15,11 @@ from gpubox.provision.lxcconf import LxcConf
 from gpubox.provision.lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, host_rdev_under, parse_rule
 from gpubox.simbox.cmds import pct
 from gpubox.simbox.lxc import mknod
+from tests.lxc_corpus import STOCK_NODES
 from tests.lxc_fakehost import fake_host
 
 REAL = Path(__file__).parent / "fixtures" / "lxc" / "realworld"
 CONFS = sorted(REAL.glob("*.conf"))
-# Nodes the hosts of these configs have besides the NVIDIA ones (major:minor as on a stock kernel).
-OTHER_NODES = {
-    "/dev/dri/card0": (226, 0),
-    "/dev/dri/renderD128": (226, 128),
-    "/dev/uinput": (10, 223),
-    "/dev/uhid": (10, 239),
-    "/dev/net/tun": (10, 200),
-    "/dev/ppp": (108, 0),
-    "/dev/apex_0": (120, 0),
-}
 
 
 def test_corpus_has_twenty_real_configs_each_with_provenance():
@@ -41,7 +32,7 @@ def test_corpus_has_twenty_real_configs_each_with_provenance():
 @pytest.fixture
 def host(tmp_path):
     h = fake_host(tmp_path / "pve1")
-    for p, (ma, mi) in OTHER_NODES.items():
+    for p, (ma, mi) in STOCK_NODES.items():
         mknod(tmp_path / "pve1" / p.lstrip("/"), ma, mi)
     from tests.lxc_corpus import HOST_INCLUDES
 
