@@ -128,10 +128,16 @@ def test_hf_snapshot_needs_huggingface_hub_there_as_before():
         assert r.rc == 1 and "No module named 'huggingface_hub'" in r.stderr
 
 
-def test_the_bench_side_reads_its_request_after_the_zip():
+def test_the_bench_side_reads_its_request_after_the_zip_and_checks_its_libraries():
+    python = _bare_python()
     r = _run("gpubox.bench.remote", input="not json")
     assert r.rc == 2, r.stderr
     assert "not JSON" in json.loads(r.stdout.strip().splitlines()[-1])["error"]["problem"]
+    r = _run("gpubox.bench.remote", ["--check"])
+    if all(_has(python, m) for m in ("httpx", "psutil", "prometheus_client", "yaml")):
+        assert r.rc == 0, r.stderr
+    else:
+        assert r.rc == 1 and "No module named" in r.stderr.strip().splitlines()[-1]
 
 
 def test_nothing_is_written_on_the_box_even_when_the_run_is_killed(tmp_path):
