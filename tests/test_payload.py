@@ -229,4 +229,7 @@ def test_the_runner_prints_each_entry_and_its_size():
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines()[1:]}
     assert set(rows) == set(payload.ENTRIES)
+    # the same payloads as gpubox ships (run as __main__, the runner still leaves itself out)
+    assert {e: int(r[0]) for e, r in rows.items()} == {e: len(payload.build(e).modules) for e in rows}
+    assert {e: int(r[2]) for e, r in rows.items()} == {e: len(payload.build(e).zip) for e in rows}
     assert int(rows["gpubox.provision.stage"][0]) == 4

@@ -42,7 +42,7 @@ LOADER = Path(__file__).with_name("payload_loader.py")
 SIMULATOR = "gpubox.simbox"
 # Never shipped and not followed: this runner is the control side's (a module that runs payloads
 # imports it in the function that does, never on the box).
-CONTROL_ONLY = frozenset({__name__})
+CONTROL_ONLY = frozenset({"gpubox.transport.payload"})
 # Every entry gpubox runs on a box (the layer test checks each payload; `python3 -m` lists them).
 ENTRIES = (
     "gpubox.provision.cuda_probe",  # the CUDA probe (lxc cuda step)
