@@ -35,7 +35,6 @@ from typing import Any
 from gpubox.errors import GpuboxError, TransportError
 from gpubox.facts import Fact
 from gpubox.steps import OMIT, Finding, Plan, Step
-from gpubox.transport import payload
 
 from . import stage as engine
 
@@ -112,6 +111,7 @@ def copier(host, req: dict, progress=None) -> dict:
             }
     # The copier's progress lines come back live through the transport (gpubox.progress).
     from gpubox.progress import Relay, without_progress
+    from gpubox.transport import payload
 
     relay = Relay(progress=progress)
     try:
@@ -164,6 +164,8 @@ def resolve_source(host, spec: dict, download: bool) -> str | None:
                 "check the repo id/revision and network, or fill the cache and set offline",
             ) from None
     else:
+        from gpubox.transport import payload
+
         r = payload.run(host, "gpubox.provision.hf_snapshot", [json.dumps(args)], timeout=REMOTE_TIMEOUT)
         if r.rc != 0:
             if not download:
