@@ -233,3 +233,15 @@ def test_the_runner_prints_each_entry_and_its_size():
     assert {e: int(r[0]) for e, r in rows.items()} == {e: len(payload.build(e).modules) for e in rows}
     assert {e: int(r[2]) for e, r in rows.items()} == {e: len(payload.build(e).zip) for e in rows}
     assert int(rows["gpubox.provision.stage"][0]) == 4
+
+
+def test_the_loader_is_python_3_6_grammar():
+    """The loader runs first on the box, whatever its python3 (>= 3.6, Ubuntu 18.04's): no syntax
+    newer than that, so an old interpreter fails in the entry with its own error, not in the loader."""
+    import ast
+
+    src = payload.LOADER.read_text()
+    ast.parse(src, feature_version=(3, 6))
+    assert "f'" not in src and 'f"' not in src and ":=" not in src
+    with pytest.raises(SyntaxError):  # the check finds what it forbids
+        ast.parse("if (n := 1):\n    pass\n", feature_version=(3, 6))
