@@ -2,9 +2,13 @@
 
 The server has to start where the GPUs and the staged model are, and the client has to measure
 next to it (a WAN or `pct exec` hop between client and server would be part of every TTFT), so
-when the container is not local the control node sends one JSON request to
-`<gpubox_python> -m gpubox.bench.remote` in the container, which runs the SAME measuring loop as a local
-run (bench.measure.measure_box) and answers with the result document.
+when the container is not local the control node runs this module there as a payload
+(gpubox.transport.payload: gpubox's modules it needs, zipped, run with `<gpubox_python>`; gpubox
+need not be installed in the container) and sends it one JSON request on stdin; it runs the SAME
+measuring loop as a local run (bench.measure.measure_box) and answers with the result document.
+`<gpubox_python>` must have the benchmark's libraries (httpx, psutil, prometheus_client, pyyaml:
+an inference server's venv has them); `--check` imports them first, so a python without them is
+refused before anything starts.
 
 Split of work (what needs which machine):
 - control side (`run_remote`): facts that need the Proxmox host (NUMA balancing, topology from
@@ -34,6 +38,8 @@ from typing import Any
 from gpubox.errors import GpuboxError
 
 PROTOCOL = 1
+ENTRY = "gpubox.bench.remote"  # this module, run in the container as a payload
+LIBRARIES = ("httpx", "psutil", "prometheus_client", "pyyaml")  # what it imports from outside gpubox
 DEFAULT_PYTHON = "python3"
 DEFAULT_LOG_DIR = "/var/tmp/gpubox/bench-logs"  # logical path in the container (under gpubox_root)
 PROBE_TIMEOUT = 60
@@ -100,18 +106,19 @@ def _last_line(text: str) -> str:
 
 
 def probe(ctx, python: str) -> None:
-    """Refuse early, with the fix, when the container's python cannot import gpubox's bench."""
-    r = ctx.container.run([python, "-c", "import gpubox.bench.remote"], timeout=PROBE_TIMEOUT)
+    """Refuse early, with the fix, when the container's python cannot run the benchmark's side
+    (its payload with `--check`: the libraries it imports are there)."""
+    from gpubox.transport import payload  # control side only: not shipped with this module
+
+    r = payload.run(ctx.container, ENTRY, ["--check"], python=python, timeout=PROBE_TIMEOUT)
     if r.rc == 0:
         return
     why = _last_line(r.stderr) or _last_line(r.stdout) or f"exit {r.rc}"
     raise GpuboxError(
-        f"{ctx.box.name}: the benchmark runs inside the container, but `{python} -c 'import gpubox.bench.remote'` "
-        f"failed there: {why}",
-        "install gpubox in the container (`ansible-playbook playbooks/bench.yml -l "
-        f"{ctx.box.name}` puts it in /opt/gpubox/venv, or the checkout's ./install.sh there), and set "
-        "gpubox_python to that interpreter (e.g. /opt/gpubox/venv/bin/python3); or start the server yourself "
-        "and use `gpubox bench run --url http://...`",
+        f"{ctx.box.name}: the benchmark runs inside the container, but `{python}` cannot run it there: {why}",
+        f"set gpubox_python to an interpreter with {', '.join(LIBRARIES)} (the inference server's venv has "
+        "them, e.g. /opt/vllm/bin/python3; gpubox itself need not be installed there); or start the "
+        "server yourself and use `gpubox bench run --url http://...`",
     )
 
 
@@ -127,8 +134,8 @@ def _parse_reply(ctx, python: str, r) -> dict[str, Any]:
     if r.rc != 0 or not isinstance(reply, dict) or not isinstance(reply.get("document"), dict):
         why = _last_line(r.stderr) or _last_line(r.stdout) or "no output"
         raise GpuboxError(
-            f"{ctx.box.name}: `{python} -m gpubox.bench.remote` in the container exited {r.rc}: {why}",
-            "run it by hand there with -v to see why, or check that gpubox there is as new as here",
+            f"{ctx.box.name}: the benchmark's side (`{python}`, {ENTRY}) in the container exited {r.rc}: {why}",
+            "run `gpubox -v bench` to see its output",
         )
     return reply["document"]
 
@@ -175,8 +182,8 @@ def run_remote(
     req = build_request(ctx, name, tps, methods, settings)
     launches = len(tps) * len(methods)
     timeout = remote_timeout(prof, settings, launches)
-    argv = [python, "-m", "gpubox.bench.remote"]
     from gpubox.progress import Relay, without_progress
+    from gpubox.transport import payload  # control side only: not shipped with this module
 
     from .measure import _progress
     from .workloads import plan
@@ -187,7 +194,14 @@ def run_remote(
     if prog:
         prog.start()
     try:
-        r = ctx.container.run(argv, input=json.dumps(req, default=str), timeout=timeout, on_stderr=relay)
+        r = payload.run(
+            ctx.container,
+            ENTRY,
+            python=python,
+            input=json.dumps(req, default=str),
+            timeout=timeout,
+            on_stderr=relay,
+        )
     finally:
         if prog:
             prog.stop()
@@ -300,7 +314,26 @@ def _line_step(beat):
     return step
 
 
+def preflight() -> int:
+    """`--check`: import what `serve` runs, so a python without the benchmark's libraries is
+    refused (the missing module named on stderr) before a server starts."""
+    from gpubox.context import Context  # noqa: F401
+    from gpubox.host import Host  # noqa: F401
+    from gpubox.inventory import Box  # noqa: F401
+    from gpubox.invschema import check_box  # noqa: F401
+    from gpubox.progress import Heartbeat  # noqa: F401
+    from gpubox.transport.local import LocalTransport  # noqa: F401
+
+    from .gpus import GpuTopology  # noqa: F401
+    from .measure import measure_box  # noqa: F401
+    from .workloads import resolve_profile  # noqa: F401
+
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--check"]:
+        return preflight()
     try:
         try:
             req = json.loads(sys.stdin.read())

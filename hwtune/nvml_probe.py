@@ -1,5 +1,5 @@
-"""Read GPU topology through NVML. Self-contained (standard library + pynvml only): gpubox sends
-this file's source to `python3 -` on the target host or container, so the same code runs where
+"""Read GPU topology through NVML. Self-contained (standard library + pynvml only): gpubox runs
+this module as a payload (gpubox.transport.payload) with python3 on the target host or container, so the same code runs where
 the GPUs are, and tests call `collect()` with a recorded pynvml-like object.
 
 Output: {"source": "nvml", "driver", "gpus": [...], "pairs": {"i-j": {...}}, "errors": [...]}.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """GPU health probe: NVML facts and copy-bandwidth measurements, printed as one JSON document.
 
-Runs standalone on the target: gpubox sends this file to `python3 - [options]` in the container
+Runs standalone on the target: gpubox runs this module as a payload (gpubox.transport.payload) with
+`python3 [options]` in the container
 (the server's venv has torch; gpubox need not be installed there), so it imports only the standard
 library plus pynvml (nvidia-ml-py) and torch when they are importable. It measures and reports;
 judging the figures against limits is gpubox's job (hwtune/probe_verdict.py), so the verdict code
@@ -703,8 +704,8 @@ def allreduce_probe(torch, devs: list[int], sz: dict, nbytes: int | None = None)
     """NCCL all-reduce over a TP GPU set; busbw = algbw * 2(n-1)/n (nccl-tests' definition).
 
     One process drives all GPUs through torch.cuda.nccl (ncclCommInitAll, as nccl-tests' -g mode)
-    rather than torch.multiprocessing.spawn: spawn must re-import __main__, which a script read
-    from stdin (`python3 -`) does not have."""
+    rather than torch.multiprocessing.spawn: spawn must re-import __main__, which a payload
+    served from memory (gpubox.transport.payload) does not have as a file."""
     from torch.cuda import nccl
 
     n = len(devs)

@@ -1,20 +1,20 @@
 """The GPU probe as a doctor/recover step ("gpu-probe", checks only) and the code that runs the
 probe script in a box's container.
 
-The probe script (hwtune/probe.py) is sent to the container's interpreter on stdin
-(`python3 - ARGS`), so it needs no gpubox install there: only the server's venv, which has torch.
+The probe script (hwtune/probe.py) runs as a payload (gpubox.transport.payload) with the
+container's interpreter, so it needs no gpubox install there: only the server's venv, which has torch.
 Its report is the step's one fact (`ProbeReport`); the verdict (hwtune/probe_verdict.py) is pure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
 from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Step
+from gpubox.transport import payload
 
 from . import probe as probe_script
 from .probe_verdict import gpu_table, judge, limits, parse, summarize, tp_sets
@@ -64,14 +64,13 @@ class ProbeAnswer:
 
 
 class ProbeReport(Fact):
-    """The probe's document from the container: the script on stdin of `python -` with `args`."""
+    """The probe's document from the container: the probe's payload run by `python` with `args`."""
 
     where = "container"
 
     @staticmethod
     def read(host, python: str, args: tuple[str, ...] = (), timeout: float = 600) -> ProbeAnswer:
-        script = Path(probe_script.__file__).read_text()
-        r = host.run([python, "-", *args], input=script, timeout=float(timeout))
+        r = payload.run(host, probe_script.__name__, args, python=python, timeout=float(timeout))
         return ProbeAnswer(host.name, r.rc, r.stdout, r.stderr)
 
     @staticmethod

@@ -1,7 +1,7 @@
 """GPU topology of a box (bus id, NUMA node, link, memory, pair relation) and TP placement.
 
-Sources, best first: NVML on the target (the container, then the Proxmox host) by sending
-nvml_probe.py to `python3 -` there; the host's sysfs (PCI functions of class 0300/0302, their
+Sources, best first: NVML on the target (the container, then the Proxmox host) by running
+nvml_probe.py's payload (gpubox.transport.payload) with python3 there; the host's sysfs (PCI functions of class 0300/0302, their
 numa_node and link attributes); the inventory hint `gpubox_numa_nodes`. numa_node -1 means
 "no NUMA information" (docs/facts.md "A real GPU machine"): unknown, never node 0.
 
@@ -19,7 +19,6 @@ from gpubox.errors import GpuboxError
 
 from .pcie import list_functions
 
-PROBE_SOURCE = Path(__file__).with_name("nvml_probe.py")
 GEN_BY_SPEED = {
     "2.5": 1,
     "5.0": 2,
@@ -109,7 +108,9 @@ def from_nvml(nvml, read_numa=None) -> Topology:
 
 def probe_nvml(host) -> dict | None:
     """Run nvml_probe on a host (local, SSH or pct): its JSON, or None when NVML is not there."""
-    r = host.run(["python3", "-"], input=PROBE_SOURCE.read_text(), timeout=60)
+    from gpubox.transport import payload  # control side only: this module also runs in the box
+
+    r = payload.run(host, "gpubox.hwtune.nvml_probe", timeout=60)
     if r.rc != 0:
         return None
     try:

@@ -1,5 +1,6 @@
-"""In-container CUDA probe. STANDALONE and stdlib-only: this whole file is sent to the container's
-`python3 -` on stdin (the container has no gpubox) and prints one JSON object.
+"""In-container CUDA probe. STANDALONE and stdlib-only: this module runs as a payload
+(gpubox.transport.payload) with the container's python3 (the container has no gpubox) and prints
+one JSON object.
 
 It opens the NVIDIA nodes and classifies the errno (docs/facts.md "NVIDIA device nodes": ENOENT =
 node missing, EPERM = cgroup denies it, ENXIO = node with a stale major), calls cuInit(0)
@@ -143,10 +144,10 @@ def run(io=None):
 
 
 def probe(container, nodes=(), timeout=60):
-    """Run this file in the container (extra node paths as arguments); the JSON, or {'error': ...}."""
-    with open(__file__) as f:
-        src = f.read()
-    r = container.run(["python3", "-", *nodes], input=src, timeout=timeout)
+    """Run this module in the container (extra node paths as arguments); the JSON, or {'error': ...}."""
+    from gpubox.transport import payload  # control side only: not shipped with the probe
+
+    r = payload.run(container, "gpubox.provision.cuda_probe", nodes, timeout=timeout)
     if r.rc != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [""]
         return {"error": "probe exited %d: %s" % (r.rc, tail[0])}

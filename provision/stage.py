@@ -1,8 +1,9 @@
 """Stage a model directory into tmpfs (/dev/shm): fast, hash-verified, atomic, resumable.
 
 Stdlib only (rich and xxhash are optional and imported where present) so the same file can run
-inside a container that has no gpubox: `python3 - ARGS` with `payload()` on stdin. With a local
-transport gpubox calls `run_request()` in-process on paths under the container's root prefix.
+inside a container that has no gpubox: as a payload (gpubox.transport.payload: this module and
+safetensors_check, zipped, run with the container's python3). With a local transport gpubox calls
+`run_request()` in-process on paths under the container's root prefix.
 
 Which checksum, and why XXH3 by default:
 - The threat is accidental: a copy from trusted local storage that was cut short, truncated, or
@@ -77,7 +78,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 try:  # inside the gpubox package
     from . import safetensors_check as stc
-except ImportError:  # standalone: payload() registers the module first, or it sits beside us
+except ImportError:  # run as a plain script (`python3 stage.py`): it sits beside us
     import safetensors_check as stc  # type: ignore[no-redef]
 
 SCHEMA = "gpubox.stage/1"
@@ -1582,24 +1583,6 @@ def run_request(req: dict, progress=None) -> dict:
             **common,
         )
     raise StageError(f"unknown operation {op!r}", "use check or stage")
-
-
-def payload() -> str:
-    """Source to pipe into `python3 - --request JSON` on a host without gpubox: this module with
-    safetensors_check registered under its standalone name."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "safetensors_check.py")) as f:
-        stc_src = f.read()
-    with open(os.path.abspath(__file__)) as f:
-        me = f.read()
-    me = me.replace("from __future__ import annotations\n", "", 1)
-    return (
-        "from __future__ import annotations\n"
-        "import sys as _s, types as _t\n"
-        "_m = _t.ModuleType('safetensors_check')\n"
-        f"exec(compile({stc_src!r}, 'safetensors_check.py', 'exec'), _m.__dict__)\n"
-        "_s.modules['safetensors_check'] = _m\n" + me
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

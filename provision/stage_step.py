@@ -19,8 +19,9 @@ files a run copies; a staged directory keeps the algorithm its manifest records,
 use that one (see provision.stage for why a non-cryptographic checksum).
 
 The copier runs where the container's files are: in-process for a local transport (paths under
-the container's root prefix), else as `python3 - --request JSON` with the stdlib-only copier on
-stdin, so the container needs python3 but no gpubox.
+the container's root prefix), else as a payload (gpubox.transport.payload: the stdlib-only copier
+zipped, run with the container's python3 and `--request JSON`), so the container needs python3
+but no gpubox.
 """
 
 from __future__ import annotations
@@ -38,16 +39,6 @@ from gpubox.steps import OMIT, Finding, Plan, Step
 from . import stage as engine
 
 REMOTE_TIMEOUT = 6 * 3600  # a 52 GB copy from slow NFS can take a while
-_HF_RESOLVE = """\
-import json, os, sys
-from huggingface_hub import snapshot_download
-a = json.loads(sys.argv[1])
-try:
-    print(snapshot_download(a["repo"], revision=a.get("revision"), cache_dir=a.get("cache_dir"),
-                            local_files_only=a["local_only"]))
-except Exception as e:
-    print(json.dumps({"error": f"{type(e).__name__}: {e}"})); sys.exit(3)
-"""
 
 
 def _gb(n: int) -> str:
@@ -107,7 +98,7 @@ def stage_hash(ctx) -> str | None:
 
 def copier(host, req: dict, progress=None) -> dict:
     """Run one copier request where the container's files are: in-process for a local transport,
-    else `python3 -` in the container with the stdlib-only copier on stdin."""
+    else the copier's payload with the container's python3."""
     if host.transport.is_local:
         try:
             return engine.run_request(req, progress)
@@ -120,12 +111,14 @@ def copier(host, req: dict, progress=None) -> dict:
             }
     # The copier's progress lines come back live through the transport (gpubox.progress).
     from gpubox.progress import Relay, without_progress
+    from gpubox.transport import payload
 
     relay = Relay(progress=progress)
     try:
-        r = host.run(
-            ["python3", "-", "--request", json.dumps({**req, "progress": "lines"})],
-            input=engine.payload(),
+        r = payload.run(
+            host,
+            "gpubox.provision.stage",
+            ["--request", json.dumps({**req, "progress": "lines"})],
             timeout=REMOTE_TIMEOUT,
             on_stderr=relay,
         )
@@ -171,7 +164,9 @@ def resolve_source(host, spec: dict, download: bool) -> str | None:
                 "check the repo id/revision and network, or fill the cache and set offline",
             ) from None
     else:
-        r = host.run(["python3", "-c", _HF_RESOLVE, json.dumps(args)], timeout=REMOTE_TIMEOUT)
+        from gpubox.transport import payload
+
+        r = payload.run(host, "gpubox.provision.hf_snapshot", [json.dumps(args)], timeout=REMOTE_TIMEOUT)
         if r.rc != 0:
             if not download:
                 return None

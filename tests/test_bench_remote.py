@@ -2,17 +2,21 @@
 
 The simulated box with its container reached over REAL SSH (tests/sshd.py) or `pct exec` (the
 simulated Proxmox host's `pct` stand-in): `gpubox bench` and `gpubox recover` launch the simulated
-server inside the "container" through `<gpubox_python> -m gpubox.bench.remote`, and the result comes back
-with the verdict, the history entry and the server logs on the control side. A container whose
-python cannot import gpubox gives the one-line error naming the fix.
+server inside the "container" through bench.remote's payload (gpubox.transport.payload) run with
+`<gpubox_python>`, and the result comes back with the verdict, the history entry and the server
+logs on the control side. gpubox need not be installed in the container: a python that cannot
+import gpubox but has the benchmark's libraries runs it; one without the libraries gives the
+one-line error naming the fix.
 
-The remote python is sys.executable: sshd's PATH has no pyenv, and the editable install makes
-this checkout importable there.
+The remote python is sys.executable (sshd's PATH has no pyenv), or a wrapper of it that cannot
+import gpubox.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import pytest
 import yaml
 
 from gpubox.simbox import build
+from gpubox.transport import payload
 from tests.clirun import gpubox
 
 SMALL = {"tp": [1], "methods": ["auto"], "repetitions": 1, "warmup": 1}
@@ -61,10 +66,26 @@ def _recording_python(tmp_path: Path) -> tuple[str, Path]:
 
 
 def _no_gpubox_python(tmp_path: Path) -> str:
-    """A python that cannot import gpubox: no site-packages (-S) and a cwd without the checkout."""
+    """A python that cannot import gpubox nor the benchmark's libraries: no site-packages (-S) and a
+    cwd without the checkout."""
     w = tmp_path / "bare-python"
     w.write_text(f'#!/bin/sh\ncd /\nexec {sys.executable} -S "$@"\n')
     w.chmod(0o755)
+    return str(w)
+
+
+def _server_venv_python(tmp_path: Path) -> str:
+    """A python like an inference server's venv: this venv's libraries, no gpubox. With -S the
+    .pth files are not read, so the editable install's finder is never set up; site-packages on
+    PYTHONPATH brings every library, and a cwd without the checkout leaves gpubox out."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    w = tmp_path / "server-python"
+    w.write_text(f'#!/bin/sh\ncd /\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
+    w.chmod(0o755)
+    r = subprocess.run([str(w), "-c", "import httpx, gpubox"], capture_output=True, text=True)
+    assert r.returncode == 1 and "No module named 'gpubox'" in r.stderr, r.stderr
     return str(w)
 
 
@@ -83,8 +104,11 @@ def test_bench_over_ssh_measures_inside_the_container(sshd, tmp_path, capsys):
     assert [(s["tp"], s["label"], s["status"]) for s in doc["servers"]] == [(1, "auto", "ok")]
     ok = [m for m in doc["measurements"] if m["status"] == "ok"]
     assert ok and len(ok) == len(doc["measurements"]) and all(m["samples"] for m in ok)
-    # The probe and the measuring run both went through the container's gpubox_python over SSH...
-    assert calls.read_text().splitlines() == ["-c import gpubox.bench.remote", "-m gpubox.bench.remote"]
+    # The probe and the measuring run both went through the container's gpubox_python over SSH,
+    # as bench.remote's payload (the runner's loader on stdin: nothing installed, nothing written)...
+    digest = payload.build("gpubox.bench.remote").short
+    boot = f"-c {payload.BOOT} gpubox.bench.remote {digest}"
+    assert calls.read_text().splitlines() == [f"{boot} --check", boot]
     # ...the server was launched there (its log under the container's root)...
     remote_logs = _container_logs(sim)
     assert [p.name for p in remote_logs] == ["tp1-auto.log"] and doc["run_id"] in str(remote_logs[0])
@@ -128,13 +152,28 @@ def test_bench_through_pct_exec(tmp_path, capsys):
     doc = json.loads(out)
     assert doc["verdict"]["status"] == "healthy"
     assert len(_container_logs(sim)) == 1
+    digest = payload.build("gpubox.bench.remote").short
     assert any(
-        c["argv"][:2] == ["exec", "200"] and c["argv"][-2:] == ["-m", "gpubox.bench.remote"]
+        c["argv"][:2] == ["exec", "200"]
+        and c["argv"][-4:] == ["-c", payload.BOOT, "gpubox.bench.remote", digest]
         for c in sim.calls("pct")
     )
 
 
-def test_container_without_gpubox_is_refused_with_the_fix(sshd, tmp_path, capsys):
+def test_a_container_without_gpubox_runs_the_benchmark(sshd, tmp_path, capsys):
+    """gpubox_python as an inference server's venv has it: its libraries, no gpubox."""
+    sim = build(tmp_path / "box", [])
+    python = _server_venv_python(tmp_path)
+    inv = _inventory(sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=python)
+    rc, out, err = _bench(capsys, inv, tmp_path)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["verdict"]["status"] == "healthy", doc["verdict"]
+    assert [(s["tp"], s["label"], s["status"]) for s in doc["servers"]] == [(1, "auto", "ok")]
+    assert len(_container_logs(sim)) == 1
+
+
+def test_container_without_the_libraries_is_refused_with_the_fix(sshd, tmp_path, capsys):
     sim = build(tmp_path / "box", [])
     inv = _inventory(
         sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=_no_gpubox_python(tmp_path)
@@ -143,7 +182,8 @@ def test_container_without_gpubox_is_refused_with_the_fix(sshd, tmp_path, capsys
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "No module named" in lines[0] and "gpubox_python" in lines[0] and "--url" in lines[0]
+    assert re.search(r"No module named '(httpx|httpcore|psutil|prometheus_client|yaml)'", lines[0]), lines[0]
+    assert "gpubox_python" in lines[0] and "--url" in lines[0] and "pyyaml" in lines[0]
     assert not _container_logs(sim) and not (tmp_path / "results").exists()  # nothing started or written
 
 
@@ -156,7 +196,7 @@ def test_recover_keeps_repairs_and_fails_the_bench_row(sshd, tmp_path, capsys):
     assert rc == 1
     assert steps["numa-balancing"]["status"] == "fixed"
     assert steps["bench"]["status"] == "failed"
-    assert "/nonexistent/python3" in steps["bench"]["detail"] and "install gpubox" in steps["bench"]["detail"]
+    assert "/nonexistent/python3" in steps["bench"]["detail"] and "gpubox_python" in steps["bench"]["detail"]
 
 
 def test_default_python_is_python3_and_local_runs_stay_in_process(tmp_path, capsys, monkeypatch):

@@ -1,6 +1,6 @@
 """Layers point one way and no module imports itself round a loop (issue 17); the simulator is the
 top floor, which nothing in the product imports but the CLI entries that build a simulated box, and
-nothing piped into `python3 -` on a box contains (issue 25).
+no payload gpubox runs on a box contains (issue 25).
 
 The graph is every import statement of every module under gpubox/, hwtune/, bench/ and
 provision/, including imports inside functions (tests/layers_report.py builds it from the AST).
@@ -8,7 +8,8 @@ provision/, including imports inside functions (tests/layers_report.py builds it
 """
 
 import ast
-from pathlib import Path
+
+import pytest
 
 from tests.layers_report import (
     ALLOWED,
@@ -67,16 +68,43 @@ def test_nothing_in_the_product_imports_the_simulator_but_the_cli_entries_lazily
 
 
 def _payloads() -> dict[str, str]:
-    """Every source gpubox pipes into `python3 -` on a box (the container or the Proxmox host)."""
-    from gpubox.hwtune import probe, topology
-    from gpubox.provision import cuda_probe, stage
+    """Every source gpubox runs on a box (the container or the Proxmox host): each module of each
+    entry's payload (gpubox.transport.payload), as it is in the zip, and the loader."""
+    from gpubox.transport import payload
 
-    return {
-        "provision/cuda_probe.py": Path(cuda_probe.__file__).read_text(),
-        "provision/stage.py payload()": stage.payload(),
-        "hwtune/probe.py": Path(probe.__file__).read_text(),
-        "hwtune/nvml_probe.py": topology.PROBE_SOURCE.read_text(),
-    }
+    out = {"gpubox/transport/payload_loader.py": payload.LOADER.read_text()}
+    for entry in payload.ENTRIES:
+        files, _ = payload.unpack(payload.build(entry).stdin())
+        out.update({f"{entry}: {name}": src.decode() for name, src in files.items()})
+    return out
+
+
+def test_every_payload_is_its_entry_and_the_gpubox_modules_it_imports_never_the_simulator():
+    from gpubox.errors import GpuboxError
+    from gpubox.transport import payload
+
+    for entry in payload.ENTRIES:
+        mods = payload.build(entry).modules
+        assert entry in mods and not [m for m in mods if area_of(m) == "sim"], entry
+        # exactly its import closure (the same graph as the layer test) and the packages above
+        need, todo = set(), [entry]
+        while todo:
+            m = todo.pop()
+            if m not in need:
+                need.add(m)
+                todo += G[m] - {"gpubox.transport.payload"}
+        parents = {".".join(m.split(".")[:i]) for m in need for i in range(1, m.count(".") + 1)}
+        assert set(mods) == need | parents, entry
+    assert "gpubox.transport.payload" not in payload.build("gpubox.bench.remote").modules  # control side
+    assert payload.build("gpubox.provision.stage").modules == (
+        "gpubox",
+        "gpubox.provision",
+        "gpubox.provision.safetensors_check",
+        "gpubox.provision.stage",
+    )
+    # the check finds what it forbids: an entry that imports the simulator is refused
+    with pytest.raises(GpuboxError, match="would ship the simulator"):
+        payload.modules_of("gpubox.cli_sim")
 
 
 def _simulator_code(src: str) -> list[str]:
@@ -95,8 +123,10 @@ def _simulator_code(src: str) -> list[str]:
 
 
 def test_the_payloads_shipped_to_a_box_hold_no_simulator_code():
+    from gpubox.transport.payload import ENTRIES
+
     payloads = _payloads()
-    assert all(payloads.values())
+    assert len(payloads) > 40 and all(payloads[f"{e}: {e}"] for e in ENTRIES)
     assert {name: _simulator_code(src) for name, src in payloads.items()} == {n: [] for n in payloads}
     # the check finds what it forbids: the probe as it was before the simulation moved out
     assert _simulator_code("import os\ndef sim_env(d):\n    return os.environ.get('GPUBOX_SIM')\n") == [

@@ -3,10 +3,13 @@ real (non-simulated) branch on this machine, and the SSH path to the Proxmox hos
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import yaml
@@ -14,20 +17,17 @@ import yaml
 from gpubox.provision import cuda_probe
 from gpubox.simbox import build
 from gpubox.simbox.lxc import mknod
+from gpubox.transport import payload
 from tests.clirun import gpubox
 
 PROBE = cuda_probe.__file__
+ENTRY = "gpubox.provision.cuda_probe"
 
 
 def _run_probe(env, *nodes, python=sys.executable):
-    r = subprocess.run(
-        [str(python), "-", *nodes],
-        input=open(PROBE).read(),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    """The probe's payload as gpubox ships it (the runner's argv, the zip on stdin)."""
+    p = payload.build(ENTRY)
+    r = subprocess.run(p.argv(str(python), nodes), input=p.stdin(), capture_output=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -119,8 +119,9 @@ def test_fix_over_real_ssh_to_the_proxmox_host(tmp_path, capsys, sshd, monkeypat
 
 
 def test_the_simulated_python3_runs_every_other_script_unchanged(tmp_path):
-    """Only the probe's exact source gets the simulated reads; any other script (the probe with one
-    byte changed included) runs with the real python3 that comes next on PATH, stdin and args kept."""
+    """Only the probe's payload holding its exact source gets the simulated reads; any other script
+    or payload (the probe with one byte changed included) runs with the real python3 that comes
+    next on PATH, stdin and args kept."""
     sim = build(tmp_path / "box", [], gpus=1)
     py = sim.bin_dir / "python3"
     script = "import sys; print(sys.argv[1:], sys.stdin.read() == '', sys.executable != '')"
@@ -133,3 +134,30 @@ def test_the_simulated_python3_runs_every_other_script_unchanged(tmp_path):
         [py, "-"], input=changed, capture_output=True, text=True, env=_sim_env(sim), timeout=60
     )
     assert r.returncode == 0 and json.loads(r.stdout)["simulated"] is False
+    # the probe's payload with one byte of its source changed: the real python3 runs it
+    p = payload.build(ENTRY)
+    files, _ = payload.unpack(p.stdin())
+    assert files[ENTRY] == open(PROBE, "rb").read()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, src in files.items():
+            arc = name.replace(".", "/") + ("/__init__.py" if name != ENTRY else ".py")
+            z.writestr(arc, src + b"\n# not the shipped probe\n" if name == ENTRY else src)
+    altered = payload.Payload(ENTRY, p.modules, buf.getvalue(), hashlib.sha256(buf.getvalue()).hexdigest())
+    r = subprocess.run(
+        altered.argv(str(py)), input=altered.stdin(), capture_output=True, env=_sim_env(sim), timeout=60
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)["simulated"] is False
+    # a zip cut short on the way is refused by the loader, before anything runs
+    cut = p.stdin()[:-100]
+    r = subprocess.run(p.argv(str(py)), input=cut, capture_output=True, env=_sim_env(sim), timeout=60)
+    assert r.returncode == 2 and b"truncated or altered" in r.stderr
+    # another entry's payload runs unchanged, with its own stdin after the zip
+    r = subprocess.run(
+        payload.build("gpubox.bench.remote").argv(str(py)),
+        input=payload.build("gpubox.bench.remote").stdin(b"not json"),
+        capture_output=True,
+        env=_sim_env(sim),
+        timeout=60,
+    )
+    assert r.returncode == 2 and "not JSON" in json.loads(r.stdout)["error"]["problem"]

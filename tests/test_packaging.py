@@ -2,6 +2,7 @@
 gpubox.hwtune), every module and data file of those folders, and nothing else: no benchmarks/,
 no tests, no generic top-level names (bench, provision, hwtune) taken from other software."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,26 @@ def test_installed_wheel_imports_as_gpubox_only(wheel, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
+    # The payloads gpubox runs on a box come out of the wheel byte for byte as out of the checkout
+    # (the same modules found through the wheel's gpubox/bench/... as through package-dir).
+    from gpubox.transport import payload
+
+    want = {e: payload.build(e).digest for e in payload.ENTRIES}
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1])\n"
+        "from gpubox.transport import payload\n"
+        "assert payload.__file__.startswith(sys.argv[1]), payload.__file__\n"
+        "print(json.dumps({e: payload.build(e).digest for e in payload.ENTRIES}))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == want
 
 
 def test_no_module_in_the_wheel_imports_the_old_top_level_names(wheel):

@@ -197,7 +197,7 @@ def test_hf_repo_id_source_from_offline_cache(tmp_path, monkeypatch):
 
 
 def test_step_over_real_ssh_runs_the_stdlib_copier_remotely(tmp_path, sshd):
-    """The container reached over SSH: the copier travels as `python3 - --request JSON`."""
+    """The container reached over SSH: the copier travels as its payload (`--request JSON`)."""
     sim = build(tmp_path / "box", ["truncated_shard"])
     container_over_ssh(sim.inventory_path, sim.box, sshd)
     ctx = _ctx(sim)

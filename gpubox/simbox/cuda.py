@@ -4,8 +4,9 @@ state, and the container's `python3` that answers for it.
 The real probe opens the NVIDIA nodes, calls cuInit(0) through libcuda.so.1 and counts devices
 through NVML; none of that exists here. The simulated box puts a `python3` stand-in first on its
 hosts' PATH (gpubox_bin_dirs). It runs every command with the python3 that comes next on PATH,
-unchanged, except one: `python3 -` in the container with exactly the probe's source on stdin. That
-one runs the shipped source's own `run()` with `sim_env`'s reads instead of the real box's: the
+unchanged, except one: the CUDA probe's payload in the container (gpubox.transport.payload: the
+runner's argv for gpubox.provision.cuda_probe, a zip on stdin that holds exactly the probe's
+source). That one runs the shipped source's own `run()` with `sim_env`'s reads instead of the real box's: the
 nodes are opened as the kernel would decide (the device cgroup is checked before the driver: EPERM
 before ENXIO; ENOENT when the node is absent), cuInit's code follows from what opened (uvm denied:
 999 CUDA_ERROR_UNKNOWN; no usable GPU node: 100; the library's version not the kernel module's:
@@ -22,10 +23,12 @@ import re
 import shutil
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 from ..provision import cuda_probe
 from ..provision.cuda_probe import CU_NAMES, NOTDEV, _not_a_device, kernel_version, lib_version
+from ..transport import payload
 from .core import SimBox
 
 FAULTS: dict[str, str] = {}
@@ -53,12 +56,14 @@ def _next_python3() -> str | None:
 
 def python3_main() -> None:
     argv = sys.argv[1:]
-    if os.environ.get("GPUBOX_SIM_SIDE") == "container" and argv[:1] == ["-"]:
-        src = sys.stdin.buffer.read()
+    probe = "gpubox.provision.cuda_probe"
+    if os.environ.get("GPUBOX_SIM_SIDE") == "container" and argv[:3] == ["-c", payload.BOOT, probe]:
+        stream = sys.stdin.buffer.read()
+        src = _shipped(stream, probe)
         if src == Path(cuda_probe.__file__).read_bytes():
-            sys.exit(_simulated_probe(src.decode(), argv[1:]))
-        spool = tempfile.TemporaryFile()  # the script, given back to the real python3 as its stdin
-        spool.write(src)
+            sys.exit(_simulated_probe(src.decode(), argv[4:]))
+        spool = tempfile.TemporaryFile()  # the payload, given back to the real python3 as its stdin
+        spool.write(stream)
         spool.seek(0)
         os.dup2(spool.fileno(), 0)
     real = _next_python3()
@@ -68,12 +73,20 @@ def python3_main() -> None:
     os.execv(real, [real, *argv])
 
 
+def _shipped(stream: bytes, module: str) -> bytes | None:
+    """MODULE's source in the payload on stdin (None: not a payload that holds it)."""
+    try:
+        return payload.unpack(stream)[0].get(module)
+    except (ValueError, zipfile.BadZipFile):
+        return None
+
+
 def _simulated_probe(src: str, args: list[str]) -> int:
     """The shipped probe's source, run here with the simulated reads; prints what its __main__ does."""
     shipped: dict = {"__name__": "cuda_probe"}
     exec(compile(src, "<stdin>", "exec"), shipped)
     sim_dir = os.environ.get("GPUBOX_SIM") or str(Path(sys.argv[0]).resolve().parent.parent)
-    sys.argv = ["-", *args]  # as `python3 - ARGS` sets it: run() reads the extra node paths there
+    sys.argv = ["cuda_probe", *args]  # as the payload's loader sets it: run() reads extra node paths there
     json.dump(shipped["run"](sim_env(sim_dir)), sys.stdout)
     sys.stdout.write("\n")
     return 0
