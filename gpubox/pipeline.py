@@ -67,7 +67,8 @@ def _result_from(step: Step, ctx, f, status: str | None = None, **kw) -> StepRes
 
 
 def _commands(step: Step, ctx, plan) -> list[list[str]]:
-    return plan.shown_commands(lambda where: step.host_for(ctx, where)) if plan.actions else plan.commands
+    """What a dry run shows and apply records: each action's describe(), on the host it acts on."""
+    return plan.shown_commands(lambda where: step.host_for(ctx, where))
 
 
 def _failure(step: Step, ctx, detail: str, repair: str | None = None) -> StepResult:
@@ -92,7 +93,7 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
                     res.detail = f"{f.detail}; would {plan.description}"
             else:
                 step.apply(ctx, plan)
-                v = step.verify(ctx)
+                v = step.verify(ctx, plan)
                 status = FIXED if v.status == OK else FAILED
                 res = _result_from(
                     step, ctx, v, status=status, changed=True, diff=plan.diff, commands=commands
