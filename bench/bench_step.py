@@ -187,8 +187,10 @@ class BenchRun(Action):
         ctx = run.ctx
         s = dict(ctx.box.var("gpubox_bench", {}) or {})
         prof = resolve_profile(self.profile or ctx.opt("bench_profile") or s.get("profile", "health"), s)
+        from .runner import bounded_tps
+
         cmds = []
-        for tp in prof["tp"]:
+        for tp in bounded_tps(prof["tp"], s.get("tp")):  # the TP sizes run_box runs, no others
             for m in prof["methods"]:
                 argv, env = build_command(spec_from_box(ctx, m, int(tp), s))
                 cmds.append([f"{k}={v}" for k, v in sorted(env.items())] + argv)
