@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
 from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Step
 
@@ -231,7 +232,17 @@ class BenchStep(Step):
         return dict(ctx.box.var("gpubox_bench", {}) or {})
 
     def options(self, ctx) -> Options:
-        return Options(max_age_s=float(self._settings(ctx).get("max_age_s", MAX_AGE_S)))
+        v = self._settings(ctx).get("max_age_s", MAX_AGE_S)
+        try:
+            age = float(v)
+        except (TypeError, ValueError):
+            age = float("nan")
+        if isinstance(v, bool) or not age > 0:  # NaN too: an age is never compared with it
+            raise GpuboxError(
+                f"{ctx.box.name}: gpubox_bench.max_age_s = {v!r} is not a positive number of seconds",
+                "fix gpubox_bench.max_age_s in the inventory (default 86400: one day)",
+            )
+        return Options(max_age_s=age)
 
     def gather(self, ctx) -> Facts:
         s = self._settings(ctx)

@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .errors import GpuboxError, Interrupted, TransportError, os_error
+from .errors import BadInput, GpuboxError, Interrupted, TransportError, os_error
 from .steps import DRIFT, FAILED, FIXED, MODES, OK, SKIPPED, RunReport, Step, StepResult, evidence_dict
 
 
@@ -78,7 +78,7 @@ def _failure(step: Step, ctx, detail: str, repair: str | None = None) -> StepRes
 
 
 def run_step(step: Step, ctx, mode: str) -> StepResult:
-    """One step through the verbs the mode allows. Transport errors propagate (cannot run: exit 2)."""
+    """One step through the verbs the mode allows. Transport errors and BadInput propagate (exit 2)."""
     t0 = time.monotonic()
     try:
         f = step.check(ctx)
@@ -105,7 +105,7 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
                     res.detail = f"applied but verify says: {v.detail}"
                     res.cause = v.cause or f.cause
                     res.repair = v.repair or f.repair
-    except TransportError:
+    except (TransportError, BadInput):  # cannot run / bad input only the box shows: exit 2
         raise
     except GpuboxError as exc:
         res = _failure(step, ctx, str(exc))
