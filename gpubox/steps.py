@@ -260,10 +260,6 @@ class Plan:
     def diff(self) -> str:
         return "".join(a.diff() for a in self.actions)
 
-    @property
-    def empty(self) -> bool:
-        return not self.actions
-
     def prepare(self, run: "Execution") -> "Plan":
         """Prepare every action (Action.prepare); a plan given no description takes its actions'."""
         for a in self.actions:
