@@ -72,3 +72,23 @@ def test_a_bad_bench_age_is_bad_input_before_anything_runs(tmp_path, capsys, val
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "doctor", "ct200")
     assert rc == 2 and err.count("\n") == 1 and "gpubox_bench.max_age_s" in err, out + err
     assert len(sim.calls()) == calls
+
+
+def test_lxc_recover_and_doctor_refuse_a_bad_device_mode_alike(tmp_path, capsys):
+    """`gpubox lxc` has no check of its own either: gpubox_device_mode is container-config's option."""
+    sim = build(tmp_path / "box", ["uvm_stale_major"], gpus=2)
+    sim.inventory_extra["container"]["gpubox_device_mode"] = "cdi"
+    sim.write_inventory()
+    conf = sim.hpath("/etc/pve/lxc/200.conf").read_text()
+    calls = len(sim.calls())
+    errs = set()
+    for argv in (
+        ["lxc", "fix", "ct200", "--yes"],
+        ["recover", "ct200", "--yes", "--no-bench"],
+        ["doctor", "ct200"],
+    ):
+        rc, out, err = gpubox(capsys, "-i", sim.inventory_path, *argv)
+        assert rc == 2 and err.count("\n") == 1 and "ct200: gpubox_device_mode 'cdi' is not known" in err, err
+        errs.add(err)
+    assert len(errs) == 1 and len(sim.calls()) == calls
+    assert sim.hpath("/etc/pve/lxc/200.conf").read_text() == conf
