@@ -4,8 +4,8 @@ check:  is the server answering (if one is running on gpubox_bench.port), and wh
         latest benchmark say? A fresh healthy result is ok; none, an old one, or a degraded/failed
         one is drift (the benchmark should run). Facts: the health answer, the latest result and
         its age; the decision over them is pure (`BenchStep.decide`, data cases in tests/steps/bench).
-plan:   the exact server command lines the benchmark would start.
-apply:  run the benchmark (bench.runner.run_box).
+plan:   a `BenchRun` action: the exact server command lines the benchmark would start.
+apply:  the action runs the benchmark (bench.runner.run_box).
 verify: the verdict of that run: healthy -> ok, degraded -> drift, failed -> failed.
 """
 
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
-from gpubox.steps import OMIT, Finding, Plan, Step
+from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Step
 
 from . import history, results, schema
 from .launcher import build_command, spec_from_box
@@ -167,11 +168,56 @@ def _finding_from(latest: Latest, prefix: str = "", running: Any = OMIT, age: st
     )
 
 
+@dataclass
+class BenchRun(Action):
+    """Run the benchmark of a profile on the box (bench.runner.run_box).
+
+    prepare resolves the profile and the server command lines it starts, one per TP size and
+    method (resolving them reads the GPU topology, so only when a plan is asked for); a dry run
+    shows those lines (environment first). The benchmark is a measurement, not a repair: its
+    verification is the verdict of its own result document, not a re-check of the latest one."""
+
+    profile: str | None = None  # the step's profile; else --bench-profile, gpubox_bench.profile, health
+    out_dir: str | None = None  # the step's result directory; else --bench-out
+    where: str | None = "container"
+    name: str = ""  # the resolved profile's name, by prepare
+    commands: list[list[str]] = field(default_factory=list)
+    doc: dict[str, Any] | None = None  # the run's result document, after execute
+
+    def prepare(self, run: Execution) -> None:
+        ctx = run.ctx
+        s = dict(ctx.box.var("gpubox_bench", {}) or {})
+        prof = resolve_profile(self.profile or ctx.opt("bench_profile") or s.get("profile", "health"), s)
+        from .runner import bounded_tps
+
+        cmds = []
+        for tp in bounded_tps(prof["tp"], s.get("tp")):  # the TP sizes run_box runs, no others
+            for m in prof["methods"]:
+                argv, env = build_command(spec_from_box(ctx, m, int(tp), s))
+                cmds.append([f"{k}={v}" for k, v in sorted(env.items())] + argv)
+        self.name, self.commands = prof["name"], cmds
+
+    def summary(self) -> str:
+        return f"run the {self.name} benchmark ({len(self.commands)} server launches)"
+
+    def describe(self, host) -> list[list[str]]:
+        return [list(c) for c in self.commands]
+
+    def execute(self, run: Execution) -> None:
+        from .runner import run_box
+
+        ctx = run.ctx
+        self.doc = run_box(ctx, profile=self.name, out_dir=self.out_dir or ctx.opt("bench_out"))
+
+    def verified(self, recheck) -> Finding:
+        if self.doc is None:
+            return recheck()
+        return _finding_from(Latest.of(self.doc))
+
+
 class BenchStep(Step):
-    """The benchmark: check/decide is facts + a pure decision like every step; plan and apply are
-    overrides because the benchmark is a measurement, not a list of commands and file writes: plan
-    shows the server command lines (resolving them reads the GPU topology, so only when a plan is
-    asked for), apply runs bench.runner.run_box, and verify judges that run's own document."""
+    """The benchmark: check/decide is facts + a pure decision like every step; the drift's plan is
+    one `BenchRun` action (the measurement, judged by its own document)."""
 
     name = "bench"
     title = "server benchmark (TP1/4/8) with health verdict"
@@ -181,13 +227,22 @@ class BenchStep(Step):
 
     def __init__(self, profile: str | None = None, out_dir: str | None = None):
         self.profile, self.out_dir = profile, out_dir
-        self.doc: dict[str, Any] | None = None
 
     def _settings(self, ctx) -> dict[str, Any]:
         return dict(ctx.box.var("gpubox_bench", {}) or {})
 
     def options(self, ctx) -> Options:
-        return Options(max_age_s=float(self._settings(ctx).get("max_age_s", MAX_AGE_S)))
+        v = self._settings(ctx).get("max_age_s", MAX_AGE_S)
+        try:
+            age = float(v)
+        except (TypeError, ValueError):
+            age = float("nan")
+        if isinstance(v, bool) or not age > 0:  # NaN too: an age is never compared with it
+            raise GpuboxError(
+                f"{ctx.box.name}: gpubox_bench.max_age_s = {v!r} is not a positive number of seconds",
+                "fix gpubox_bench.max_age_s in the inventory (default 86400: one day)",
+            )
+        return Options(max_age_s=age)
 
     def gather(self, ctx) -> Facts:
         s = self._settings(ctx)
@@ -200,6 +255,12 @@ class BenchStep(Step):
         return Facts(running, Latest.of(doc), None if age == float("inf") else age)
 
     def decide(self, facts: Facts, opts: Options) -> Finding:
+        f = self._decide(facts, opts)
+        if f.status == "drift":
+            f.plan = Plan(actions=[BenchRun(self.profile, self.out_dir)])
+        return f
+
+    def _decide(self, facts: Facts, opts: Options) -> Finding:
         running = facts.server_running
         if facts.latest is None:
             return Finding.drift(
@@ -218,30 +279,6 @@ class BenchStep(Step):
         if f.status == "failed":  # a failed benchmark is re-run by apply, like a degraded one
             f.status = "drift"
         return f
-
-    def plan(self, ctx, finding: Finding) -> Plan:
-        s = self._settings(ctx)
-        prof = resolve_profile(self.profile or ctx.opt("bench_profile") or s.get("profile", "health"), s)
-        cmds = []
-        for tp in prof["tp"]:
-            for m in prof["methods"]:
-                argv, env = build_command(spec_from_box(ctx, m, int(tp), s))
-                cmds.append([f"{k}={v}" for k, v in sorted(env.items())] + argv)
-        return Plan(
-            description=f"run the {prof['name']} benchmark ({len(cmds)} server launches)",
-            commands=cmds,
-            data=prof["name"],
-        )
-
-    def apply(self, ctx, plan: Plan) -> None:
-        from .runner import run_box
-
-        self.doc = run_box(ctx, profile=plan.data, out_dir=self.out_dir or ctx.opt("bench_out"))
-
-    def verify(self, ctx) -> Finding:
-        if self.doc is None:
-            return self.check(ctx)
-        return _finding_from(Latest.of(self.doc))
 
 
 def steps(ctx) -> list[Step]:

@@ -47,6 +47,12 @@ class InventoryError(GpuboxError):
     """The inventory cannot be read or does not describe the box asked for."""
 
 
+class BadInput(GpuboxError):
+    """Bad input that only the box can show (an `--include` BDF the host does not have): raised
+    by a step's facts, it ends the run as bad input (exit 2) like a bad option, instead of being
+    one failed step. Options that need no reading are checked by `Step.options`, before this."""
+
+
 class TransportError(GpuboxError):
     """A host cannot be reached, or a command could not be started on it."""
 

@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .errors import GpuboxError, Interrupted, TransportError, os_error
+from .errors import BadInput, GpuboxError, Interrupted, TransportError, os_error
 from .steps import DRIFT, FAILED, FIXED, MODES, OK, SKIPPED, RunReport, Step, StepResult, evidence_dict
 
 
@@ -67,7 +67,8 @@ def _result_from(step: Step, ctx, f, status: str | None = None, **kw) -> StepRes
 
 
 def _commands(step: Step, ctx, plan) -> list[list[str]]:
-    return plan.shown_commands(lambda where: step.host_for(ctx, where)) if plan.actions else plan.commands
+    """What a dry run shows and apply records: each action's describe(), on the host it acts on."""
+    return plan.shown_commands(lambda where: step.host_for(ctx, where))
 
 
 def _failure(step: Step, ctx, detail: str, repair: str | None = None) -> StepResult:
@@ -77,7 +78,7 @@ def _failure(step: Step, ctx, detail: str, repair: str | None = None) -> StepRes
 
 
 def run_step(step: Step, ctx, mode: str) -> StepResult:
-    """One step through the verbs the mode allows. Transport errors propagate (cannot run: exit 2)."""
+    """One step through the verbs the mode allows. Transport errors and BadInput propagate (exit 2)."""
     t0 = time.monotonic()
     try:
         f = step.check(ctx)
@@ -92,7 +93,7 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
                     res.detail = f"{f.detail}; would {plan.description}"
             else:
                 step.apply(ctx, plan)
-                v = step.verify(ctx)
+                v = step.verify(ctx, plan)
                 status = FIXED if v.status == OK else FAILED
                 res = _result_from(
                     step, ctx, v, status=status, changed=True, diff=plan.diff, commands=commands
@@ -104,7 +105,7 @@ def run_step(step: Step, ctx, mode: str) -> StepResult:
                     res.detail = f"applied but verify says: {v.detail}"
                     res.cause = v.cause or f.cause
                     res.repair = v.repair or f.repair
-    except TransportError:
+    except (TransportError, BadInput):  # cannot run / bad input only the box shows: exit 2
         raise
     except GpuboxError as exc:
         res = _failure(step, ctx, str(exc))

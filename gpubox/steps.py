@@ -3,18 +3,22 @@ facts/operations and Ansible's check mode.
 
 A step reads host state through facts (`gather`, cached per run on the context), then a pure
 `decide(facts, options)` returns a Finding: ok / drift / failed with typed evidence, and for drift
-the Plan that repairs it. A Plan holds exactly the actions apply runs (`Run` argv lists, `Write`
-and `Remove` of files); what a dry run shows (`commands`, `diff`) is derived from those actions, so
-the two cannot drift apart. `apply` executes the actions; `verify` forgets the facts and decides
-again. The engine that drives steps (modes, requires, lanes) is `gpubox.pipeline`.
-
-Steps that cannot be expressed as facts + actions (a container restart, the staging engine)
-override `check`/`plan`/`apply`; the engine only ever calls those four verbs.
+the Plan that repairs it. A Plan is a description and a list of actions, nothing else: every change
+is an `Action` with describe / diff / execute, as pyinfra's command types are (`Run` argv lists,
+`Write` and `Remove` of files, and the areas' own: the container config commit, the container
+restart with its consent, the staging copy, the benchmark run). What a dry run shows (`commands`,
+`diff`) is each action's describe() and diff(), and apply runs the same objects' execute(), so the
+two cannot drift apart. An action that must read the box to say exactly what it will do (the
+copier's dry run, the server command lines) does so in `prepare`, in plan and apply modes only.
+`verify` forgets the facts and decides again, unless an action judges its own outcome (a
+measurement). The verbs check / plan / apply / verify are the base class's, for every step; the
+engine that drives steps (option checks first, modes, requires, lanes) is `gpubox.pipeline`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -102,6 +106,57 @@ def _ev(evidence: Any, kw: dict[str, Any]) -> Any:
 # --- plan actions: what apply runs, exactly -------------------------------------------------------
 
 
+class Action:
+    """One change a plan makes, in the spirit of pyinfra's command types: what a dry run shows
+    and what apply runs come from the same object, so the two cannot drift apart.
+
+    - `prepare(run)`: read what a dry run must show before it can be shown (the copier's dry run,
+      the server command lines, which read the GPU topology); called in plan and apply modes only,
+      so a check (doctor) never pays for it; `summary()` then says what the action will do, for a
+      plan that has no description of its own;
+    - `describe(host)`: the argv lists a dry run shows (none for a file write: its diff shows it);
+    - `diff()`: the text diff a dry run shows ("" when the action changes no file);
+    - `execute(run)`: make the change (`run` is the Execution: hosts, backups, the context); a
+      failure raises, which stops the plan;
+    - `verified(recheck)`: the finding after the change; by default `recheck()` (facts forgotten,
+      checked again). A measurement is judged by its own result instead, and an action that
+      returned a summary adds it to the re-checked finding.
+    `where` is the place it acts on ("host"/"container"; None: the step's own)."""
+
+    where: str | None = None
+
+    def prepare(self, run: "Execution") -> None:
+        return None
+
+    def summary(self) -> str:
+        return ""
+
+    def describe(self, host) -> list[list[str]]:
+        return []
+
+    def diff(self) -> str:
+        return ""
+
+    def execute(self, run: "Execution") -> None:
+        raise NotImplementedError
+
+    def verified(self, recheck: Callable[[], "Finding"]) -> "Finding":
+        return recheck()
+
+
+@dataclass
+class Execution:
+    """What an action executes with: the host for a place, the backup path of a file on the
+    control node, and the run's context (options, consent, console) for the actions that ask."""
+
+    host_for: Callable[[str | None], Any]
+    backup_for: Callable[[Any, str], Any]
+    ctx: Any = None
+
+    def host(self, where: str | None = None):
+        return self.host_for(where)
+
+
 @dataclass(frozen=True)
 class HostPath:
     """A path on the step's host inside an argv: shown and run with the host's root prefix
@@ -112,7 +167,7 @@ class HostPath:
 
 
 @dataclass
-class Run:
+class Run(Action):
     """One argv on the step's host (or `where`). `after(host)` may read back and raise: a
     post-condition that runs no command of its own (e.g. PCIe bits outside 14:12 moved)."""
 
@@ -126,9 +181,18 @@ class Run:
     def resolved(self, host) -> list[str]:
         return [a.prefix + host.path(a.path) if isinstance(a, HostPath) else str(a) for a in self.argv]
 
+    def describe(self, host) -> list[list[str]]:
+        return [self.resolved(host)]
+
+    def execute(self, run: "Execution") -> None:
+        host = run.host(self.where)
+        host.run(self.resolved(host), input=self.input, timeout=self.timeout, become=self.become, check=True)
+        if self.after is not None:
+            self.after(host)
+
 
 @dataclass
-class Write:
+class Write(Action):
     """Atomic write of a file, with a backup of its old content on the control node."""
 
     path: str
@@ -141,9 +205,12 @@ class Write:
         new = self.text.decode() if isinstance(self.text, bytes) else self.text
         return unified(self.path, self.old, new)
 
+    def execute(self, run: "Execution") -> None:
+        run.host(self.where).write(self.path, self.text, mode=self.mode)
+
 
 @dataclass
-class Remove:
+class Remove(Action):
     """Remove a file, keeping its old content as a backup on the control node."""
 
     path: str
@@ -153,59 +220,84 @@ class Remove:
     def diff(self) -> str:
         return unified(self.path, self.old, "")
 
+    def execute(self, run: "Execution") -> None:
+        from .safeio import write_atomic
+
+        host = run.host(self.where)
+        # tmp + rename: a full backup directory leaves no 0-byte "backup" behind (ENOSPC names it)
+        write_atomic(run.backup_for(host, self.path), host.read_bytes(self.path), mode=0o600)
+        host.remove(self.path)
+
+
+@dataclass
+class Refuse(Action):
+    """A drift apply cannot repair in place: executing it refuses with the reason and the fix
+    (GpuboxError), so the record says why instead of "applied but verify says" the same fault."""
+
+    problem: str
+    fix: str | None = None
+
+    def execute(self, run: "Execution") -> None:
+        from .errors import GpuboxError
+
+        raise GpuboxError(self.problem, self.fix)
+
 
 @dataclass
 class Plan:
-    """The exact change `apply` would make.
-
-    New steps give `actions`; `commands` and `diff` then come from them. `commands`, `diff` and
-    `data` given directly are for steps that override `apply` (their own payload)."""
+    """The exact change `apply` would make: a description and the actions, nothing else. What a
+    dry run shows (`diff`, `commands`) is derived from the actions."""
 
     description: str = ""
-    diff: str = ""
-    commands: list[list[str]] = field(default_factory=list)
-    data: Any = None
-    actions: list[Any] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.actions and not self.diff:
-            self.diff = "".join(a.diff() for a in self.actions if isinstance(a, (Write, Remove)))
+        bad = [a for a in self.actions if not isinstance(a, Action)]
+        if bad:
+            raise TypeError(f"a plan holds actions only, not {bad[0]!r}")
 
     @property
-    def empty(self) -> bool:
-        return not (self.diff or self.commands or self.data or self.actions)
+    def diff(self) -> str:
+        return "".join(a.diff() for a in self.actions)
+
+    def prepare(self, run: "Execution") -> "Plan":
+        """Prepare every action (Action.prepare); a plan given no description takes its actions'."""
+        for a in self.actions:
+            a.prepare(run)
+        if not self.description:
+            self.description = ", ".join(t for t in (a.summary() for a in self.actions) if t)
+        return self
 
     def shown_commands(self, host_for: Callable[[str | None], Any]) -> list[list[str]]:
-        """The argv lists a dry run shows: the given ones, then every Run action resolved."""
-        out = [list(c) for c in self.commands]
-        out += [a.resolved(host_for(a.where)) for a in self.actions if isinstance(a, Run)]
-        return out
+        """The argv lists a dry run shows: every action's, resolved on its host, in order."""
+        return [list(argv) for a in self.actions for argv in a.describe(host_for(a.where))]
 
 
-def execute(plan: Plan, host_for: Callable[[str | None], Any], backup_for: Callable[[Any, str], Any]) -> None:
+def execute(
+    plan: Plan, host_for: Callable[[str | None], Any], backup_for: Callable[[Any, str], Any], ctx: Any = None
+) -> None:
     """Run a plan's actions in order; the first failure stops the rest (it raises)."""
+    run = Execution(host_for, backup_for, ctx)
     for a in plan.actions:
-        host = host_for(a.where)
-        if isinstance(a, Run):
-            host.run(a.resolved(host), input=a.input, timeout=a.timeout, become=a.become, check=True)
-            if a.after is not None:
-                a.after(host)
-        elif isinstance(a, Write):
-            host.write(a.path, a.text, mode=a.mode)
-        elif isinstance(a, Remove):
-            from .safeio import write_atomic
-
-            # tmp + rename: a full backup directory leaves no 0-byte "backup" behind (ENOSPC names it)
-            write_atomic(backup_for(host, a.path), host.read_bytes(a.path), mode=0o600)
-            host.remove(a.path)
-        else:
+        if not isinstance(a, Action):
             raise TypeError(f"unknown plan action {a!r}")
+        a.execute(run)
+
+
+def verified(plan: Plan | None, recheck: Callable[[], "Finding"]) -> "Finding":
+    """The finding after a plan ran: each action may judge it (a measurement by its own result)
+    or add to it (a copy's summary); by default the facts are forgotten and checked again."""
+    check = recheck
+    for a in reversed(plan.actions if plan is not None else []):
+        check = functools.partial(a.verified, check)
+    return check()
 
 
 class Step:
     """Base class. Subclasses set `name`, `where` ("host" | "container"), `requires` (names of
-    steps that must end ok/fixed first in apply mode) and either `gather` + `decide`, or the
-    verbs `check` / `plan` / `apply` themselves. `lane` (default: `where`) is the pipeline lane."""
+    steps that must end ok/fixed first in apply mode), `options`, `gather` and `decide`; the verbs
+    the engine calls (`check`, `plan`, `apply`, `verify`) are these, for every step: what a step
+    changes is in its Plan's actions. `lane` (default: `where`) is the pipeline lane."""
 
     name: str = "step"
     title: str = ""
@@ -236,18 +328,30 @@ class Step:
         return self.decide(self.gather(ctx), opts)
 
     def plan(self, ctx, finding: Finding) -> Plan:
-        return finding.plan or Plan()
+        """The finding's plan, its actions prepared (what a dry run shows is then exact)."""
+        return (finding.plan or Plan()).prepare(self.execution(ctx))
 
     def apply(self, ctx, plan: Plan) -> None:
+        run = self.execution(ctx)
+        execute(plan, run.host_for, run.backup_for, ctx)
+
+    def execution(self, ctx) -> Execution:
+        """What this step's actions execute with: its hosts, backups on the control node, ctx."""
         from .state import backup_path
 
-        execute(plan, lambda where: self.host_for(ctx, where), lambda h, p: backup_path(h.name, p))
+        return Execution(lambda where: self.host_for(ctx, where), lambda h, p: backup_path(h.name, p), ctx)
 
-    def verify(self, ctx) -> Finding:
-        forget = getattr(ctx, "forget", None)
-        if forget is not None:
-            forget()
-        return self.check(ctx)
+    def verify(self, ctx, plan: Plan | None = None) -> Finding:
+        """The finding after `plan` ran: the actions' judgement (Action.verified), by default the
+        facts forgotten and checked again."""
+
+        def recheck() -> Finding:
+            forget = getattr(ctx, "forget", None)
+            if forget is not None:
+                forget()
+            return self.check(ctx)
+
+        return verified(plan, recheck)
 
     # -- where it acts -------------------------------------------------------------------------
     def host_for(self, ctx, where: str | None = None):

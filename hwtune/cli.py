@@ -32,34 +32,17 @@ def _run(
     title: str,
     **options,
 ) -> None:
-    if options.get("mrrs") is not None:
-        from .pcie import parse_mrrs
-
-        parse_mrrs(options["mrrs"])  # bad input: exit 2 before touching anything
+    # No checks of its own: --mrrs / gpubox_pcie_mrrs and gpubox_numa_balancing are the steps'
+    # options (checked by the engine before anything is read: exit 2), an --include BDF the host
+    # lacks is BadInput from the pcie facts (exit 2 before anything is written), the inventory is
+    # checked by box_context (gpubox.invschema.check_box): the same one-line errors as recover.
     c = box_context(ctx, box, as_json=as_json, **options)
-    if "pcie-mrrs" in names and options.get("mrrs") is None:
-        from .pcie import parse_mrrs
-
-        parse_mrrs(c.box.var("gpubox_pcie_mrrs", 4096))  # a bad inventory value is bad input too
-    if options.get("include"):
-        from .pcie import select_functions
-
-        select_functions(c.host, _split_include(options["include"]))  # --include BAD: exit 2, nothing run
-    if "numa-balancing" in names:
-        from .numa import desired
-
-        desired(c)
     mode = mode or ("plan" if options.get("dry_run") else "apply")
     try:
         report = run_steps(c, hw_steps(c, names), mode)
     finally:
         c.close()
     emit(report, as_json, title=title)
-
-
-def _split_include(inc) -> tuple[str, ...]:
-    items = (inc,) if isinstance(inc, str) else tuple(inc)
-    return tuple(p for i in items for p in i.split(","))
 
 
 # -- gpubox tune ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import BadInput, GpuboxError
 from gpubox.facts import Fact
 from gpubox.steps import HostPath
 
@@ -159,8 +159,8 @@ def pick_functions(
             picked.append(f)
     for name in inc - {"audio", "bridge"}:
         bdf = name if name.count(":") == 2 else f"0000:{name}"
-        if bdf not in by_bdf:
-            raise GpuboxError(
+        if bdf not in by_bdf:  # bad input the host shows: the whole run ends with exit 2
+            raise BadInput(
                 f"--include {name}: no PCI function {bdf} on {host_name}",
                 "give a BDF from `lspci -D`, or 'audio' / 'bridge'",
             )

@@ -17,19 +17,13 @@ def lxc() -> None:
 
 
 def _run(click_ctx, box: str, mode: str, **options) -> None:
-    from gpubox.errors import GpuboxError
-
-    from .confedit import MODES
-    from .lxc import _control
     from .lxc_step import steps
 
+    # No checks of its own: bad API settings, gpubox_device_mode and --restart are the steps'
+    # options, checked by the engine before anything runs (exit 2), as for recover and Ansible.
     ctx = box_context(click_ctx, box, **options)
     con = ctx.console
     try:
-        _control(ctx)  # bad API settings are bad input (exit 2), found before anything runs
-        dev_mode = str(ctx.box.var("gpubox_device_mode", "cgroup2"))
-        if dev_mode not in MODES:
-            raise GpuboxError(f"{box}: gpubox_device_mode {dev_mode!r} is not known", "use cgroup2 or devN")
         if con is not None:
             with con.status(f"{box}: {mode}...") as status:
                 report = run_steps(

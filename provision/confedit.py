@@ -187,6 +187,56 @@ def _entries(lines: list[Line], drop: set[int], cur) -> list[tuple[int, str, str
     ]
 
 
+@dataclass
+class _Edit:
+    """The review's working state over the main section: the original lines, the lines dropped
+    and replaced so far, the positions freed for new rules, and what was found. Each pass of
+    `review` reads and extends it; `cur(i)` is line i as edited so far."""
+
+    conf: LxcConf
+    hd: HostDevices
+    mode: str | None
+    rdev: object
+    host_exists: object
+    own: "Owner"
+    lines: list[Line]
+    eq: str
+    nl: str
+    issues: list[Issue] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    drop: set[int] = field(default_factory=set)
+    replace: dict[int, Line] = field(default_factory=dict)
+    slots: list[int] = field(default_factory=list)  # positions of dropped rules, reused for new ones
+    seen: set[tuple[str, str]] = field(default_factory=set)  # (key, value) of the lines kept
+
+    def cur(self, i: int) -> Line:
+        return self.replace.get(i, self.lines[i])
+
+    def is_nv_line(self, l: Line) -> bool:
+        """An NVIDIA line: a rule on a major gpubox owns, a mount of an NVIDIA node, an NVIDIA devN."""
+        if l.key in (ALLOW, DENY, *V1_DEVICES):
+            r = parse_rule(l.key, (l.value or "").strip())
+            return self.own.major(r.major if r and not r.is_global else _loose_major(l.value or ""))
+        if l.key == MOUNT:
+            f = (l.value or "").split()
+            return len(f) >= 2 and (_is_nvidia_path(f[0]) or _is_nvidia_target(f[1]))
+        if l.key and _DEVN.match(l.key):
+            return _is_nvidia_path(devn_path(l.value))
+        return False
+
+    def is_nv_devn(self, i: int) -> bool:
+        return bool(
+            i not in self.drop
+            and self.cur(i).key
+            and _DEVN.match(self.cur(i).key)
+            and _is_nvidia_path(devn_path(self.cur(i).value))
+        )
+
+    def model(self) -> StartModel:
+        """The start model of the lines as edited so far."""
+        return StartModel.build(_entries(self.lines, self.drop, self.cur), self.rdev, self.host_exists)
+
+
 def review(
     conf: LxcConf,
     hd: HostDevices,
@@ -200,210 +250,242 @@ def review(
     Changes only NVIDIA-owned lines (`Owner`); passes every NVIDIA node the way the config already
     passes NVIDIA nodes (devN or rule+mount; `mode` only for configs that pass none, or `devN` to
     convert); never passes one node both ways (the autodev hook would fail with EEXIST); checks the
-    result against the start model (`lxcmodel.StartModel`). `host_rdev(path)` stats host nodes."""
+    result against the start model (`lxcmodel.StartModel`). `host_rdev(path)` stats host nodes.
+
+    The passes run in this order because each works on what the one before left: duplicates go
+    first (so a converted v1 line is not counted twice), rules before mounts (a mount's need of a
+    rule is judged over the rules kept), collisions before additions (a node passed both ways is
+    passed once before the missing ones are counted), the start check last (over the new text)."""
     from gpubox.errors import GpuboxError
 
     if mode is not None and mode not in MODES:
         raise GpuboxError(f"gpubox_device_mode {mode!r} is not known", "use cgroup2 or devN")
     old = conf.render()
     lines = conf.main.lines
-    eq = conf.eq_style()
-    nl = _newline(conf)
-    issues: list[Issue] = []
-    warnings: list[str] = []
-    drop: set[int] = set()
-    replace: dict[int, Line] = {}
     rdev = host_rdev or _rdev_from(hd)
     before = StartModel.build(_entries(lines, set(), lambda i: lines[i]), rdev, host_exists)
     own = Owner(hd, lines, recorded, allows_all=before.unprivileged and before.list_type_allows_all())
+    ed = _Edit(conf, hd, mode, rdev, host_exists, own, lines, conf.eq_style(), _newline(conf))
+    _drop_duplicates(ed)
+    _convert_cgroup_v1(ed)
+    _review_rules(ed)
+    _review_mounts(ed)
+    nodes = hd.pass_nodes()
+    node_mode = _node_mode(ed)
+    _resolve_collisions(ed, nodes)
+    model = ed.model()
+    _report_missing_devn_nodes(ed, model)
+    add_rules, add_mounts, add_devn = _additions(ed, model, nodes, node_mode)
+    _warn_allow_all(ed, model)
+    new_lines = _assemble(
+        lines, ed.drop, ed.replace, ed.slots, add_rules, add_mounts, add_devn, ed.is_nv_line, ed.nl
+    )
+    new_conf = LxcConf([Section(conf.main.name, conf.main.header, new_lines), *conf.sections[1:]])
+    _check_start(ed, new_lines)
+    return Review(ed.issues, old, new_conf.render(), ed.warnings)
 
-    def cur(i: int) -> Line:
-        return replace.get(i, lines[i])
 
-    def is_nv_line(l: Line) -> bool:
-        if l.key in (ALLOW, DENY, *V1_DEVICES):
-            r = parse_rule(l.key, (l.value or "").strip())
-            return own.major(r.major if r and not r.is_global else _loose_major(l.value or ""))
-        if l.key == MOUNT:
-            f = (l.value or "").split()
-            return len(f) >= 2 and (_is_nvidia_path(f[0]) or _is_nvidia_target(f[1]))
-        if l.key and _DEVN.match(l.key):
-            return _is_nvidia_path(devn_path(l.value))
-        return False
-
-    # 1. duplicates of NVIDIA lines (identical key and value; the first stays)
-    seen: set[tuple[str, str]] = set()
-    for i, l in enumerate(lines):
+def _drop_duplicates(ed: _Edit) -> None:
+    """Pass 1: a second NVIDIA line with the same key and value goes (the first stays). Foreign
+    duplicates are not gpubox's to touch; every line is remembered in `seen` either way."""
+    for i, l in enumerate(ed.lines):
         if l.key is None:
             continue
         k = (l.key, (l.value or "").strip())
-        if k in seen and is_nv_line(l):
-            drop.add(i)
-            issues.append(Issue("duplicate", f"duplicate line `{l.raw.strip()}`"))
-        seen.add(k)
+        if k in ed.seen and ed.is_nv_line(l):
+            ed.drop.add(i)
+            ed.issues.append(Issue("duplicate", f"duplicate line `{l.raw.strip()}`"))
+        ed.seen.add(k)
 
-    # 2. cgroup v1 device lines do nothing on cgroup v2: ours become cgroup2 lines, others are reported
-    for i, l in enumerate(lines):
-        if i in drop or not (l.key or "").startswith("lxc.cgroup."):
+
+def _convert_cgroup_v1(ed: _Edit) -> None:
+    """Pass 2: cgroup v1 device lines do nothing on cgroup v2 (and are gone in PVE 9): NVIDIA's
+    become cgroup2 lines (dropped when that line exists already), others are only reported."""
+    for i, l in enumerate(ed.lines):
+        if i in ed.drop or not (l.key or "").startswith("lxc.cgroup."):
             continue
-        if l.key in V1_DEVICES and is_nv_line(l):
+        if l.key in V1_DEVICES and ed.is_nv_line(l):
             new_key = l.key.replace("lxc.cgroup.", "lxc.cgroup2.")
-            if (new_key, (l.value or "").strip()) in seen:
-                drop.add(i)
+            if (new_key, (l.value or "").strip()) in ed.seen:
+                ed.drop.add(i)
             else:
-                replace[i] = _nl(format_line(new_key, l.value or "", l.eq), nl)
-                seen.add((new_key, (l.value or "").strip()))
-            issues.append(
+                ed.replace[i] = _nl(format_line(new_key, l.value or "", l.eq), ed.nl)
+                ed.seen.add((new_key, (l.value or "").strip()))
+            ed.issues.append(
                 Issue("cgroup-v1", f"cgroup v1 line `{l.raw.strip()}` (ignored on cgroup v2, gone in PVE 9)")
             )
         else:
-            warnings.append(
+            ed.warnings.append(
                 f"cgroup v1 line `{l.raw.strip()}` has no effect on cgroup v2: convert it by hand"
             )
 
-    # 3. rules: ours stale / unparsable / denying / redundant (devN mode); foreign ones only reported
-    slots: list[int] = []  # positions of dropped rules, reused for new ones (smallest diff)
-    for i in range(len(lines)):
-        l = cur(i)
-        if i in drop or l.key not in (ALLOW, DENY):
+
+def _review_rules(ed: _Edit) -> None:
+    """Pass 3: device rules. NVIDIA's go when lxc cannot parse them, when they deny, when their
+    major is stale, or (devN mode) when devN makes them redundant; the positions they leave take
+    the new rules (the smallest diff). Foreign rules are only reported."""
+    for i in range(len(ed.lines)):
+        l = ed.cur(i)
+        if i in ed.drop or l.key not in (ALLOW, DENY):
             continue
         val = (l.value or "").strip()
         r = parse_rule(l.key, val)
         major = r.major if r is not None and not r.is_global else _loose_major(val)
-        ours = own.major(major)
+        ours = ed.own.major(major)
         if r is None:
-            if ours:
-                drop.add(i)
-                slots.append(i)
-                issues.append(
-                    Issue(
-                        "unparsable",
-                        f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
-                        "the type and after major:minor, access r/w/m): it logs "
-                        '"Failed to parse device rule" and skips it, so it allows nothing',
-                    )
-                )
-            elif val:
-                warnings.append(
-                    f"`{l.raw.strip()}` is not an NVIDIA rule and lxc cannot parse it: lxc skips it "
-                    "(it allows nothing; the container still starts); fix it by hand"
-                )
+            _unparsable_rule(ed, i, l, ours, val)
             continue
         if r.is_global or r.kind == "path":
             continue
         if not ours:
-            if r.kind == "c" and r.major is not None and not hd.registered(r.major) and l.key == ALLOW:
-                warnings.append(
+            if r.kind == "c" and r.major is not None and not ed.hd.registered(r.major) and l.key == ALLOW:
+                ed.warnings.append(
                     f"`{l.raw.strip()}`: major {r.major} is not in /proc/devices "
                     "(driver not loaded?); "
                     "not an NVIDIA rule, left as it is"
                 )
             continue
         if l.key == DENY:
-            drop.add(i)
-            slots.append(i)
-            issues.append(Issue("conflict", f"`{l.raw.strip()}` denies an NVIDIA device the container needs"))
+            _drop_rule(
+                ed, i, Issue("conflict", f"`{l.raw.strip()}` denies an NVIDIA device the container needs")
+            )
             continue
-        if own.stale(r.major):
-            drop.add(i)
-            slots.append(i)
+        if ed.own.stale(r.major):
+            hd = ed.hd
             now = f"nvidia-uvm is now {hd.uvm}" if hd.uvm is not None else "nvidia-uvm is not loaded yet"
-            issues.append(
+            _drop_rule(
+                ed,
+                i,
                 Issue(
                     "stale-rule",
                     f"`{l.raw.strip()}` names major {r.major}, which /proc/devices "
                     f"no longer lists ({now}): stale",
-                )
+                ),
             )
             continue
-        if mode == "devN":
-            drop.add(i)
-            slots.append(i)
-            issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
+        if ed.mode == "devN":
+            _drop_rule(ed, i, Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
 
-    # 4. NVIDIA mount entries: same target twice (keep bind,optional), devN conversion when asked
+
+def _drop_rule(ed: _Edit, i: int, issue: Issue) -> None:
+    ed.drop.add(i)
+    ed.slots.append(i)
+    ed.issues.append(issue)
+
+
+def _unparsable_rule(ed: _Edit, i: int, l: Line, ours: bool, val: str) -> None:
+    """A rule lxc cannot parse allows nothing: gpubox's goes (its rule is re-added right), a
+    foreign one is reported (the container still starts)."""
+    if ours:
+        _drop_rule(
+            ed,
+            i,
+            Issue(
+                "unparsable",
+                f"`{l.raw.strip()}`: lxc cannot parse it (one space after "
+                "the type and after major:minor, access r/w/m): it logs "
+                '"Failed to parse device rule" and skips it, so it allows nothing',
+            ),
+        )
+    elif val:
+        ed.warnings.append(
+            f"`{l.raw.strip()}` is not an NVIDIA rule and lxc cannot parse it: lxc skips it "
+            "(it allows nothing; the container still starts); fix it by hand"
+        )
+
+
+def _review_mounts(ed: _Edit) -> None:
+    """Pass 4: NVIDIA mount entries. In devN mode they go (devN passes the node); two onto one
+    target keep the `bind,optional` one (else the first)."""
     by_target: dict[str, int] = {}
-    for i in range(len(lines)):
-        l = cur(i)
-        if i in drop or l.key != MOUNT or not is_nv_line(l):
+    for i in range(len(ed.lines)):
+        l = ed.cur(i)
+        if i in ed.drop or l.key != MOUNT or not ed.is_nv_line(l):
             continue
         f = _mount_fields(l.value or "")
         if f is None:
             continue
-        if mode == "devN" and _is_nvidia_path(f[0]) and _is_nvidia_target(f[1]):
-            drop.add(i)
-            issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
+        if ed.mode == "devN" and _is_nvidia_path(f[0]) and _is_nvidia_target(f[1]):
+            ed.drop.add(i)
+            ed.issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
             continue
         t = f[1].strip("/")
         if t in by_target:
             j = by_target[t]
-            keep_new = _good_mount(f) and not _good_mount(_mount_fields(cur(j).value or ""))
+            keep_new = _good_mount(f) and not _good_mount(_mount_fields(ed.cur(j).value or ""))
             loser = j if keep_new else i
-            issues.append(Issue("conflict", f"`{cur(loser).raw.strip()}` mounts onto {t} like another line"))
-            drop.add(loser)
+            ed.issues.append(
+                Issue("conflict", f"`{ed.cur(loser).raw.strip()}` mounts onto {t} like another line")
+            )
+            ed.drop.add(loser)
             if keep_new:
                 by_target[t] = i
             continue
         by_target[t] = i
 
-    # 5. presence and permission, from the start model of what is left
-    nodes = hd.pass_nodes()
-    nv_devn = [
+
+def _node_mode(ed: _Edit) -> str:
+    """How missing NVIDIA nodes are passed: the way the config already passes NVIDIA nodes (devN
+    when it uses only devN), `mode` only for a config that passes none, or devN when asked to
+    convert."""
+    lines = ed.lines
+    nv_devn = [i for i in range(len(lines)) if ed.is_nv_devn(i)]
+    nv_mount = [
         i
         for i in range(len(lines))
-        if i not in drop
-        and cur(i).key
-        and _DEVN.match(cur(i).key)
-        and _is_nvidia_path(devn_path(cur(i).value))
+        if i not in ed.drop and ed.cur(i).key == MOUNT and ed.is_nv_line(ed.cur(i))
     ]
-    nv_mount = [i for i in range(len(lines)) if i not in drop and cur(i).key == MOUNT and is_nv_line(cur(i))]
-    if mode == "devN" or (mode is None and nv_devn):
-        node_mode = "devN"
-    elif nv_mount or nv_devn:
-        node_mode = "devN" if nv_devn and not nv_mount else "cgroup2"
-    else:
-        node_mode = mode or "cgroup2"
+    if ed.mode == "devN" or (ed.mode is None and nv_devn):
+        return "devN"
+    if nv_mount or nv_devn:
+        return "devN" if nv_devn and not nv_mount else "cgroup2"
+    return ed.mode or "cgroup2"
 
-    model = StartModel.build(_entries(lines, drop, cur), rdev, host_exists)
-    # a node passed both ways: the NVIDIA mount entry goes, devN stays (it reads the major at start)
+
+def _resolve_collisions(ed: _Edit, nodes) -> None:
+    """A node passed both ways (a mount entry and a devN entry) fails the start with EEXIST in
+    the autodev hook: an NVIDIA mount entry goes (devN reads the major at every start); a
+    foreign line that does it is the operator's to fix."""
+    model = ed.model()
     for n in nodes:
         provs = model.providers(n.path)
-        if any(k == "devN" for k, _ in provs):
-            for k, idx in provs:
-                if k != "mount":
-                    continue
-                if is_nv_line(cur(idx)):
-                    drop.add(idx)
-                    issues.append(
-                        Issue(
-                            "collision",
-                            f"`{cur(idx).raw.strip()}` and a devN entry both pass "
-                            f"{n.path}: the autodev hook fails with EEXIST; "
-                            "the mount entry goes",
-                        )
+        if not any(k == "devN" for k, _ in provs):
+            continue
+        for k, idx in provs:
+            if k != "mount":
+                continue
+            if ed.is_nv_line(ed.cur(idx)):
+                ed.drop.add(idx)
+                ed.issues.append(
+                    Issue(
+                        "collision",
+                        f"`{ed.cur(idx).raw.strip()}` and a devN entry both pass "
+                        f"{n.path}: the autodev hook fails with EEXIST; "
+                        "the mount entry goes",
                     )
-                else:
-                    issues.append(
-                        Issue(
-                            "foreign-collision",
-                            f"`{cur(idx).raw.strip()}` puts {n.path} in "
-                            "place before its devN entry: the start fails; "
-                            "fix it by hand",
-                            fixable=False,
-                        )
+                )
+            else:
+                ed.issues.append(
+                    Issue(
+                        "foreign-collision",
+                        f"`{ed.cur(idx).raw.strip()}` puts {n.path} in "
+                        "place before its devN entry: the start fails; "
+                        "fix it by hand",
+                        fixable=False,
                     )
-    model = StartModel.build(_entries(lines, drop, cur), rdev, host_exists)
+                )
 
-    add_rules: list[Line] = []
-    add_mounts: list[Line] = []
-    add_devn: list[Line] = []
-    used = {int(m.group(1)) for l in lines if l.key and (m := _DEVN.match(l.key))}
-    devn_by_path = {p: (i, k) for i, k, p in model.devn}
-    for i, l in enumerate(lines):  # devN entries whose node is missing are in errors, not model.devn
-        if i not in drop and l.key and _DEVN.match(l.key) and devn_path(l.value) not in devn_by_path:
+
+def _report_missing_devn_nodes(ed: _Edit, model: StartModel) -> None:
+    """An NVIDIA devN entry whose node is missing on the host stops the start (pve: "Device ...
+    does not exist"); the file cannot fix that, host-devices can (the start model lists those
+    entries in its errors, not in `model.devn`)."""
+    devn_by_path = {p for _, _, p in model.devn}
+    for i, l in enumerate(ed.lines):
+        if i not in ed.drop and l.key and _DEVN.match(l.key) and devn_path(l.value) not in devn_by_path:
             p = devn_path(l.value)
             if _is_nvidia_path(p):
-                issues.append(
+                ed.issues.append(
                     Issue(
                         "devN-node-missing",
                         f"{l.key}: {p} is missing on the host: the "
@@ -411,15 +493,27 @@ def review(
                         fixable=False,
                     )
                 )
+
+
+def _additions(ed: _Edit, model: StartModel, nodes, node_mode: str) -> tuple[list, list, list]:
+    """(rules, mounts, devN entries) to add: every node the host offers that nothing passes
+    (a devN entry at the first free index, or a bind mount), and one allow rule per major the
+    passed nodes need and no rule permits. A devN node needs no rule: pve adds `c M:m rw`."""
+    lines, nl = ed.lines, ed.nl
+    add_rules: list[Line] = []
+    add_mounts: list[Line] = []
+    add_devn: list[Line] = []
+    used = {int(m.group(1)) for l in lines if l.key and (m := _DEVN.match(l.key))}
+    devn_by_path = {p for _, _, p in model.devn}
     k = 0
     missing_majors: dict[int, str] = {}
-    names = {v: n for n, v in hd.nvidia_majors().items()}
+    names = {v: n for n, v in ed.hd.nvidia_majors().items()}
     for n in nodes:
         rd = n.want or n.have
         if n.path in devn_by_path or any(
-            devn_path(cur(i).value) == n.path
+            devn_path(ed.cur(i).value) == n.path
             for i in range(len(lines))
-            if i not in drop and cur(i).key and _DEVN.match(cur(i).key)
+            if i not in ed.drop and ed.cur(i).key and _DEVN.match(ed.cur(i).key)
         ):
             continue  # devN: node made at start, `c M:m rw` added by pve
         if model.providers(n.path):
@@ -431,35 +525,42 @@ def review(
                 k += 1
             used.add(k)
             add_devn.append(_nl(format_line(f"dev{k}", devn_value(n.path)), nl))
-            issues.append(Issue("missing-devN", f"no devN entry for {n.path}"))
+            ed.issues.append(Issue("missing-devN", f"no devN entry for {n.path}"))
         else:
-            add_mounts.append(_nl(format_line(MOUNT, mount_text(n.path), eq), nl))
-            issues.append(Issue("missing-mount", f"no `{MOUNT}` for {n.path}"))
+            add_mounts.append(_nl(format_line(MOUNT, mount_text(n.path), ed.eq), nl))
+            ed.issues.append(Issue("missing-mount", f"no `{MOUNT}` for {n.path}"))
             if rd and not model.permitted(*rd):
                 missing_majors.setdefault(rd[0], names.get(rd[0], "nvidia"))
     for major, name in sorted(missing_majors.items()):
-        add_rules.append(_nl(format_line(ALLOW, rule_text(major), eq), nl))
-        issues.append(Issue("missing-rule", f"no `{ALLOW}` rule allows {name} (major {major})"))
-    if model.list_type_allows_all():
-        if model.unprivileged and not any(r is not None and r.is_global for *_, r in model.rules):
-            warnings.append(
-                "unprivileged container: pve-container's userns.conf.d resets the device rules and "
-                "allows `a`, so every device opens unless a deny rule matches (file modes and the "
-                "idmap decide the rest)"
-            )
-        else:
-            warnings.append(f"`{ALLOW}: a` lets the container use every device (not gpubox's to change)")
+        add_rules.append(_nl(format_line(ALLOW, rule_text(major), ed.eq), nl))
+        ed.issues.append(Issue("missing-rule", f"no `{ALLOW}` rule allows {name} (major {major})"))
+    return add_rules, add_mounts, add_devn
 
-    new_lines = _assemble(lines, drop, replace, slots, add_rules, add_mounts, add_devn, is_nv_line, nl)
-    new_conf = LxcConf([Section(conf.main.name, conf.main.header, new_lines), *conf.sections[1:]])
-    new_text = new_conf.render()
+
+def _warn_allow_all(ed: _Edit, model: StartModel) -> None:
+    """A device list that allows everything is said, not changed: an unprivileged container's
+    (pve-container's userns.conf.d allows `a`) or an explicit `a` rule."""
+    if not model.list_type_allows_all():
+        return
+    if model.unprivileged and not any(r is not None and r.is_global for *_, r in model.rules):
+        ed.warnings.append(
+            "unprivileged container: pve-container's userns.conf.d resets the device rules and "
+            "allows `a`, so every device opens unless a deny rule matches (file modes and the "
+            "idmap decide the rest)"
+        )
+    else:
+        ed.warnings.append(f"`{ALLOW}: a` lets the container use every device (not gpubox's to change)")
+
+
+def _check_start(ed: _Edit, new_lines: list[Line]) -> None:
+    """The last pass: the start model over the new text. What would still stop the start is
+    named with its line and repair, unless an unfixable issue already says why."""
     after = StartModel.build(
-        [(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], rdev, host_exists
+        [(i, l.key, l.value or "") for i, l in enumerate(new_lines) if l.key], ed.rdev, ed.host_exists
     )
     for e in after.errors:
-        if not any(not i.fixable for i in issues):
-            issues.append(Issue("would-not-start", _blocker(e, new_lines), fixable=False))
-    return Review(issues, old, new_text, warnings)
+        if not any(not i.fixable for i in ed.issues):
+            ed.issues.append(Issue("would-not-start", _blocker(e, new_lines), fixable=False))
 
 
 def _blocker(error: str, lines: list[Line]) -> str:

@@ -1,9 +1,11 @@
 """The LXC GPU-access steps (host-devices, container-config, container, cuda): facts from
 provision.lxc / provision.devices, a pure `decide` each (tests/steps/<step>/*.json).
 
-Two steps keep an `apply` of their own, and say why in their docstring: container-config (the
-config commit is Proxmox's lock + digest re-check + renameat2 exchange, not a plain file write)
-and container (starting a container asks for consent and waits for it).
+Every change is an action of the plan (gpubox.steps.Action), the engine runs them: besides the
+plain `Run`/`Write`, `ConfigCommit` (the config commit is Proxmox's lock + digest re-check +
+renameat2 exchange, not a plain file write), `ContainerRestart` (a start or reboot asks for
+consent and waits for the container) and `ShowConfigFirst` (before nvidia-uvm is loaded: keeps
+container-config's finding as a dry run shows it, so the commit after modprobe is proven to be it).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from typing import Any
 
 from gpubox.context import PERSIST_DEFAULT
 from gpubox.errors import GpuboxError
-from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
+from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Refuse, Run, Step, Write
 
 from . import cuda_probe
-from .confedit import review
+from .confedit import MODES, review
 from .devices import (
     UVM_PENDING,
     DeviceScan,
@@ -163,7 +165,8 @@ class HostDevicesStep(Step):
             )
         runs = needed_modprobe_runs(hd)
         runs += [r for r in devn_runs if r not in runs]
-        actions: list[Any] = [Run(argv, timeout=60, become=True) for argv in runs]
+        actions: list[Any] = [ShowConfigFirst()] if any("-u" in argv for argv in runs) else []
+        actions += [Run(argv, timeout=60, become=True) for argv in runs]
         actions += [Write(p, want_files[p], old=(facts.persist or {}).get(p, "")) for p in missing]
         what = (["create the nodes with nvidia-modprobe"] if runs else []) + (
             [f"write {', '.join(missing)}"] if missing else []
@@ -190,24 +193,26 @@ class HostDevicesStep(Step):
             evidence=ev,
         )
 
-    def apply(self, ctx, plan: Plan) -> None:
-        """The plan's actions. First, when they load nvidia-uvm, container-config's finding as a
-        dry run shows it now (its uvm rule at the major read after modprobe): container-config
-        then checks that what it writes is that plan (ContainerConfigStep.check)."""
-        memo = getattr(ctx, "memo", None)
-        if memo is not None and any(isinstance(a, Run) and "-u" in a.argv for a in plan.actions):
-            try:
-                memo[SHOWN_CONFIG] = ContainerConfigStep().check(ctx)
-            except GpuboxError:
-                memo.pop(SHOWN_CONFIG, None)  # container-config reports that itself
-        super().apply(ctx, plan)
+
+@dataclass
+class ShowConfigFirst(Action):
+    """Runs first in a plan that loads nvidia-uvm: keeps container-config's finding as a dry run
+    shows it now (its uvm rule at the major read after modprobe), so container-config then checks
+    that what it writes is that plan with the major filled in (ContainerConfigStep.decide). It
+    changes nothing on the box and shows nothing; a config container-config cannot read is its
+    own to report."""
+
+    def execute(self, run: Execution) -> None:
+        memo = getattr(run.ctx, "memo", None)
+        if memo is None:
+            return
+        try:
+            memo[SHOWN_CONFIG] = ContainerConfigStep().check(run.ctx)
+        except GpuboxError:
+            memo.pop(SHOWN_CONFIG, None)  # container-config reports that itself
 
 
 # --- container-config ---------------------------------------------------------------------------
-
-
-def opts_box(ctx) -> str:
-    return getattr(getattr(ctx, "box", None), "name", "BOX")
 
 
 @dataclass
@@ -216,6 +221,14 @@ class ConfigFacts:
     devices: DeviceScan
     rdev: dict[str, tuple[str, int, int] | None] = field(default_factory=dict)  # referenced_paths
     recorded: list[int] = field(default_factory=list)  # majors gpubox recorded as NVIDIA's
+    # in a run where host-devices has just loaded nvidia-uvm: the config text the dry run showed
+    # before (ShowConfigFirst), or None when that plan wrote nothing
+    shown: "ShownConfig | None" = None
+
+
+@dataclass
+class ShownConfig:
+    text: str | None  # the text container-config would have committed, UVM_PENDING in it
 
 
 @dataclass
@@ -259,22 +272,46 @@ def _exists(rdev: dict[str, Any]):
 
 
 @dataclass
-class ConfCommit:
-    """What container-config's apply commits: the new text, against the digest it was read at."""
+class ConfigCommit(Action):
+    """The container config's new main section, committed against the digest it was read at:
+    Proxmox's lock file, a digest re-check under it, a symlink refusal and a
+    renameat2(RENAME_EXCHANGE) commit re-checked afterwards (provision.lxcconf.write_conf), which
+    a plain `Write` (tmp + rename, no lock, no re-check) would lose; it also records the NVIDIA
+    majors as gpubox's. A dry run shows its diff; it runs no command."""
 
     vmid: int
     text: str
     digest: str
     majors: list[int]
+    shown_diff: str = ""  # review's diff of the main section (what a dry run shows)
+    where: str | None = "host"
+
+    def diff(self) -> str:
+        return self.shown_diff
+
+    def execute(self, run: Execution) -> None:
+        if UVM_PENDING in self.text:
+            raise GpuboxError(
+                "the nvidia-uvm major is not known yet: nvidia-uvm is not loaded on the host",
+                "run host-devices first (do not --skip it): it loads the module, then its major is read",
+            )
+        host = run.host(self.where)
+        write_conf(host, self.vmid, self.text, self.digest)
+        record_majors(host.name, self.vmid, self.majors, restart_due=digest(self.text))
+
+
+def config_commit(plan: Plan | None) -> ConfigCommit | None:
+    """The plan's config commit, if it has one."""
+    for a in plan.actions if plan is not None else []:
+        if isinstance(a, ConfigCommit):
+            return a
+    return None
 
 
 class ContainerConfigStep(Step):
     """The main section of the container config agrees with the host's NVIDIA devices.
 
-    `decide` is provision.confedit.review over facts. `apply` is its own: the commit is Proxmox's
-    lock file, a digest re-check under it, a symlink refusal and a renameat2(RENAME_EXCHANGE)
-    commit re-checked afterwards (provision.lxcconf.write_conf), which a plain `Write` (tmp +
-    rename, no lock, no re-check) would lose; it also records the NVIDIA majors as gpubox's."""
+    `decide` is provision.confedit.review over facts; the repair is a `ConfigCommit` action."""
 
     name = "container-config"
     title = "GPU devices in the container config"
@@ -283,18 +320,49 @@ class ContainerConfigStep(Step):
 
     def options(self, ctx) -> ConfigOptions:
         var = ctx.box.var("gpubox_device_mode", None)
+        if var is not None and str(var) not in MODES:
+            raise GpuboxError(
+                f"{ctx.box.name}: gpubox_device_mode {var!r} is not known", "use cgroup2 or devN"
+            )
         return ConfigOptions(ctx.box.vmid, None if var is None else str(var), ctx.box.name)
 
     def gather(self, ctx) -> ConfigFacts:
+        memo = getattr(ctx, "memo", None)
+        before = memo.pop(SHOWN_CONFIG, None) if memo is not None else None
+        commit = config_commit(before.plan) if before is not None else None
+        shown = None if before is None else ShownConfig(commit.text if commit is not None else None)
         vmid = ctx.box.vmid
         text = ctx.fact(ConfText, vmid)
         if LxcConf.parse(text).lock:
             return ConfigFacts(text, DeviceScan("", 0))  # not edited: nothing else is needed
         scan = ctx.fact(DeviceScanFact, _gpus(ctx))
         rdev = ctx.fact(HostRdev, tuple(referenced_paths(text, host_devices(scan))))
-        return ConfigFacts(text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors)
+        return ConfigFacts(text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors, shown)
 
     def decide(self, facts: ConfigFacts, opts: ConfigOptions) -> Finding:
+        """The review's finding; in a run where host-devices has just loaded nvidia-uvm, also the
+        proof that this is the plan a dry run showed: the text it would write must be the shown
+        one with the placeholder replaced by the major now read, and nothing else."""
+        f = self._decide(facts, opts)
+        commit = config_commit(f.plan)
+        if facts.shown is None or commit is None:
+            return f
+        want = facts.shown.text
+        uvm = host_devices(facts.devices).uvm
+        if want is not None and uvm is not None:
+            want = want.replace(UVM_PENDING, str(uvm))
+        if want != commit.text:
+            return Finding.failed(
+                "the config rewrite after nvidia-modprobe is not the one the plan showed before it "
+                "(nothing written)",
+                cause="the host changed between plan and apply (another driver load, an edit)",
+                repair=f"gpubox recover {opts.box} --dry-run, review, then re-run",
+                evidence=f.evidence,
+            )
+        f.detail += f" (nvidia-uvm major read after modprobe: {uvm}, as planned)"
+        return f
+
+    def _decide(self, facts: ConfigFacts, opts: ConfigOptions) -> Finding:
         conf = LxcConf.parse(facts.conf)
         path = conf_path(opts.vmid)
         dig = digest(facts.conf)
@@ -326,16 +394,16 @@ class ContainerConfigStep(Step):
         if refused and rev.changed:
             # a foreign line stops the start: gpubox's own lines are still brought right now (no
             # restart: the container step is blocked), so the box is ready once the operator fixes theirs
-            commit = ConfCommit(opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()))
+            commit = ConfigCommit(
+                opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()), rev.diff(path)
+            )
             return Finding.drift(
                 "; ".join(i.text for i in rev.issues) + note,
                 cause="a line gpubox does not own stops the container from starting; gpubox's NVIDIA "
                 "lines are wrong too",
                 repair=f"gpubox lxc fix {opts.box} (rewrites the NVIDIA lines only), then edit {path} "
                 "by hand as said",
-                plan=Plan(
-                    f"rewrite the NVIDIA lines of the main section of {path}", rev.diff(path), [], commit
-                ),
+                plan=Plan(f"rewrite the NVIDIA lines of the main section of {path}", [commit]),
                 evidence=ev,
             )
         if refused:
@@ -347,10 +415,20 @@ class ContainerConfigStep(Step):
             )
         if rev.issues:
             stale = [i for i in rev.issues if i.kind == "stale-rule"]
-            plan = Plan()
+            # nothing the file can fix (a devN node missing on the host): apply refuses, saying so
+            plan = Plan(
+                actions=[
+                    Refuse(
+                        "the config issues cannot be fixed in the file",
+                        "fix host-devices first (the nodes devN names must exist on the host)",
+                    )
+                ]
+            )
             if rev.changed:
-                commit = ConfCommit(opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()))
-                plan = Plan(f"rewrite the main section of {path}", rev.diff(path), [], commit)
+                commit = ConfigCommit(
+                    opts.vmid, rev.new, dig, sorted(hd.nvidia_majors().values()), rev.diff(path)
+                )
+                plan = Plan(f"rewrite the main section of {path}", [commit])
             return Finding.drift(
                 "; ".join(i.text for i in rev.issues) + note,
                 cause="stale nvidia-uvm major in the cgroup rule"
@@ -392,44 +470,6 @@ class ContainerConfigStep(Step):
             i.text = re.sub(rf"\b{stand}\b", UVM_PENDING, i.text)
         return rev, predicted
 
-    def check(self, ctx) -> Finding:
-        """The decision over the facts; in a run where host-devices has just loaded nvidia-uvm,
-        also the proof that this is the plan a dry run showed: the text it would write must be the
-        shown one with the placeholder replaced by the major now read, and nothing else."""
-        f = super().check(ctx)
-        shown = ctx.memo.pop(SHOWN_CONFIG, None) if hasattr(ctx, "memo") else None
-        if shown is None or f.plan is None or not isinstance(f.plan.data, ConfCommit):
-            return f
-        want = shown.plan.data.text if shown.plan and isinstance(shown.plan.data, ConfCommit) else None
-        uvm = host_devices(ctx.fact(DeviceScanFact, _gpus(ctx))).uvm
-        if want is not None and uvm is not None:
-            want = want.replace(UVM_PENDING, str(uvm))
-        if want != f.plan.data.text:
-            return Finding.failed(
-                "the config rewrite after nvidia-modprobe is not the one the plan showed before it "
-                "(nothing written)",
-                cause="the host changed between plan and apply (another driver load, an edit)",
-                repair=f"gpubox recover {opts_box(ctx)} --dry-run, review, then re-run",
-                evidence=f.evidence,
-            )
-        f.detail += f" (nvidia-uvm major read after modprobe: {uvm}, as planned)"
-        return f
-
-    def apply(self, ctx, plan: Plan) -> None:
-        commit = plan.data
-        if not isinstance(commit, ConfCommit):
-            raise GpuboxError(
-                "the config issues cannot be fixed in the file",
-                "fix host-devices first (the nodes devN names must exist on the host)",
-            )
-        if UVM_PENDING in commit.text:
-            raise GpuboxError(
-                "the nvidia-uvm major is not known yet: nvidia-uvm is not loaded on the host",
-                "run host-devices first (do not --skip it): it loads the module, then its major is read",
-            )
-        write_conf(ctx.host, commit.vmid, commit.text, commit.digest)
-        record_majors(ctx.host.name, commit.vmid, commit.majors, restart_due=digest(commit.text))
-
 
 # --- container ----------------------------------------------------------------------------------
 
@@ -466,9 +506,9 @@ class ContainerEvidence:  # field order = the record's key order
 class ContainerStep(Step):
     """The running container can open the NVIDIA nodes.
 
-    The finding is a pure decision over facts (status, probe). `apply` is its own: a start or
-    restart goes through pct or the Proxmox API, waits for the container, and asks for consent
-    (--yes, the prompt, --restart never); the live cgroup rules are plain `lxc-cgroup` runs."""
+    The finding is a pure decision over facts (status, probe). The repair is a `ContainerRestart`
+    action (a start or reboot through pct or the Proxmox API, with its consent) or, for the live
+    cgroup rules, plain `lxc-cgroup` runs."""
 
     name = "container"
     title = "GPU nodes usable in the running container"
@@ -476,10 +516,11 @@ class ContainerStep(Step):
     requires = ("container-config",)
 
     def options(self, ctx) -> ContainerOptions:
+        policy = ctx.opt("restart", "auto")
+        if policy not in RESTART_POLICIES:
+            raise GpuboxError(f"--restart {policy!r} is not known", "use auto, never or always")
         ctl = control(ctx)
-        return ContainerOptions(
-            ctx.opt("restart", "auto"), ctx.box.name, ctl.describe("start"), ctl.describe("reboot")
-        )
+        return ContainerOptions(policy, ctx.box.name, ctl.describe("start"), ctl.describe("reboot"))
 
     def gather(self, ctx) -> ContainerFacts:
         ctl = control(ctx)
@@ -573,35 +614,49 @@ class ContainerStep(Step):
     def _restart_plan(action: str, facts: ContainerFacts, opts: ContainerOptions) -> Plan:
         note = " (this also applies the pending changes)" if facts.pending else ""
         argv = opts.start if action == "start" else opts.reboot
-        return Plan(f"{action} CT {facts.vmid}{note}", "", [list(argv)], action)
+        restart = ContainerRestart(action, facts.vmid, list(argv), opts.restart)
+        return Plan(f"{action} CT {facts.vmid}{note}", [restart])
 
-    def plan(self, ctx, finding: Finding) -> Plan:
-        policy = ctx.opt("restart", "auto")
-        if policy not in RESTART_POLICIES:
-            raise GpuboxError(f"--restart {policy!r} is not known", "use auto, never or always")
-        return finding.plan or Plan()
 
-    def apply(self, ctx, plan: Plan) -> None:
-        if plan.actions:  # live: the lxc-cgroup runs
-            return super().apply(ctx, plan)
-        ctl = control(ctx)
-        action = plan.data
-        policy = ctx.opt("restart", "auto")
-        if policy == "never":
+@dataclass
+class ContainerRestart(Action):
+    """Start or reboot the container through its control (pct or the Proxmox API), then wait
+    until it is running. A reboot interrupts what runs in the container, so it asks first: with
+    --restart never it is refused (the record names the command to run when convenient); with
+    --restart auto it needs --yes or a yes at the prompt (the `confirm` option), else nothing is
+    done. A start (the container is stopped) interrupts nothing and needs no consent.
+    `argv` is the control's own describe(action): what a dry run shows is what act() runs."""
+
+    action: str  # start | reboot
+    vmid: int
+    argv: list[str]
+    policy: str = "auto"  # --restart: auto | never | always
+    where: str | None = "host"
+
+    def describe(self, host) -> list[list[str]]:
+        return [list(self.argv)]
+
+    def consent(self, ctx) -> None:
+        """Raise GpuboxError (nothing done) unless this restart may run now."""
+        if self.policy == "never":
             raise GpuboxError(
-                f"CT {ctl.vmid} needs a {action} to pick up the device changes; not done (--restart never)",
-                f"run `{' '.join(ctl.describe(action))}` when convenient, "
-                "or re-run with --restart auto --yes",
+                f"CT {self.vmid} needs a {self.action} to pick up the device changes; not done (--restart never)",
+                f"run `{' '.join(self.argv)}` when convenient, or re-run with --restart auto --yes",
             )
-        if action == "reboot" and policy == "auto" and not ctx.opt("yes"):
+        if self.action == "reboot" and self.policy == "auto" and not ctx.opt("yes"):
             confirm = ctx.opt("confirm")
-            if not (callable(confirm) and confirm(f"Restart CT {ctl.vmid} ({ctx.box.name}) now?")):
+            if not (callable(confirm) and confirm(f"Restart CT {self.vmid} ({ctx.box.name}) now?")):
                 raise GpuboxError(
-                    f"CT {ctl.vmid} needs a restart to pick up the device changes; "
+                    f"CT {self.vmid} needs a restart to pick up the device changes; "
                     "not restarted without consent",
                     "re-run with --yes (or answer yes at the prompt)",
                 )
-        ctl.act(action)
+
+    def execute(self, run: Execution) -> None:
+        ctx = run.ctx
+        self.consent(ctx)
+        ctl = control(ctx)
+        ctl.act(self.action)
         clear_restart_due(ctx.host.name, ctl.vmid)
 
 

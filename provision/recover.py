@@ -39,8 +39,11 @@ class _DoctorBench(Step):
     def options(self, ctx):
         return self.inner.options(ctx)
 
-    def check(self, ctx):
-        f = self.inner.check(ctx)
+    def gather(self, ctx):
+        return self.inner.gather(ctx)
+
+    def decide(self, facts, opts):
+        f = self.inner.decide(facts, opts)
         if f.status == "drift" and "verdict" not in evidence_dict(f.evidence):
             f.status = "skipped"
             f.detail += " (run `gpubox bench BOX` or `gpubox recover BOX` to measure)"

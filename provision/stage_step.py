@@ -3,8 +3,9 @@
 check  = facts (the source's place, the copier's check of what is staged and its manifest) and a
          pure decide: the manifest is there, matches the source's identity, files match it,
          headers are intact (with --verify: every file re-hashed);
-plan   = which files would be copied and how many bytes (a dry run of the copier);
-apply  = stage (provision.stage); verify = check again.
+plan   = a `StageCopy` action: which files would be copied and how many bytes (the copier's dry
+         run, read when a plan is asked for);
+apply  = the action runs the copier (provision.stage); verify = check again, plus the copy's summary.
 
 Inventory (`gpubox_model` / `gpubox_drafter` on the container):
     source: /mnt/models/Qwen3.6-27B      # persistent directory, or a Hugging Face repo id
@@ -29,12 +30,12 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.errors import GpuboxError, TransportError
 from gpubox.facts import Fact
-from gpubox.steps import OMIT, Finding, Plan, Step
+from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Step
 
 from . import stage as engine
 
@@ -236,9 +237,8 @@ class StageEvidence:
 
 class StageStep(Step):
     """A model staged in tmpfs. The finding is a pure decision over facts (the copier's check of
-    what is staged and its manifest). `plan` and `apply` are their own: the plan is the copier's
-    dry run, and staging is the copier itself (parallel, hashed, resumable, manifest last), not a
-    list of file writes. The copy's summary goes into the verified finding's evidence (`staged`)."""
+    what is staged and its manifest); its repair is one `StageCopy` action, because staging is
+    the copier itself (parallel, hashed, resumable, manifest last), not a list of file writes."""
 
     where = "container"
     requires = ("container",)
@@ -246,7 +246,6 @@ class StageStep(Step):
     def __init__(self, name: str, var: str, require_tokenizer: bool):
         self.name, self.var, self.require_tokenizer = name, var, require_tokenizer
         self.title = f"{'model' if require_tokenizer else 'drafter'} staged in tmpfs"
-        self._summary: dict | None = None  # what this step's apply copied, for its verify
 
     # -- where the copier runs -------------------------------------------------------------
     def _call(self, ctx, req: dict, progress=None) -> dict:
@@ -300,6 +299,7 @@ class StageStep(Step):
                 f"{opts.repo} is not in the HF cache yet",
                 cause="never downloaded",
                 repair="gpubox stage BOX downloads and stages it",
+                plan=Plan(actions=[StageCopy(self, None)]),
                 evidence=StageEvidence(opts.source, opts.dest),
             )
         if "error" in out:
@@ -327,24 +327,46 @@ class StageStep(Step):
         else:
             cause = "the staged copy was damaged or modified"
         return Finding.drift(
-            f"{opts.dest}: {probs[0]}{more}", cause=cause, repair=f"gpubox stage {opts.box}", evidence=ev
+            f"{opts.dest}: {probs[0]}{more}",
+            cause=cause,
+            repair=f"gpubox stage {opts.box}",
+            plan=Plan(actions=[StageCopy(self, src)]),
+            evidence=ev,
         )
 
-    # -- the copier's verbs ----------------------------------------------------------------
-    def plan(self, ctx, finding: Finding) -> Plan:
-        spec = model_spec(ctx, self.var)
-        src = self._source(ctx, spec, download=False)
-        if src is None:
-            return Plan(
-                f"download {spec['repo']} into the HF cache, then stage it to {spec['dest']}",
-                data={"spec": spec},
-            )
-        out = self._call(ctx, {**self._request(ctx, spec, src, "stage"), "dry_run": True})
+
+@dataclass
+class StageCopy(Action):
+    """Stage a model with the copier (provision.stage), where the container's files are.
+
+    prepare: the copier's dry run (which files would be copied, how many bytes, what is removed
+    or refused); a dry run shows its file list as the diff and `gpubox stage SRC DEST`, the
+    command that makes the same copy by hand. execute: the copy (with --force: also when the room
+    check refuses), progress on the console. verified: the re-check, with the copy's summary as
+    the evidence's `staged`. With no source (a repo id not in the HF cache yet) it downloads it
+    first and there is no dry run to show."""
+
+    step: "StageStep"
+    src: str | None  # the logical source directory; None: download the repo first
+    where: str | None = "container"
+    spec: dict | None = None  # the model setting, read by prepare
+    what: str = ""  # the summary, from the dry run
+    listing: str = ""  # the dry run's file list (the diff a dry run shows)
+    argv: list[str] = field(default_factory=list)
+    copied: dict | None = None  # the copier's summary, after execute
+
+    def prepare(self, run: Execution) -> None:
+        ctx, step = run.ctx, self.step
+        self.spec = spec = model_spec(ctx, step.var)
+        if self.src is None:
+            self.what = f"download {spec['repo']} into the HF cache, then stage it to {spec['dest']}"
+            return
+        out = step._call(ctx, {**step._request(ctx, spec, self.src, "stage"), "dry_run": True})
         if "error" in out:
             raise GpuboxError(out["error"], out.get("fix"))
         desc = (
             f"copy {len(out['would_copy'])} file(s) ({_gb(out['would_copy_bytes'])}) "
-            f"from {src} to {spec['dest']}"
+            f"from {self.src} to {spec['dest']}"
         )
         if out.get("removed"):
             desc += f", remove {len(out['removed'])} stale file(s)"
@@ -356,27 +378,37 @@ class StageStep(Step):
         listing += "".join(
             f"\n+ {r}  (link out of the source -> {t})" for r, t in (out.get("links_out") or {}).items()
         )
-        argv = ["gpubox", "stage", src, spec["dest"]] + (["--verify"] if ctx.opt("verify") else [])
+        argv = ["gpubox", "stage", self.src, spec["dest"]] + (["--verify"] if ctx.opt("verify") else [])
         if spec["hash"] and spec["hash"] != engine.DEFAULT_HASH:
             argv += ["--hash", spec["hash"]]
-        return Plan(desc, diff=listing, commands=[argv], data={"spec": spec, "src": src})
+        self.what, self.listing, self.argv = desc, listing, argv
 
-    def apply(self, ctx, plan: Plan) -> None:
-        spec = plan.data["spec"]
-        src = plan.data.get("src") or self._source(ctx, spec, download=True)
+    def summary(self) -> str:
+        return self.what
+
+    def describe(self, host) -> list[list[str]]:
+        return [list(self.argv)] if self.argv else []
+
+    def diff(self) -> str:
+        return self.listing
+
+    def execute(self, run: Execution) -> None:
+        ctx, step = run.ctx, self.step
+        spec = self.spec or model_spec(ctx, step.var)
+        src = self.src or step._source(ctx, spec, download=True)
         progress = None
         if ctx.console is not None:  # local: in-process; remote: relayed from the copier's lines
             progress = engine.rich_progress(ctx.console)
-        req = {**self._request(ctx, spec, src, "stage"), "force": bool(ctx.opt("force"))}
-        out = self._call(ctx, req, progress)
+        req = {**step._request(ctx, spec, src, "stage"), "force": bool(ctx.opt("force"))}
+        out = step._call(ctx, req, progress)
         if "error" in out:
             raise GpuboxError(out["error"], out.get("fix"))
-        self._summary = out
+        self.copied = out
 
-    def verify(self, ctx) -> Finding:
-        f = super().verify(ctx)
-        if self._summary is not None and isinstance(f.evidence, StageEvidence):
-            f.evidence.staged, self._summary = self._summary, None
+    def verified(self, recheck) -> Finding:
+        f = recheck()
+        if self.copied is not None and isinstance(f.evidence, StageEvidence):
+            f.evidence.staged = self.copied
         return f
 
 

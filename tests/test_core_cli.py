@@ -18,7 +18,7 @@ from gpubox.clihelp import box_context, emit, json_option
 from gpubox.host import connect_box
 from gpubox.inventory import Inventory
 from gpubox.pipeline import run_steps
-from gpubox.steps import Finding, Plan, Step
+from gpubox.steps import Action, Finding, Plan, Step
 
 from .clirun import gpubox
 
@@ -46,10 +46,15 @@ class _Numa(Step):
         return Finding.ok("0") if v == "0" else Finding.drift(f"numa_balancing={v}")
 
     def plan(self, ctx, f):
-        return Plan("write 0", commands=[["sysctl", "-w", "kernel.numa_balancing=0"]], data="0\n")
+        return Plan("write 0", actions=[_WriteZero()])
 
-    def apply(self, ctx, plan):
-        ctx.host.write("/proc/sys/kernel/numa_balancing", plan.data)
+
+class _WriteZero(Action):
+    def describe(self, host):
+        return [["sysctl", "-w", "kernel.numa_balancing=0"]]
+
+    def execute(self, run):
+        run.host().write("/proc/sys/kernel/numa_balancing", "0\n")
 
 
 @click.command()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from dataclasses import dataclass
 
 import pytest
 
@@ -17,7 +18,7 @@ from gpubox.errors import GpuboxError, TransportError
 from gpubox.inventory import Box, HostEntry
 from gpubox.output import console, render_report
 from gpubox.pipeline import run_steps
-from gpubox.steps import MODES, Finding, Plan, RunReport, Step
+from gpubox.steps import MODES, Action, Finding, Plan, RunReport, Step
 
 KNOB = "/proc/sys/kernel/numa_balancing"
 
@@ -49,15 +50,25 @@ class KnobStep(Step):
     def plan(self, ctx, finding):
         old = ctx.host.read_text(KNOB)
         diff = "".join(difflib.unified_diff(old.splitlines(True), [self.want + "\n"], KNOB, KNOB))
-        return Plan(
-            f"set {KNOB} to {self.want}",
-            diff=diff,
-            commands=[["sysctl", "-w", f"kernel.numa_balancing={self.want}"]],
-            data=self.want,
-        )
+        return Plan(f"set {KNOB} to {self.want}", actions=[SetKnob(self.want, diff, self.sabotage)])
 
-    def apply(self, ctx, plan):
-        ctx.host.write(KNOB, ("7" if self.sabotage else plan.data) + "\n")
+
+@dataclass
+class SetKnob(Action):
+    """The knob write as an action: a dry run shows the sysctl argv and the diff; execute writes."""
+
+    want: str
+    shown_diff: str
+    sabotage: bool = False
+
+    def describe(self, host):
+        return [["sysctl", "-w", f"kernel.numa_balancing={self.want}"]]
+
+    def diff(self):
+        return self.shown_diff
+
+    def execute(self, run):
+        run.host().write(KNOB, ("7" if self.sabotage else self.want) + "\n")
 
 
 class ContainerProbe(Step):

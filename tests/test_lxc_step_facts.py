@@ -9,7 +9,7 @@ import pytest
 from gpubox.provision.confedit import review
 from gpubox.provision.devices import DeviceScanFact, host_devices
 from gpubox.provision.lxc import HostRdev, referenced_paths
-from gpubox.provision.lxc_step import ConfigFacts, ConfigOptions, ContainerConfigStep
+from gpubox.provision.lxc_step import ConfigFacts, ConfigOptions, ContainerConfigStep, config_commit
 from gpubox.provision.lxcconf import LxcConf
 from gpubox.provision.lxcmodel import host_rdev_under
 from gpubox.simbox.lxc import mknod
@@ -52,7 +52,8 @@ def test_decision_from_facts_equals_live_review(path, mode, host):
     if f.status == "failed":  # refused: nothing is written, whatever review would edit
         assert any(not i.fixable for i in live.issues)
         return
-    got = f.plan.data.text if f.plan is not None and f.plan.data is not None else text
+    commit = config_commit(f.plan)
+    got = commit.text if commit is not None else text
     assert got == live.new
 
 

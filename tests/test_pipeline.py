@@ -5,7 +5,7 @@ import time
 import pytest
 
 from gpubox.pipeline import Node, run_pipeline
-from gpubox.steps import Finding, Plan, Step
+from gpubox.steps import Action, Finding, Plan, Step
 
 
 class Box:
@@ -15,6 +15,7 @@ class Box:
 class Ctx:
     box = None
     verbose = False
+    host = container = None  # the actions here touch no host
 
 
 class Rec(Step):
@@ -37,11 +38,21 @@ class Rec(Step):
         return Finding.drift("broken", cause="test", repair="fix")
 
     def plan(self, ctx, f):
-        return Plan("fix it", commands=[["fix", self.name]])
+        return Plan("fix it", actions=[Fix(self)])
 
-    def apply(self, ctx, plan):
-        if not self.unfixable:
-            self.world[self.name] = True
+
+class Fix(Action):
+    """Sets the step's flag in the shared world (unless the step is unfixable)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def describe(self, host):
+        return [["fix", self.step.name]]
+
+    def execute(self, run):
+        if not self.step.unfixable:
+            self.step.world[self.step.name] = True
 
 
 def test_lanes_overlap_and_respect_requires():
