@@ -196,7 +196,14 @@ def long_functions(repo: Path = REPO, at_least: int = 150) -> list[str]:
 
 
 def symlinks(repo: Path = REPO) -> list[str]:
-    skip = {".git", ".venv", "venv", "build", "dist", ".pytest_cache"}
+    """Symlinks in the tree: what git tracks (mode 120000) where the checkout is a git work tree,
+    else every symlink outside the usual build and tool folders (an exported snapshot)."""
+    import subprocess
+
+    r = subprocess.run(["git", "-C", str(repo), "ls-files", "-s"], capture_output=True, text=True)
+    if r.returncode == 0 and (repo / ".git").exists():
+        return sorted(line.split("\t", 1)[1] for line in r.stdout.splitlines() if line.startswith("120000 "))
+    skip = {".git", ".venv", "venv", "build", "dist", ".pytest_cache", ".dev"}
     out = []
     for p in sorted(repo.rglob("*")):
         if p.is_symlink() and not skip & set(p.relative_to(repo).parts):
