@@ -229,7 +229,11 @@ def report(repo: Path = REPO) -> str:
     out.append(f"import edges: {sum(len(v) for v in g.values())}")
     out.append(f"import cycles (SCCs > 1 module): {len(cyc)}")
     out += ["  " + " <-> ".join(c) for c in cyc]
-    out.append(f"product modules importing the simulator: {len(sim_importers(g))} (lazily, CLI only)")
+    imp = sim_importers(g)
+    who = sorted({e.split(" -> ")[0] for e in imp})
+    out.append(
+        f"product modules importing the simulator: {len(who)} ({len(imp)} imports, lazily: {', '.join(who)})"
+    )
     out.append(f"string hooks resolved through gpubox.areas: {hooks}")
     out.append(f"layer violations: {len(bad)}")
     out += ["  " + b for b in bad]
