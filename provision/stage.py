@@ -430,7 +430,7 @@ def _buf() -> memoryview:
 # After a reboot the source is not in the page cache. Two ways to read it, and which is faster
 # depends on the box (measured, docs/stage.md: on a 16-core VM `xargs -P16 cp`'s buffered reads
 # reached 1.66 GB/s and one O_DIRECT stream per file 1.47; on a 32-core one 2.28 and 2.23; on the
-# 2-core VM O_DIRECT took half the CPU of buffered reads), so a short probe decides (_probe_modes):
+# 2-core VM O_DIRECT took half the CPU of buffered reads), so a short probe decides (Copier._probe):
 # - O_DIRECT: the device writes into our buffer, no page-cache insertion (allocation, LRU, later
 #   reclaim; the pages would also be charged to the container's memory cgroup next to the tmpfs
 #   copy). DIRECT_BLOCK per read, COLD_THREADS threads: enough requests in flight.
@@ -523,22 +523,21 @@ def _prefetch(fd: int, off: int, n: int) -> None:
         os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
 
 
-def _chunk(
+def _copy_span(
+    h,
     sfd: int,
     dfd: int | None,
     start: int,
     end: int,
-    algo: str = HASH_ALGO,
     extra=None,
     advance=None,
     block: int = BUF,
     prefetch: int = 0,
-) -> bytes:
+) -> None:
     """Read [start, end) of sfd once, `block` bytes a read: write each BUF slice to dfd at the same
-    offset and hash it (and feed `extra`) while it is in the CPU cache. Plain reads cannot SIGBUS
-    when the source shrinks (a read of a mapping past a new EOF does): a short read is an error.
+    offset and feed it to the hash `h` (and `extra`) while it is in the CPU cache. Plain reads cannot
+    SIGBUS when the source shrinks (a read of a mapping past a new EOF does): a short read is an error.
     `prefetch`: keep that much ahead of the reads asked of the kernel (POSIX_FADV_WILLNEED)."""
-    h = _CHUNK_HASH[algo]()
     buf, off, pending = _buf(), start, 0
     if prefetch:
         _prefetch(sfd, start, min(prefetch, end - start))
@@ -566,7 +565,78 @@ def _chunk(
             pending = 0
     if advance and pending:
         advance(pending)
+
+
+def _chunk(
+    sfd: int,
+    dfd: int | None,
+    start: int,
+    end: int,
+    algo: str = HASH_ALGO,
+    extra=None,
+    advance=None,
+    block: int = BUF,
+    prefetch: int = 0,
+    h=None,
+) -> bytes:
+    """The `algo` digest of [start, end) of sfd, copied to dfd on the way (_copy_span). `h`: a hash
+    that already holds the range's first bytes (the cold probe copied them), continued from start."""
+    if h is None:
+        h = _CHUNK_HASH[algo]()
+    _copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch)
     return h.digest()
+
+
+SPLICE_STEP = 8 << 20  # sendfile() this much a call: progress and the stop flag between calls
+
+
+def _splice_chunk(
+    spath: str, ident, partial: str, start: int, end: int, algo: str, advance=None, h=None
+) -> bytes:
+    """[start, end) copied in the kernel with sendfile() (page cache -> tmpfs page: one copy, no
+    round trip through our buffer, one GIL hand-off per 8 MiB instead of three per MiB), then
+    hashed from a MAP_POPULATE read-only mapping of what landed in the destination (no page faults,
+    no second copy). The checksum is then of the destination's bytes, which is what --verify
+    re-hashes. GPUBOX_STAGE_SPLICE=1 (measured, docs/stage.md). The mapping is of our own partial,
+    which the stage lock keeps others from truncating (a truncated mapping could SIGBUS)."""
+    sfd = _open_src(spath, ident)
+    try:
+        dfd = os.open(partial, os.O_RDWR)
+    except BaseException:
+        os.close(sfd)
+        raise
+    try:
+        os.lseek(dfd, start, os.SEEK_SET)  # sendfile writes at the out fd's own offset
+        off = start
+        while off < end:
+            try:
+                n = os.sendfile(dfd, sfd, off, min(SPLICE_STEP, end - off))
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise _NoRoom(exc.strerror) from None
+                raise
+            if n == 0:
+                raise _shrank(off)
+            off += n
+            if advance:
+                advance(n)
+        if h is None:
+            h = _CHUNK_HASH[algo]()
+        if end > start:
+            m = mmap.mmap(
+                dfd, end - start, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ, offset=start
+            )
+            try:
+                h.update(m)
+            finally:
+                m.close()
+        return h.digest()
+    finally:
+        os.close(dfd)
+        os.close(sfd)
+
+
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Python >= 3.10 on Linux
 
 
 def _nchunks(size: int) -> int:
@@ -586,7 +656,12 @@ def cpu_count() -> int:
 
 
 def default_workers() -> int:
-    return max(2, min(16, cpu_count()))
+    """Copy threads: the CPUs this process may use, 2..16 (GPUBOX_STAGE_WORKERS sets it: the
+    benchmark's variants time other counts with the same engine)."""
+    try:
+        return max(1, int(os.environ["GPUBOX_STAGE_WORKERS"]))
+    except (KeyError, ValueError):
+        return max(2, min(16, cpu_count()))
 
 
 def _run_tasks(tasks, workers: int, abort=None) -> None:
@@ -673,6 +748,8 @@ class _FileJob:
         self.whole = bool(info.get("hub_sha256"))  # one sequential pass (the hub's whole-file sha256)
         self.resume = {} if self.whole else dict(resume or {})
         self.digests: list = [None] * self.n
+        # range -> (hash, bytes): the cold probe copied the range's first bytes (Copier._probe)
+        self.heads: dict[int, tuple] = {}
         self.left = self.n
         self.next = self.active = 0
         self.lock = threading.Lock()
@@ -740,50 +817,18 @@ def _read_mode_setting() -> str:
     return {"1": "direct", "0": "buffered"}.get(v, "auto")
 
 
-PROBE_BYTES = 8 << 20  # per thread and phase
+PROBE_BYTES = 8 << 20  # per thread and phase: the first bytes of a range, copied by the probe
 # O_DIRECT is taken only when the probe finds it this much faster: its short reads understate what
 # buffered reads reach over a whole run (the kernel's readahead grows along a stream). Measured on
 # the 16-core device VM, 10 GB cold: probe buffered 1.14-1.26 GB/s, whole runs 1.45-1.63; probe
 # O_DIRECT (16 x 4 MiB) 1.04-1.21, whole run 1.25; the probe once put O_DIRECT 6% ahead.
 DIRECT_MARGIN = 1.15
+PROBE_PHASES = ("direct", "buffered", "buffered", "direct")  # a drift of the device hits both alike
 
 
-def _probe_modes(ranges: list[tuple[str, tuple[int, int], int]], threads: int, algo: str) -> dict:
-    """Time the two cold read paths on this box, each with `threads` readers at once over distinct
-    uncached ranges (path, ident, offset) of the source: O_DIRECT in DIRECT_BLOCK reads, and
-    buffered reads with PREFETCH in flight, hashing as the copy does. Four phases, direct buffered
-    buffered direct, so a drift in the device's speed hits both alike. Reads only; the buffered
-    phases' pages stay cached and are copied from the cache. Returns {"direct": GB/s, "buffered":
-    GB/s} (a mode that failed: 0)."""
-    q = len(ranges) // 4
-    phases = [
-        (m, ranges[k * q : (k + 1) * q]) for k, m in enumerate(("direct", "buffered", "buffered", "direct"))
-    ]
-    spent = {"direct": 0.0, "buffered": 0.0}
-    moved = dict.fromkeys(spent, 0)
-    failed: list = []
-    for mode, part in phases:
-
-        def read(path, ident, off, mode=mode):
-            fd = _direct_fd(path, ident) if mode == "direct" else _open_src(path, ident)
-            if fd is None:
-                failed.append(mode)
-                return
-            try:
-                if mode == "direct":
-                    _chunk(fd, None, off, off + PROBE_BYTES, algo, block=DIRECT_BLOCK)
-                else:
-                    _chunk(fd, None, off, off + PROBE_BYTES, algo, prefetch=PREFETCH)
-            except (OSError, StageError):
-                failed.append(mode)
-            finally:
-                os.close(fd)
-
-        t0 = time.perf_counter()
-        _run_tasks([lambda a=a: read(*a) for a in part], threads)
-        spent[mode] += time.perf_counter() - t0
-        moved[mode] += len(part) * PROBE_BYTES
-    return {m: 0.0 if m in failed or spent[m] <= 0 else moved[m] / spent[m] / GB for m in spent}
+def _splice_setting() -> bool:
+    """GPUBOX_STAGE_SPLICE=1: copy cached and buffered ranges with sendfile() (_splice_chunk)."""
+    return os.environ.get("GPUBOX_STAGE_SPLICE", "0").strip() == "1" and hasattr(os, "sendfile")
 
 
 class Copier:
@@ -808,6 +853,7 @@ class Copier:
         self.done: dict[str, dict] = {}
         self.setting = _read_mode_setting()
         self.direct = hasattr(os, "O_DIRECT") and _fstype(src) in DIRECT_FS and self.setting != "buffered"
+        self.splice = _splice_setting()
         self.direct_bytes = 0  # read with O_DIRECT (the summary's read_direct_bytes)
         self.resumed_bytes = 0  # kept from an interrupted run's partials (re-hashed, not re-read)
         # "cached": the source is in the page cache (read buffered); "direct"/"buffered": how an
@@ -815,7 +861,9 @@ class Copier:
         self.read = {"mode": "cached", "threads": workers}
 
     def _cold_share(self, jobs: list[_FileJob]) -> tuple[float, list]:
-        """Share of the bytes to copy that are not in the page cache, and uncached probe ranges."""
+        """Share of the bytes to copy that are not in the page cache, and the ranges whose first
+        PROBE_BYTES are uncached (job, range): where the probe may copy (not a whole-file job, not a
+        range an interrupted run left to resume)."""
         total = uncached = 0
         ranges = []
         for j in jobs:
@@ -825,17 +873,21 @@ class Copier:
             except OSError:
                 continue
             try:
-                st = os.fstat(fd)
                 c = cached_bytes(fd, 0, size)
                 if c is None:
                     return 0.0, []
                 total += size
                 uncached += max(0, size - c)
-                # probe where a range ends (its last PROBE_BYTES), so no two readers share a stream
+                if j.whole:
+                    continue
                 for i in range(j.n):
-                    lo = min(size, (i + 1) * CHUNK) - PROBE_BYTES
-                    if lo >= i * CHUNK and lo % mmap.PAGESIZE == 0 and not cached_bytes(fd, lo, PROBE_BYTES):
-                        ranges.append((j.spath, (st.st_dev, st.st_ino), lo))
+                    lo = i * CHUNK
+                    if (
+                        i not in j.resume
+                        and lo + PROBE_BYTES <= size
+                        and not cached_bytes(fd, lo, PROBE_BYTES)
+                    ):
+                        ranges.append((j, i))
             finally:
                 os.close(fd)
         return (uncached / total if total else 0.0), ranges
@@ -852,7 +904,7 @@ class Copier:
             if len(ranges) >= 4 * threads:  # enough uncached ranges for four phases at full depth
                 step = len(ranges) / (4 * threads)
                 pick = [ranges[int(k * step)] for k in range(4 * threads)]
-                rates = _probe_modes(pick, threads, self.algo)
+                rates = self._probe(pick, threads)
                 self.read["probe_gb_s"] = {k: round(v, 3) for k, v in rates.items()}
                 faster = rates["direct"] > DIRECT_MARGIN * rates["buffered"]
                 self.read["mode"] = "direct" if faster else "buffered"
@@ -862,6 +914,51 @@ class Copier:
             self.direct = False
         return threads
 
+    def _probe(self, pick: list[tuple[_FileJob, int]], threads: int) -> dict:
+        """Time the two cold read paths on this box: `threads` readers at once, each copying the
+        first PROBE_BYTES of one uncached range, O_DIRECT in DIRECT_BLOCK reads or buffered with
+        PREFETCH in flight, in four phases (PROBE_PHASES). What the probe reads is the copy's own
+        first bytes of those ranges: written into the partial and hashed, the hash kept on the job
+        (job.heads), so the copy goes on from there and no byte is read twice (the probe that read
+        pieces apart from the copy cost ~8% of an 8 GB cold run on the device VM, docs/stage.md).
+        A piece that failed (O_DIRECT refused) keeps no head: its range is copied whole later.
+        Returns {"direct": GB/s, "buffered": GB/s} (a mode that failed: 0)."""
+        q = len(pick) // len(PROBE_PHASES)
+        spent = {"direct": 0.0, "buffered": 0.0}
+        moved = dict.fromkeys(spent, 0)
+        failed: set = set()
+        for k, mode in enumerate(PROBE_PHASES):
+
+            def head(job: _FileJob, i: int, mode=mode) -> None:
+                job.open()
+                start = i * CHUNK
+                fd = _direct_fd(job.spath, job.ident) if mode == "direct" else _open_src(job.spath, job.ident)
+                if fd is None:
+                    failed.add(mode)
+                    return
+                h = _CHUNK_HASH[self.algo]()
+                how = {"block": DIRECT_BLOCK} if mode == "direct" else {"prefetch": PREFETCH}
+                try:
+                    _copy_span(h, fd, job.dfd, start, start + PROBE_BYTES, advance=self.advance, **how)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL or mode != "direct":
+                        raise
+                    failed.add(mode)  # O_DIRECT refused at read time
+                    return
+                finally:
+                    os.close(fd)
+                with job.lock:
+                    job.heads[i] = (h, PROBE_BYTES)
+                if mode == "direct":
+                    with self.jlock:
+                        self.direct_bytes += PROBE_BYTES
+
+            t0 = time.perf_counter()
+            _run_tasks([lambda a=a: head(*a) for a in pick[k * q : (k + 1) * q]], threads)
+            spent[mode] += time.perf_counter() - t0
+            moved[mode] += q * PROBE_BYTES
+        return {m: 0.0 if m in failed or spent[m] <= 0 else moved[m] / spent[m] / GB for m in spent}
+
     def run(self) -> dict[str, dict]:
         jobs = [
             _FileJob(self.src, self.dest, r, self.files[r], self.resume.get(r))
@@ -869,9 +966,9 @@ class Copier:
         ]
         for j in jobs:
             os.makedirs(os.path.dirname(j.dpath), exist_ok=True)
-        threads = self._choose_read(jobs)
         sched = _Schedule(jobs)
         try:
+            threads = self._choose_read(jobs)  # a cold probe copies into the partials: inside the try
             _run_tasks(
                 [self._worker(sched) for _ in range(min(threads, sum(j.n for j in jobs)) or 1)],
                 threads,
@@ -918,9 +1015,10 @@ class Copier:
 
         return run
 
-    def _reader(self, job: _FileJob, start: int, end: int) -> tuple[int, dict]:
+    def _reader(self, job: _FileJob, start: int, end: int, splice: bool = True) -> tuple[int | None, dict]:
         """An fd to read [start, end) of the source and how (_chunk's block/prefetch): O_DIRECT or
-        buffered with prefetch when most of it is not cached (by the probe's choice), else buffered."""
+        buffered with prefetch when most of it is not cached (by the probe's choice), else buffered.
+        (None, {"splice": True}): copy it in the kernel instead (_splice_chunk, GPUBOX_STAGE_SPLICE)."""
         if self.read["mode"] != "cached" and job.info["size"] >= BUF:  # small files: not worth a 2nd open
             cached = cached_bytes(job.sfd, start, end - start)
             if cached is not None and cached < (end - start) // 2:
@@ -931,7 +1029,11 @@ class Copier:
                             self.direct_bytes += end - start
                         return fd, {"block": DIRECT_BLOCK}
                     self.direct = False  # refused here: the rest is read buffered
+                if splice and self.splice:
+                    return None, {"splice": True}
                 return _open_src(job.spath, job.ident), {"prefetch": PREFETCH}
+        if splice and self.splice and job.info["size"] >= BUF:
+            return None, {"splice": True}
         return _open_src(job.spath, job.ident), {}
 
     def _kept(self, job: _FileJob, i: int, start: int, end: int) -> bool:
@@ -958,7 +1060,7 @@ class Copier:
             whole = hashlib.sha256()
             for k in range(job.n):
                 start, end = k * CHUNK, min(job.info["size"], (k + 1) * CHUNK)
-                fd, how = self._reader(job, start, end)
+                fd, how = self._reader(job, start, end, splice=False)
                 try:
                     job.digests[k] = _chunk(
                         fd, job.dfd, start, end, self.algo, extra=whole, advance=self.advance, **how
@@ -971,18 +1073,26 @@ class Copier:
         if i in job.resume and self._kept(job, i, start, end):
             job.digests[i] = job.resume[i]
         else:
-            fd, how = self._reader(job, start, end)
-            try:
-                job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo, advance=self.advance, **how)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL or "block" not in how:
-                    raise
-                self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
-                os.close(fd)
-                fd = _open_src(job.spath, job.ident)
-                job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
-            finally:
-                os.close(fd)
+            h, done = job.heads.pop(i, (None, 0))  # the probe's first bytes of this range
+            fd, how = self._reader(job, start + done, end)
+            if fd is None:
+                job.digests[i] = _splice_chunk(
+                    job.spath, job.ident, job.partial, start + done, end, self.algo, self.advance, h
+                )
+            else:
+                try:
+                    job.digests[i] = _chunk(
+                        fd, job.dfd, start + done, end, self.algo, advance=self.advance, h=h, **how
+                    )
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL or "block" not in how:
+                        raise
+                    self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
+                    os.close(fd)
+                    fd = _open_src(job.spath, job.ident)
+                    job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
+                finally:
+                    os.close(fd)
             if job.n > 1:
                 self._journal_range(job, i)
         with job.lock:

@@ -649,22 +649,40 @@ def _cold_src(tmp_path: Path, seed: int) -> Path:
 
 
 def test_cold_read_mode_chosen_by_a_probe_of_both(tmp_path, monkeypatch):
-    """A cold source: both read paths are timed on uncached ranges before the copy, the faster is
-    used (O_DIRECT only by a margin), and the copy is exact either way."""
+    """A cold source: both read paths are timed on uncached ranges at the start of the copy, the
+    faster is used (O_DIRECT only by a margin), and the copy is exact either way. The probe's reads
+    are the copy's own first bytes of those ranges: no source byte is read twice."""
     monkeypatch.setattr(st, "CHUNK", 256 << 10)
     monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
     monkeypatch.setattr(st, "COLD_THREADS", 2)
     src = _cold_src(tmp_path, seed=26)
+    shard = src / "model.safetensors"
     evict(src)
+    read_bytes = [0]
+    real = os.preadv
+
+    def preadv(fd, bufs, off, *a):
+        n = real(fd, bufs, off, *a)
+        if os.path.samestat(os.fstat(fd), shard.stat()):
+            read_bytes[0] += n
+        return n
+
+    monkeypatch.setattr(st.os, "preadv", preadv)
     out = _stage(src, tmp_path / "d")
     read = out["read"]
     assert read["mode"] in ("direct", "buffered") and read["threads"] == 2 and read["cold_share"] > 0.5
     rates = read["probe_gb_s"]
     assert set(rates) == {"direct", "buffered"} and min(rates.values()) > 0
     assert (read["mode"] == "direct") == (rates["direct"] > st.DIRECT_MARGIN * rates["buffered"])
-    assert (out["read_direct_bytes"] > 0) == (read["mode"] == "direct")
+    probed_direct = 2 * 2 * st.PROBE_BYTES  # two O_DIRECT phases of two readers
+    if read["mode"] == "direct":
+        assert out["read_direct_bytes"] > probed_direct
+    else:
+        assert out["read_direct_bytes"] == probed_direct
+    assert read_bytes[0] == shard.stat().st_size  # every byte read once, the probe's included
     for rel in _files(src):
         assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
 
 
 @pytest.mark.parametrize("setting,mode", [("0", "buffered"), ("1", "direct")])
@@ -739,3 +757,62 @@ def test_unreadable_range_records_are_not_trusted(tmp_path, monkeypatch):
     assert out["resumed_bytes"] == 0
     assert (dest / shard.name).read_bytes() == shard.read_bytes()
     assert not list(dest.rglob("*" + st.PARTIAL))
+
+
+def test_probe_with_o_direct_refused_at_read_time_copies_buffered(tmp_path, monkeypatch):
+    """The probe's O_DIRECT pieces fail (EINVAL at the read): they keep no head, the mode is
+    buffered, and the ranges they touched are copied whole: the copy is exact."""
+    monkeypatch.setattr(st, "CHUNK", 256 << 10)
+    monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(st, "COLD_THREADS", 2)
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [4 << 20], seed=28)
+    real = os.preadv
+    monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
+    monkeypatch.setattr(st, "_fstype", lambda p: "ext4")
+
+    def preadv(fd, bufs, off, *a):
+        if os.O_DIRECT & __import__("fcntl").fcntl(fd, __import__("fcntl").F_GETFL):
+            raise OSError(22, "Invalid argument")
+        return real(fd, bufs, off, *a)
+
+    monkeypatch.setattr(st.os, "preadv", preadv)
+    out = _stage(src, tmp_path / "d")
+    assert out["read"]["mode"] == "buffered" and out["read"]["probe_gb_s"]["direct"] == 0
+    assert out["read_direct_bytes"] == 0
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_splice_copy_is_exact_and_its_digests_are_the_sources(tmp_path, monkeypatch, cold):
+    """GPUBOX_STAGE_SPLICE=1: ranges copied with sendfile() and hashed from the destination give
+    the same range digests as the source's bytes, warm and cold (probe heads continued)."""
+    monkeypatch.setenv("GPUBOX_STAGE_SPLICE", "1")
+    monkeypatch.setattr(st, "CHUNK", 256 << 10)
+    monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(st, "COLD_THREADS", 2)
+    src = tmp_path / "persistent" / "M"
+    shard = _big_model(src, seed=29, size=(4 << 20) + 12345)
+    if cold:
+        monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
+    sent = [0]
+    real = os.sendfile
+
+    def sendfile(out_fd, in_fd, off, n):
+        k = real(out_fd, in_fd, off, n)
+        sent[0] += k
+        return k
+
+    monkeypatch.setattr(st.os, "sendfile", sendfile)
+    out = _stage(src, tmp_path / "d", workers=2)
+    assert sent[0] > 0
+    data = shard.read_bytes()
+    assert (tmp_path / "d" / shard.name).read_bytes() == data
+    entry = json.loads((tmp_path / "d" / st.MANIFEST).read_text())["files"][shard.name]
+    assert entry["ranges"] == [
+        xxhash.xxh3_64(data[i : i + st.CHUNK]).digest().hex() for i in range(0, len(data), st.CHUNK)
+    ]
+    assert (out["read"]["mode"] != "cached") == cold
+    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
