@@ -42,10 +42,18 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
 - A cold source (mostly not in the page cache: after a reboot) is read with at least COLD_THREADS
   threads whatever the core count (a thread blocked in a read holds no core), either with O_DIRECT
   in 4 MiB reads or buffered with 16 MiB of POSIX_FADV_WILLNEED in flight per stream, whichever a
-  short probe measured faster on this box (see "reading a cold source" below).
+  short probe measured faster on this box (see "reading a cold source" below). The probe's reads
+  are the copy's own first bytes of the ranges it times, and its verdict is kept per source
+  filesystem on persistent storage (_remember), so the next cold run (the next reboot) probes
+  nothing.
 - sendfile/copy_file_range cannot hash without a second read (copy_file_range also fails across
   filesystems: EXDEV); sendfile + hashing the destination measured slower (1.27 vs 0.68 CPU-s/GB
   on 2 cores), and so did preadv straight into an mmap of the destination (page faults: 1.17).
+  sendfile in 8 MiB calls + hashing from a MAP_POPULATE mapping of the destination (no faults
+  per page) was slower on 16 cores too: 8 GB warm 1.29 s against 0.83 s, the same CPU.
+- A source in the page cache gets one copy thread per multi-range file (at most `workers`), as
+  tmpfs's inode lock makes a file's second writer spin: 8 GB in 8 shards on 16 cores, 16 threads
+  took 9.2 CPU-s and 8 threads 5.8 for the same wall (0.83 / 0.87 s).
 - A file's digest is sha256 over its range digests (xxh3: 8 bytes big-endian each, crc32: 4), so
   ranges of one big shard hash in parallel and in any order; a whole-file hash is a sequential
   chain and would leave one core busy with the largest shard at the end. The range digests are
@@ -587,58 +595,6 @@ def _chunk(
     return h.digest()
 
 
-SPLICE_STEP = 8 << 20  # sendfile() this much a call: progress and the stop flag between calls
-
-
-def _splice_chunk(
-    spath: str, ident, partial: str, start: int, end: int, algo: str, advance=None, h=None
-) -> bytes:
-    """[start, end) copied in the kernel with sendfile() (page cache -> tmpfs page: one copy, no
-    round trip through our buffer, one GIL hand-off per 8 MiB instead of three per MiB), then
-    hashed from a MAP_POPULATE read-only mapping of what landed in the destination (no page faults,
-    no second copy). The checksum is then of the destination's bytes, which is what --verify
-    re-hashes. GPUBOX_STAGE_SPLICE=1 (measured, docs/stage.md). The mapping is of our own partial,
-    which the stage lock keeps others from truncating (a truncated mapping could SIGBUS)."""
-    sfd = _open_src(spath, ident)
-    try:
-        dfd = os.open(partial, os.O_RDWR)
-    except BaseException:
-        os.close(sfd)
-        raise
-    try:
-        os.lseek(dfd, start, os.SEEK_SET)  # sendfile writes at the out fd's own offset
-        off = start
-        while off < end:
-            try:
-                n = os.sendfile(dfd, sfd, off, min(SPLICE_STEP, end - off))
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise _NoRoom(exc.strerror) from None
-                raise
-            if n == 0:
-                raise _shrank(off)
-            off += n
-            if advance:
-                advance(n)
-        if h is None:
-            h = _CHUNK_HASH[algo]()
-        if end > start:
-            m = mmap.mmap(
-                dfd, end - start, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ, offset=start
-            )
-            try:
-                h.update(m)
-            finally:
-                m.close()
-        return h.digest()
-    finally:
-        os.close(dfd)
-        os.close(sfd)
-
-
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Python >= 3.10 on Linux
-
-
 def _nchunks(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
@@ -826,9 +782,79 @@ DIRECT_MARGIN = 1.15
 PROBE_PHASES = ("direct", "buffered", "buffered", "direct")  # a drift of the device hits both alike
 
 
-def _splice_setting() -> bool:
-    """GPUBOX_STAGE_SPLICE=1: copy cached and buffered ranges with sendfile() (_splice_chunk)."""
-    return os.environ.get("GPUBOX_STAGE_SPLICE", "0").strip() == "1" and hasattr(os, "sendfile")
+# copy threads per file for a cached source (Copier._cached_threads)
+WRITERS_PER_FILE = max(1, int(os.environ.get("GPUBOX_STAGE_WRITERS_PER_FILE") or 1))
+# how long a filesystem's read verdict is kept before the next cold run probes again
+VERDICT_DAYS = float(os.environ.get("GPUBOX_STAGE_VERDICT_DAYS") or 7)
+VERDICTS = "read-verdicts.json"
+
+
+def _state_dir() -> str | None:
+    """Where the read verdicts are kept: on persistent storage, never the tmpfs destination (a
+    reboot empties it, and the reboot is when the verdict is wanted). GPUBOX_STAGE_STATE_DIR, else
+    $XDG_STATE_HOME/gpubox or ~/.local/state/gpubox; GPUBOX_STAGE_STATE_DIR="" keeps none (every
+    cold run probes)."""
+    d = os.environ.get("GPUBOX_STAGE_STATE_DIR")
+    if d is not None:
+        return d or None
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "gpubox")
+
+
+def _fs_key(path: str, threads: int) -> str | None:
+    """Which filesystem the source is on, and at what depth it was read: st_dev and the
+    filesystem id (statfs f_fsid: ext4 and xfs derive it from the filesystem's UUID, so a disk
+    that comes back under another device number, or another filesystem on the same number, is
+    not mistaken for the one probed) and the thread count."""
+    try:
+        st, vfs = os.stat(path), os.statvfs(path)
+    except OSError:
+        return None
+    return f"dev={st.st_dev:x} fsid={getattr(vfs, 'f_fsid', 0):x} threads={threads}"
+
+
+def _remembered(src: str, threads: int) -> dict | None:
+    """The verdict of an earlier probe on this filesystem at this depth, younger than VERDICT_DAYS,
+    or None (then the copy probes). Why keep it: the probe costs the copy the phases it spends
+    with the slower path and waiting for each phase's slowest reader (~0.5 s of an 8 GB cold run
+    on the 16-core device VM, docs/stage.md), and a box's disk does not change between reboots;
+    when it does (another disk, another filesystem) the key differs, and an old verdict expires."""
+    d, key = _state_dir(), _fs_key(src, threads)
+    if d is None or key is None:
+        return None
+    doc = _load_json(os.path.join(d, VERDICTS))
+    e = doc.get(key) if isinstance(doc, dict) else None
+    try:
+        fresh = 0 <= time.time() - float(e["at"]) < VERDICT_DAYS * 86400
+        ok = e["mode"] in ("direct", "buffered") and isinstance(e["probe_gb_s"], dict)
+    except (TypeError, KeyError, ValueError):
+        return None
+    return e if fresh and ok else None
+
+
+def _remember(src: str, threads: int, mode: str, rates: dict) -> None:
+    """Keep this probe's verdict for the next cold run on this filesystem (atomic replace; where
+    the state directory cannot be written nothing is kept and every cold run probes)."""
+    d, key = _state_dir(), _fs_key(src, threads)
+    if d is None or key is None:
+        return
+    path = os.path.join(d, VERDICTS)
+    try:
+        os.makedirs(d, exist_ok=True)
+        doc = _load_json(path)
+        doc = doc if isinstance(doc, dict) else {}
+        doc[key] = {"mode": mode, "probe_gb_s": rates, "at": round(time.time())}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 class Copier:
@@ -853,7 +879,6 @@ class Copier:
         self.done: dict[str, dict] = {}
         self.setting = _read_mode_setting()
         self.direct = hasattr(os, "O_DIRECT") and _fstype(src) in DIRECT_FS and self.setting != "buffered"
-        self.splice = _splice_setting()
         self.direct_bytes = 0  # read with O_DIRECT (the summary's read_direct_bytes)
         self.resumed_bytes = 0  # kept from an interrupted run's partials (re-hashed, not re-read)
         # "cached": the source is in the page cache (read buffered); "direct"/"buffered": how an
@@ -896,23 +921,39 @@ class Copier:
         """How to read this run's source, and with how many threads (returned)."""
         cold, ranges = self._cold_share(jobs)
         if cold < 0.5:
-            return self.workers
+            self.read["threads"] = self._cached_threads(jobs)
+            return self.read["threads"]
         threads = max(self.workers, COLD_THREADS)
         mode = self.setting if self.direct else "buffered"  # O_DIRECT: local block filesystems only
         self.read = {"mode": mode, "threads": threads, "cold_share": round(cold, 3)}
         if mode == "auto":
-            if len(ranges) >= 4 * threads:  # enough uncached ranges for four phases at full depth
+            big = len(ranges) >= 4 * threads  # enough uncached ranges for four phases at full depth
+            known = _remembered(self.src, threads) if big else None
+            if known is not None:  # this filesystem's verdict from an earlier cold run (_remember)
+                self.read.update(mode=known["mode"], probe_gb_s=known["probe_gb_s"], probed_at=known["at"])
+            elif big:
                 step = len(ranges) / (4 * threads)
                 pick = [ranges[int(k * step)] for k in range(4 * threads)]
                 rates = self._probe(pick, threads)
                 self.read["probe_gb_s"] = {k: round(v, 3) for k, v in rates.items()}
                 faster = rates["direct"] > DIRECT_MARGIN * rates["buffered"]
                 self.read["mode"] = "direct" if faster else "buffered"
+                if min(rates.values()) > 0:  # both paths worked: a verdict worth keeping
+                    _remember(self.src, threads, self.read["mode"], self.read["probe_gb_s"])
             else:  # too little to measure: O_DIRECT (no page-cache copy charged to the container)
                 self.read["mode"] = "direct"
         if self.read["mode"] == "buffered":
             self.direct = False
         return threads
+
+    def _cached_threads(self, jobs: list[_FileJob]) -> int:
+        """Copy threads for a source in the page cache: one writer per file of more than one range
+        (WRITERS_PER_FILE), at most `workers`, at least 2; threads whose file is done join the
+        others' (_Schedule), so the last shard is still split. tmpfs holds the inode lock for
+        each write to a file, and a second writer spins on it: on the 16-core device VM (8 GB in 8
+        shards, warm) 16 threads took 9.2 CPU-s, 8 threads 5.8, for 0.83 s and 0.87 s."""
+        multi = sum(1 for j in jobs if j.n > 1 and not j.whole) + sum(1 for j in jobs if j.whole)
+        return min(self.workers, max(2, WRITERS_PER_FILE * multi))
 
     def _probe(self, pick: list[tuple[_FileJob, int]], threads: int) -> dict:
         """Time the two cold read paths on this box: `threads` readers at once, each copying the
@@ -1015,10 +1056,9 @@ class Copier:
 
         return run
 
-    def _reader(self, job: _FileJob, start: int, end: int, splice: bool = True) -> tuple[int | None, dict]:
+    def _reader(self, job: _FileJob, start: int, end: int) -> tuple[int, dict]:
         """An fd to read [start, end) of the source and how (_chunk's block/prefetch): O_DIRECT or
-        buffered with prefetch when most of it is not cached (by the probe's choice), else buffered.
-        (None, {"splice": True}): copy it in the kernel instead (_splice_chunk, GPUBOX_STAGE_SPLICE)."""
+        buffered with prefetch when most of it is not cached (by the probe's choice), else buffered."""
         if self.read["mode"] != "cached" and job.info["size"] >= BUF:  # small files: not worth a 2nd open
             cached = cached_bytes(job.sfd, start, end - start)
             if cached is not None and cached < (end - start) // 2:
@@ -1029,11 +1069,7 @@ class Copier:
                             self.direct_bytes += end - start
                         return fd, {"block": DIRECT_BLOCK}
                     self.direct = False  # refused here: the rest is read buffered
-                if splice and self.splice:
-                    return None, {"splice": True}
                 return _open_src(job.spath, job.ident), {"prefetch": PREFETCH}
-        if splice and self.splice and job.info["size"] >= BUF:
-            return None, {"splice": True}
         return _open_src(job.spath, job.ident), {}
 
     def _kept(self, job: _FileJob, i: int, start: int, end: int) -> bool:
@@ -1060,7 +1096,7 @@ class Copier:
             whole = hashlib.sha256()
             for k in range(job.n):
                 start, end = k * CHUNK, min(job.info["size"], (k + 1) * CHUNK)
-                fd, how = self._reader(job, start, end, splice=False)
+                fd, how = self._reader(job, start, end)
                 try:
                     job.digests[k] = _chunk(
                         fd, job.dfd, start, end, self.algo, extra=whole, advance=self.advance, **how
@@ -1075,24 +1111,19 @@ class Copier:
         else:
             h, done = job.heads.pop(i, (None, 0))  # the probe's first bytes of this range
             fd, how = self._reader(job, start + done, end)
-            if fd is None:
-                job.digests[i] = _splice_chunk(
-                    job.spath, job.ident, job.partial, start + done, end, self.algo, self.advance, h
+            try:
+                job.digests[i] = _chunk(
+                    fd, job.dfd, start + done, end, self.algo, advance=self.advance, h=h, **how
                 )
-            else:
-                try:
-                    job.digests[i] = _chunk(
-                        fd, job.dfd, start + done, end, self.algo, advance=self.advance, h=h, **how
-                    )
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL or "block" not in how:
-                        raise
-                    self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
-                    os.close(fd)
-                    fd = _open_src(job.spath, job.ident)
-                    job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
-                finally:
-                    os.close(fd)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or "block" not in how:
+                    raise
+                self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
+                os.close(fd)
+                fd = _open_src(job.spath, job.ident)
+                job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
+            finally:
+                os.close(fd)
             if job.n > 1:
                 self._journal_range(job, i)
         with job.lock:

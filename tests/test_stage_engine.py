@@ -19,6 +19,12 @@ from tests.pagecache import evict
 SHARDS = [300_000, 200_000, 120_000]
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path, monkeypatch):
+    """The cold probe's verdicts go to this test's own state directory, never the user's."""
+    monkeypatch.setenv("GPUBOX_STAGE_STATE_DIR", str(tmp_path / "state"))
+
+
 @pytest.fixture
 def model(tmp_path):
     src = tmp_path / "persistent" / "M"
@@ -785,34 +791,57 @@ def test_probe_with_o_direct_refused_at_read_time_copies_buffered(tmp_path, monk
     assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
 
 
-@pytest.mark.parametrize("cold", [False, True])
-def test_splice_copy_is_exact_and_its_digests_are_the_sources(tmp_path, monkeypatch, cold):
-    """GPUBOX_STAGE_SPLICE=1: ranges copied with sendfile() and hashed from the destination give
-    the same range digests as the source's bytes, warm and cold (probe heads continued)."""
-    monkeypatch.setenv("GPUBOX_STAGE_SPLICE", "1")
+def test_probe_verdict_is_remembered_per_filesystem_and_expires(tmp_path, monkeypatch):
+    """The next cold run on the same filesystem takes the probe's verdict from the state directory
+    and probes nothing; an expired verdict (or none kept) means a probe again."""
     monkeypatch.setattr(st, "CHUNK", 256 << 10)
     monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
     monkeypatch.setattr(st, "COLD_THREADS", 2)
-    src = tmp_path / "persistent" / "M"
-    shard = _big_model(src, seed=29, size=(4 << 20) + 12345)
-    if cold:
-        monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
-    sent = [0]
-    real = os.sendfile
+    src = _cold_src(tmp_path, seed=30)
+    probes = []
+    real = st.Copier._probe
+    monkeypatch.setattr(st.Copier, "_probe", lambda self, *a: probes.append(1) or real(self, *a))
+    evict(src)
+    first = _stage(src, tmp_path / "d1")["read"]
+    assert probes == [1] and "probed_at" not in first
+    saved = json.loads((tmp_path / "state" / st.VERDICTS).read_text())
+    ((key, entry),) = saved.items()
+    assert key == st._fs_key(str(src), 2) and entry["mode"] == first["mode"]
+    evict(src)
+    second = _stage(src, tmp_path / "d2")
+    assert probes == [1]  # not probed again
+    assert second["read"]["mode"] == first["mode"] and second["read"]["probed_at"] == entry["at"]
+    for rel in _files(src):
+        assert (tmp_path / "d2" / rel).read_bytes() == (src / rel).read_bytes()
+    entry["at"] -= 8 * 86400  # older than VERDICT_DAYS (7)
+    (tmp_path / "state" / st.VERDICTS).write_text(json.dumps({key: entry}))
+    evict(src)
+    third = _stage(src, tmp_path / "d3")["read"]
+    assert probes == [1, 1] and "probed_at" not in third
+    monkeypatch.setenv("GPUBOX_STAGE_STATE_DIR", "")  # keep none: every cold run probes
+    evict(src)
+    _stage(src, tmp_path / "d4")
+    evict(src)
+    _stage(src, tmp_path / "d5")
+    assert probes == [1, 1, 1, 1]
 
-    def sendfile(out_fd, in_fd, off, n):
-        k = real(out_fd, in_fd, off, n)
-        sent[0] += k
-        return k
 
-    monkeypatch.setattr(st.os, "sendfile", sendfile)
-    out = _stage(src, tmp_path / "d", workers=2)
-    assert sent[0] > 0
-    data = shard.read_bytes()
-    assert (tmp_path / "d" / shard.name).read_bytes() == data
-    entry = json.loads((tmp_path / "d" / st.MANIFEST).read_text())["files"][shard.name]
-    assert entry["ranges"] == [
-        xxhash.xxh3_64(data[i : i + st.CHUNK]).digest().hex() for i in range(0, len(data), st.CHUNK)
-    ]
-    assert (out["read"]["mode"] != "cached") == cold
-    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
+def test_cached_source_gets_one_writer_per_file(tmp_path):
+    """A source in the page cache: as many threads as files of more than one range (a second writer
+    of one tmpfs file spins on its inode lock), at most `workers`; the copy is exact."""
+    src = tmp_path / "s"
+    make_model(src, [3 << 20, 3 << 20, 3 << 20], seed=31)
+    for p in src.iterdir():
+        p.read_bytes()
+    chunk = st.CHUNK
+    try:
+        st.CHUNK = 1 << 20
+        out = _stage(src, tmp_path / "d", workers=8)
+        few = _stage(src, tmp_path / "d2", workers=2)
+    finally:
+        st.CHUNK = chunk
+    if out["read"]["mode"] != "cached":
+        pytest.skip("the page cache did not keep the source here")
+    assert out["read"]["threads"] == 3 and few["read"]["threads"] == 2
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
