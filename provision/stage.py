@@ -907,11 +907,11 @@ class Copier:
                     continue
                 for i in range(j.n):
                     lo = i * CHUNK
-                    if (
-                        i not in j.resume
-                        and lo + PROBE_BYTES <= size
-                        and not cached_bytes(fd, lo, PROBE_BYTES)
-                    ):
+                    if i in j.resume or lo + PROBE_BYTES > size:
+                        continue
+                    # a shard's first range holds its header, which the integrity check just read
+                    # (a few pages, and the readahead after them): still a cold range to time
+                    if (cached_bytes(fd, lo, PROBE_BYTES) or 0) <= PROBE_BYTES // 16:
                         ranges.append((j, i))
             finally:
                 os.close(fd)
