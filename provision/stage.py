@@ -825,7 +825,7 @@ def _remembered(src: str, threads: int) -> dict | None:
     doc = _load_json(os.path.join(d, VERDICTS))
     e = doc.get(key) if isinstance(doc, dict) else None
     try:
-        fresh = 0 <= time.time() - float(e["at"]) < VERDICT_DAYS * 86400
+        fresh = -300 <= time.time() - float(e["at"]) < VERDICT_DAYS * 86400  # (a clock set back a little)
         ok = e["mode"] in ("direct", "buffered") and isinstance(e["probe_gb_s"], dict)
     except (TypeError, KeyError, ValueError):
         return None
@@ -843,7 +843,7 @@ def _remember(src: str, threads: int, mode: str, rates: dict) -> None:
         os.makedirs(d, exist_ok=True)
         doc = _load_json(path)
         doc = doc if isinstance(doc, dict) else {}
-        doc[key] = {"mode": mode, "probe_gb_s": rates, "at": round(time.time())}
+        doc[key] = {"mode": mode, "probe_gb_s": rates, "at": int(time.time())}
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
