@@ -459,20 +459,28 @@ def tools(src: Path, before: str | None, variants: dict[str, dict]) -> dict:
     for name in ("crc32", "sha256"):
         if name != engine.DEFAULT_HASH:
             out[f"gpubox {name}"] = gpubox("--hash", name)
-    for name, env in variants.items():
-        out[f"gpubox {name}"] = gpubox(env={**os.environ, **env})
+    for name, spec in variants.items():
+        opts, env = _variant_run(spec)
+        out[f"gpubox {name}"] = gpubox(*opts, env=env)
     if before:
         out["gpubox before"] = lambda d: timed([sys.executable, before, str(src), str(d)])
     return out
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """NAME:ENV=VALUE[,ENV=VALUE...] (e.g. direct:GPUBOX_STAGE_DIRECT=1)."""
+    """NAME:ENV=VALUE[,ENV=VALUE...] (e.g. direct:GPUBOX_STAGE_DIRECT=1); an item --OPT=VALUE is
+    passed to the copier as an option instead (e.g. sha256-w2:GPUBOX_STAGE_WRITERS_PER_FILE=2,--hash=sha256)."""
     name, _, spec = text.partition(":")
     env = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
     if not name or not env:
         raise SystemExit(f"--variant {text!r}: give NAME:ENV=VALUE[,ENV=VALUE]")
     return name, env
+
+
+def _variant_run(env: dict) -> tuple[list[str], dict]:
+    """A variant's copier options (--OPT=VALUE items) and environment (the rest)."""
+    opts = [a for k, v in env.items() if k.startswith("--") for a in (k, v)]
+    return opts, {**os.environ, **{k: v for k, v in env.items() if not k.startswith("--")}}
 
 
 # -- the run ---------------------------------------------------------------------------------
