@@ -51,9 +51,9 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
   on 2 cores), and so did preadv straight into an mmap of the destination (page faults: 1.17).
   sendfile in 8 MiB calls + hashing from a MAP_POPULATE mapping of the destination (no faults
   per page) was slower on 16 cores too: 8 GB warm 1.29 s against 0.83 s, the same CPU.
-- A source in the page cache gets one copy thread per multi-range file (at most `workers`), as
+- A source in the page cache gets 1.5 copy threads per multi-range file (at most `workers`), as
   tmpfs's inode lock makes a file's second writer spin: 8 GB in 8 shards on 16 cores, 16 threads
-  took 9.2 CPU-s and 8 threads 5.8 for the same wall (0.83 / 0.87 s).
+  took 9.3 CPU-s, 12 threads 7.4 and 8 threads 6.2, for 0.79, 0.80 and 0.93 s.
 - A file's digest is sha256 over its range digests (xxh3: 8 bytes big-endian each, crc32: 4), so
   ranges of one big shard hash in parallel and in any order; a whole-file hash is a sequential
   chain and would leave one core busy with the largest shard at the end. The range digests are
@@ -74,6 +74,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import mmap
 import os
 import stat
@@ -783,7 +784,7 @@ PROBE_PHASES = ("direct", "buffered", "buffered", "direct")  # a drift of the de
 
 
 # copy threads per file for a cached source (Copier._cached_threads)
-WRITERS_PER_FILE = max(1, int(os.environ.get("GPUBOX_STAGE_WRITERS_PER_FILE") or 1))
+WRITERS_PER_FILE = max(1.0, float(os.environ.get("GPUBOX_STAGE_WRITERS_PER_FILE") or 1.5))
 # how long a filesystem's read verdict is kept before the next cold run probes again
 VERDICT_DAYS = float(os.environ.get("GPUBOX_STAGE_VERDICT_DAYS") or 7)
 VERDICTS = "read-verdicts.json"
@@ -947,13 +948,16 @@ class Copier:
         return threads
 
     def _cached_threads(self, jobs: list[_FileJob]) -> int:
-        """Copy threads for a source in the page cache: one writer per file of more than one range
+        """Copy threads for a source in the page cache: 1.5 per file of more than one range
         (WRITERS_PER_FILE), at most `workers`, at least 2; threads whose file is done join the
-        others' (_Schedule), so the last shard is still split. tmpfs holds the inode lock for
-        each write to a file, and a second writer spins on it: on the 16-core device VM (8 GB in 8
-        shards, warm) 16 threads took 9.2 CPU-s, 8 threads 5.8, for 0.83 s and 0.87 s."""
-        multi = sum(1 for j in jobs if j.n > 1 and not j.whole) + sum(1 for j in jobs if j.whole)
-        return min(self.workers, max(2, WRITERS_PER_FILE * multi))
+        others' (_Schedule), so the last shard is still split. Why not one per range: tmpfs holds
+        the inode lock for each write to a file, and a second writer spins on it; why more than one
+        per file: the reads and checksums of a second writer overlap the first one's writes.
+        Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds (docs/stage.md, run G):
+        8 threads 0.93 s / 6.2 CPU-s, 12 threads 0.80 s / 7.4 CPU-s, 16 threads 0.79 s / 9.3 CPU-s
+        (`xargs -P16 cp` 0.81 s / 4.7, `cp -r` 4.3 CPU-s)."""
+        multi = sum(1 for j in jobs if j.n > 1 or j.whole)
+        return min(self.workers, max(2, math.ceil(WRITERS_PER_FILE * multi)))
 
     def _probe(self, pick: list[tuple[_FileJob, int]], threads: int) -> dict:
         """Time the two cold read paths on this box: `threads` readers at once, each copying the
