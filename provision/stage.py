@@ -953,7 +953,7 @@ class Copier:
         others' (_Schedule), so the last shard is still split. Why not one per range: tmpfs holds
         the inode lock for each write to a file, and a second writer spins on it; why more than one
         per file: the reads and checksums of a second writer overlap the first one's writes.
-        Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds (docs/stage.md, run G):
+        Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds (docs/stage.md, run H):
         8 threads 0.93 s / 6.2 CPU-s, 12 threads 0.80 s / 7.4 CPU-s, 16 threads 0.79 s / 9.3 CPU-s
         (`xargs -P16 cp` 0.81 s / 4.7, `cp -r` 4.3 CPU-s)."""
         multi = sum(1 for j in jobs if j.n > 1 or j.whole)
