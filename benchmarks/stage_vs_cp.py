@@ -7,11 +7,12 @@ fsync'd), then in every round, alternating the tools so drift hits all alike:
   warm  (the whole source read before each run):
         cp -r SRC DEST | xargs -0 -P N -n 1 cp -t DEST (parallel per-file cp, N = the CPUs this process
         may use) | rsync -a (where installed) | gpubox (default checksum) | gpubox crc32 | gpubox sha256
-        [| variants: --variant NAME:ENV=VALUE,...] [| gpubox before: --before FILE]
+        [| variants: --variant-warm NAME:ENV=VALUE,...] [| gpubox before: --before FILE]
   cold  (the source's pages evicted before each run: posix_fadvise(POSIX_FADV_DONTNEED) on its own
         files, and with --drop-caches also `echo 3 > /proc/sys/vm/drop_caches`, for a machine where
         that is allowed; never on a shared one):
-        the disk anchor (below) | cp -r | xargs cp | gpubox default | crc32 | sha256 [| variants]
+        the disk anchor (below) | cp -r | xargs cp | gpubox default | crc32 | sha256 [| variants: --variant
+        NAME:ENV=VALUE,... (read-path settings)]
 
 The disk anchor is the best of several read-only strategies over every source file in the same run
 (each cold): O_DIRECT over 64 MiB ranges of every file with 2N threads x 8 MiB and 4N x 16 MiB reads
@@ -458,20 +459,28 @@ def tools(src: Path, before: str | None, variants: dict[str, dict]) -> dict:
     for name in ("crc32", "sha256"):
         if name != engine.DEFAULT_HASH:
             out[f"gpubox {name}"] = gpubox("--hash", name)
-    for name, env in variants.items():
-        out[f"gpubox {name}"] = gpubox(env={**os.environ, **env})
+    for name, spec in variants.items():
+        opts, env = _variant_run(spec)
+        out[f"gpubox {name}"] = gpubox(*opts, env=env)
     if before:
         out["gpubox before"] = lambda d: timed([sys.executable, before, str(src), str(d)])
     return out
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """NAME:ENV=VALUE[,ENV=VALUE...] (e.g. direct:GPUBOX_STAGE_DIRECT=1)."""
+    """NAME:ENV=VALUE[,ENV=VALUE...] (e.g. direct:GPUBOX_STAGE_DIRECT=1); an item --OPT=VALUE is
+    passed to the copier as an option instead (e.g. sha256-w2:GPUBOX_STAGE_WRITERS_PER_FILE=2,--hash=sha256)."""
     name, _, spec = text.partition(":")
     env = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
     if not name or not env:
         raise SystemExit(f"--variant {text!r}: give NAME:ENV=VALUE[,ENV=VALUE]")
     return name, env
+
+
+def _variant_run(env: dict) -> tuple[list[str], dict]:
+    """A variant's copier options (--OPT=VALUE items) and environment (the rest)."""
+    opts = [a for k, v in env.items() if k.startswith("--") for a in (k, v)]
+    return opts, {**os.environ, **{k: v for k, v in env.items() if not k.startswith("--")}}
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -494,7 +503,15 @@ def main() -> int:
         help="also write 3 to /proc/sys/vm/drop_caches before each cold run (root, a machine of your own)",
     )
     ap.add_argument("--paired", type=int, default=0, help="K: only K paired runs of cp -r and gpubox")
-    ap.add_argument("--variant", action="append", default=[], help="NAME:ENV=VALUE,... a gpubox variant")
+    ap.add_argument(
+        "--variant", action="append", default=[], help="NAME:ENV=VALUE,... a gpubox variant (cold runs)"
+    )
+    ap.add_argument(
+        "--variant-warm",
+        action="append",
+        default=[],
+        help="NAME:ENV=VALUE,... a gpubox variant run warm (a NAME also given to --variant: warm and cold)",
+    )
     ap.add_argument(
         "--skip", action="append", default=[], help="a tool's row not to run (e.g. 'gpubox crc32')"
     )
@@ -502,7 +519,13 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0, help="seconds: no new round after this (0: none)")
     ap.add_argument("--json-out", help="also write the figures as JSON to this file")
     args = ap.parse_args()
-    variants = dict(parse_variant(v) for v in args.variant)
+    cold_v = dict(parse_variant(v) for v in args.variant)
+    warm_v = dict(parse_variant(v) for v in args.variant_warm)
+    for name in set(cold_v) & set(warm_v):
+        if cold_v[name] != warm_v[name]:
+            raise SystemExit(f"variant {name!r} is given twice with different settings")
+    variants = {**cold_v, **warm_v}
+    args.warm_variants, args.cold_variants = set(warm_v), set(cold_v)
 
     t_start = time.perf_counter()
     need = args.size * GB * 1.15
@@ -514,6 +537,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.workdir or "/var/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.tmpfs))
     src = work / "Model"
+    # the cold probe's verdicts (kept per source filesystem) in this run's own state directory: the
+    # first cold gpubox run probes, later ones reuse the verdict as the next reboot would; a
+    # variant with GPUBOX_STAGE_STATE_DIR= (empty) probes in every run
+    os.environ.setdefault("GPUBOX_STAGE_STATE_DIR", str(work / "state"))
     res: dict = {}
     try:
         t0 = time.perf_counter()
@@ -549,9 +576,13 @@ def rounds(src: Path, shm: Path, total: int, nfiles: int, args, variants: dict, 
         log(f"checksum {k:30} " + ", ".join(f"{t}: {r:.2f} GB/s" for t, r in v.items()))
     tl = {k: v for k, v in tools(src, args.before, variants).items() if k not in args.skip}
     an = {} if args.no_cold else anchors(src, n)
-    cold_only = {f"gpubox {k}" for k in variants}  # read-path settings: nothing to measure warm
+    # --variant: read-path settings, nothing to measure warm; --variant-warm: warm (and cold when
+    # the name is also a --variant)
+    cold_only = {f"gpubox {k}" for k in variants if k not in args.warm_variants}
+    warm_only = {f"gpubox {k}" for k in variants if k not in args.cold_variants}
     warm_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in cold_only}
-    cold_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in ("gpubox before", "rsync -a")}
+    skip_cold = ("gpubox before", "rsync -a", *warm_only)
+    cold_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in skip_cold}
     anchor_runs: dict[str, list[float]] = {k: [] for k in an}
     load0 = os.getloadavg()
     log(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; {n} CPUs")
@@ -634,6 +665,10 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
             if "direct" in v[0]:
                 out[k]["read_direct_share"] = round(med(v, "direct"), 3)
                 out[k]["read"] = [r.get("read") for r in v]
+                # runs that probed (a verdict taken from the state directory carries probed_at)
+                out[k]["probed"] = sum(
+                    1 for r in v if "probe_gb_s" in (r.get("read") or {}) and "probed_at" not in r["read"]
+                )
         return out
 
     w, c = rows(warm_runs), rows(cold_runs)
@@ -644,11 +679,11 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
     # the anchor: the best read strategy; a copier that beat it shows the anchor was not the disk's best
     disk_rate = max(disk.values()) if disk else None
 
-    def rate(a, b, rows):
-        return rows[a]["gb_s"] / rows[b]["gb_s"]
+    def rate(a, b, rows):  # None where a row was skipped
+        return rows[a]["gb_s"] / rows[b]["gb_s"] if a in rows and b in rows else None
 
     def cpu(a, b, rows):
-        return rows[a]["cpu_s"] / rows[b]["cpu_s"]
+        return rows[a]["cpu_s"] / rows[b]["cpu_s"] if a in rows and b in rows else None
 
     ratios = {
         f"warm: {GPUBOX} rate / {xa}'s (goal >= 1.0)": rate(GPUBOX, xa, w),
@@ -663,8 +698,12 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
     for k in w:
         if k.startswith("gpubox ") and k not in (GPUBOX, "gpubox sha256", "gpubox crc32", "gpubox before"):
             ratios[f"warm: {k} rate / {xa}'s"] = rate(k, xa, w)
+            ratios[f"warm: {k} CPU/GB / cp -r's"] = cpu(k, "cp -r", w)
     if c:
         ratios[f"cold: {GPUBOX} rate / {xa}'s (goal >= 1.0)"] = rate(GPUBOX, xa, c)
+        for k in c:
+            if k.startswith("gpubox ") and k not in (GPUBOX, "gpubox sha256"):
+                ratios[f"cold: {k} rate / {xa}'s"] = rate(k, xa, c)
         ratios["cold: gpubox sha256 rate / " + xa + "'s"] = rate("gpubox sha256", xa, c)
         ratios[f"cold: {GPUBOX} CPU/GB / cp -r's"] = cpu(GPUBOX, "cp -r", c)
         if disk_rate:
@@ -684,7 +723,7 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
         "disk_read_gb_s": disk,
         "disk_anchor_gb_s": disk_rate,
         "cold_cached_share_before_runs_max": round(max(cached), 4) if cached else None,
-        "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "ratios": {k: round(v, 3) for k, v in ratios.items() if v is not None},
         "noop_restage_s": round(noop["s"], 3),
         "verify_s": round(ver["s"], 3),
         "load_before": [round(x, 2) for x in load0],
@@ -712,7 +751,8 @@ def print_table(res: dict) -> None:
                 f"{cache:5} {k:28} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} "
                 f"{r['cpu_s_per_gb']:9.2f} {r['minflt']:8d} {r['vcsw']:7d}"
                 + (
-                    f"  read: {'/'.join(modes)}, {r['read_direct_share']:.0%} O_DIRECT"
+                    f"  read: {'/'.join(modes)}, {r['read_direct_share']:.0%} O_DIRECT, "
+                    f"probed in {r['probed']} of {len(r['runs_s'])}"
                     if cache == "cold" and "read" in r
                     else ""
                 )

@@ -43,10 +43,18 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
 - A cold source (mostly not in the page cache: after a reboot) is read with at least COLD_THREADS
   threads whatever the core count (a thread blocked in a read holds no core), either with O_DIRECT
   in 4 MiB reads or buffered with 16 MiB of POSIX_FADV_WILLNEED in flight per stream, whichever a
-  short probe measured faster on this box (see "reading a cold source" below).
+  short probe measured faster on this box (see "reading a cold source" below). The probe's reads
+  are the copy's own first bytes of the ranges it times, and its verdict is kept per source
+  filesystem on persistent storage (_remember), so the next cold run (the next reboot) probes
+  nothing.
 - sendfile/copy_file_range cannot hash without a second read (copy_file_range also fails across
   filesystems: EXDEV); sendfile + hashing the destination measured slower (1.27 vs 0.68 CPU-s/GB
   on 2 cores), and so did preadv straight into an mmap of the destination (page faults: 1.17).
+  sendfile in 8 MiB calls + hashing from a MAP_POPULATE mapping of the destination (no faults
+  per page) was slower on 16 cores too: 8 GB warm 1.29 s against 0.83 s, the same CPU.
+- A source in the page cache gets 1.5 copy threads per multi-range file (at most `workers`), as
+  tmpfs's inode lock makes a file's second writer spin: 8 GB in 8 shards on 16 cores, 16 threads
+  took 9.3 CPU-s, 12 threads 7.4 and 8 threads 6.2, for 0.79, 0.80 and 0.93 s.
 - A file's digest is sha256 over its range digests (xxh3: 8 bytes big-endian each, crc32: 4), so
   ranges of one big shard hash in parallel and in any order; a whole-file hash is a sequential
   chain and would leave one core busy with the largest shard at the end. The range digests are
@@ -67,6 +75,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import mmap
 import os
 import stat
@@ -431,7 +440,7 @@ def _buf() -> memoryview:
 # After a reboot the source is not in the page cache. Two ways to read it, and which is faster
 # depends on the box (measured, docs/stage.md: on a 16-core VM `xargs -P16 cp`'s buffered reads
 # reached 1.66 GB/s and one O_DIRECT stream per file 1.47; on a 32-core one 2.28 and 2.23; on the
-# 2-core VM O_DIRECT took half the CPU of buffered reads), so a short probe decides (_probe_modes):
+# 2-core VM O_DIRECT took half the CPU of buffered reads), so a short probe decides (Copier._probe):
 # - O_DIRECT: the device writes into our buffer, no page-cache insertion (allocation, LRU, later
 #   reclaim; the pages would also be charged to the container's memory cgroup next to the tmpfs
 #   copy). DIRECT_BLOCK per read, COLD_THREADS threads: enough requests in flight.
@@ -524,22 +533,21 @@ def _prefetch(fd: int, off: int, n: int) -> None:
         os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
 
 
-def _chunk(
+def _copy_span(
+    h,
     sfd: int,
     dfd: int | None,
     start: int,
     end: int,
-    algo: str = HASH_ALGO,
     extra=None,
     advance=None,
     block: int = BUF,
     prefetch: int = 0,
-) -> bytes:
+) -> None:
     """Read [start, end) of sfd once, `block` bytes a read: write each BUF slice to dfd at the same
-    offset and hash it (and feed `extra`) while it is in the CPU cache. Plain reads cannot SIGBUS
-    when the source shrinks (a read of a mapping past a new EOF does): a short read is an error.
+    offset and feed it to the hash `h` (and `extra`) while it is in the CPU cache. Plain reads cannot
+    SIGBUS when the source shrinks (a read of a mapping past a new EOF does): a short read is an error.
     `prefetch`: keep that much ahead of the reads asked of the kernel (POSIX_FADV_WILLNEED)."""
-    h = _CHUNK_HASH[algo]()
     buf, off, pending = _buf(), start, 0
     if prefetch:
         _prefetch(sfd, start, min(prefetch, end - start))
@@ -567,6 +575,25 @@ def _chunk(
             pending = 0
     if advance and pending:
         advance(pending)
+
+
+def _chunk(
+    sfd: int,
+    dfd: int | None,
+    start: int,
+    end: int,
+    algo: str = HASH_ALGO,
+    extra=None,
+    advance=None,
+    block: int = BUF,
+    prefetch: int = 0,
+    h=None,
+) -> bytes:
+    """The `algo` digest of [start, end) of sfd, copied to dfd on the way (_copy_span). `h`: a hash
+    that already holds the range's first bytes (the cold probe copied them), continued from start."""
+    if h is None:
+        h = _CHUNK_HASH[algo]()
+    _copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch)
     return h.digest()
 
 
@@ -587,7 +614,12 @@ def cpu_count() -> int:
 
 
 def default_workers() -> int:
-    return max(2, min(16, cpu_count()))
+    """Copy threads: the CPUs this process may use, 2..16 (GPUBOX_STAGE_WORKERS sets it: the
+    benchmark's variants time other counts with the same engine)."""
+    try:
+        return max(1, int(os.environ["GPUBOX_STAGE_WORKERS"]))
+    except (KeyError, ValueError):
+        return max(2, min(16, cpu_count()))
 
 
 def _run_tasks(tasks, workers: int, abort=None) -> None:
@@ -674,6 +706,8 @@ class _FileJob:
         self.whole = bool(info.get("hub_sha256"))  # one sequential pass (the hub's whole-file sha256)
         self.resume = {} if self.whole else dict(resume or {})
         self.digests: list = [None] * self.n
+        # range -> (hash, bytes): the cold probe copied the range's first bytes (Copier._probe)
+        self.heads: dict[int, tuple] = {}
         self.left = self.n
         self.next = self.active = 0
         self.lock = threading.Lock()
@@ -741,50 +775,88 @@ def _read_mode_setting() -> str:
     return {"1": "direct", "0": "buffered"}.get(v, "auto")
 
 
-PROBE_BYTES = 8 << 20  # per thread and phase
+PROBE_BYTES = 8 << 20  # per thread and phase: the first bytes of a range, copied by the probe
 # O_DIRECT is taken only when the probe finds it this much faster: its short reads understate what
 # buffered reads reach over a whole run (the kernel's readahead grows along a stream). Measured on
 # the 16-core device VM, 10 GB cold: probe buffered 1.14-1.26 GB/s, whole runs 1.45-1.63; probe
 # O_DIRECT (16 x 4 MiB) 1.04-1.21, whole run 1.25; the probe once put O_DIRECT 6% ahead.
 DIRECT_MARGIN = 1.15
+PROBE_PHASES = ("direct", "buffered", "buffered", "direct")  # a drift of the device hits both alike
 
 
-def _probe_modes(ranges: list[tuple[str, tuple[int, int], int]], threads: int, algo: str) -> dict:
-    """Time the two cold read paths on this box, each with `threads` readers at once over distinct
-    uncached ranges (path, ident, offset) of the source: O_DIRECT in DIRECT_BLOCK reads, and
-    buffered reads with PREFETCH in flight, hashing as the copy does. Four phases, direct buffered
-    buffered direct, so a drift in the device's speed hits both alike. Reads only; the buffered
-    phases' pages stay cached and are copied from the cache. Returns {"direct": GB/s, "buffered":
-    GB/s} (a mode that failed: 0)."""
-    q = len(ranges) // 4
-    phases = [
-        (m, ranges[k * q : (k + 1) * q]) for k, m in enumerate(("direct", "buffered", "buffered", "direct"))
-    ]
-    spent = {"direct": 0.0, "buffered": 0.0}
-    moved = dict.fromkeys(spent, 0)
-    failed: list = []
-    for mode, part in phases:
+# copy threads per file for a cached source (Copier._cached_threads)
+WRITERS_PER_FILE = max(1.0, float(os.environ.get("GPUBOX_STAGE_WRITERS_PER_FILE") or 1.5))
+# how long a filesystem's read verdict is kept before the next cold run probes again
+VERDICT_DAYS = float(os.environ.get("GPUBOX_STAGE_VERDICT_DAYS") or 7)
+VERDICTS = "read-verdicts.json"
 
-        def read(path, ident, off, mode=mode):
-            fd = _direct_fd(path, ident) if mode == "direct" else _open_src(path, ident)
-            if fd is None:
-                failed.append(mode)
-                return
-            try:
-                if mode == "direct":
-                    _chunk(fd, None, off, off + PROBE_BYTES, algo, block=DIRECT_BLOCK)
-                else:
-                    _chunk(fd, None, off, off + PROBE_BYTES, algo, prefetch=PREFETCH)
-            except (OSError, StageError):
-                failed.append(mode)
-            finally:
-                os.close(fd)
 
-        t0 = time.perf_counter()
-        _run_tasks([lambda a=a: read(*a) for a in part], threads)
-        spent[mode] += time.perf_counter() - t0
-        moved[mode] += len(part) * PROBE_BYTES
-    return {m: 0.0 if m in failed or spent[m] <= 0 else moved[m] / spent[m] / GB for m in spent}
+def _state_dir() -> str | None:
+    """Where the read verdicts are kept: on persistent storage, never the tmpfs destination (a
+    reboot empties it, and the reboot is when the verdict is wanted). GPUBOX_STAGE_STATE_DIR, else
+    $XDG_STATE_HOME/gpubox or ~/.local/state/gpubox; GPUBOX_STAGE_STATE_DIR="" keeps none (every
+    cold run probes)."""
+    d = os.environ.get("GPUBOX_STAGE_STATE_DIR")
+    if d is not None:
+        return d or None
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "gpubox")
+
+
+def _fs_key(path: str, threads: int) -> str | None:
+    """Which filesystem the source is on, and at what depth it was read: st_dev and the
+    filesystem id (statfs f_fsid: ext4 and xfs derive it from the filesystem's UUID, so a disk
+    that comes back under another device number, or another filesystem on the same number, is
+    not mistaken for the one probed) and the thread count."""
+    try:
+        st, vfs = os.stat(path), os.statvfs(path)
+    except OSError:
+        return None
+    return f"dev={st.st_dev:x} fsid={getattr(vfs, 'f_fsid', 0):x} threads={threads}"
+
+
+def _remembered(src: str, threads: int) -> dict | None:
+    """The verdict of an earlier probe on this filesystem at this depth, younger than VERDICT_DAYS,
+    or None (then the copy probes). Why keep it: the probe costs the copy the phases it spends
+    with the slower path and waiting for each phase's slowest reader (~0.5 s of an 8 GB cold run
+    on the 16-core device VM, docs/stage.md), and a box's disk does not change between reboots;
+    when it does (another disk, another filesystem) the key differs, and an old verdict expires."""
+    d, key = _state_dir(), _fs_key(src, threads)
+    if d is None or key is None:
+        return None
+    doc = _load_json(os.path.join(d, VERDICTS))
+    e = doc.get(key) if isinstance(doc, dict) else None
+    try:
+        fresh = -300 <= time.time() - float(e["at"]) < VERDICT_DAYS * 86400  # (a clock set back a little)
+        ok = e["mode"] in ("direct", "buffered") and isinstance(e["probe_gb_s"], dict)
+    except (TypeError, KeyError, ValueError):
+        return None
+    return e if fresh and ok else None
+
+
+def _remember(src: str, threads: int, mode: str, rates: dict) -> None:
+    """Keep this probe's verdict for the next cold run on this filesystem (atomic replace; where
+    the state directory cannot be written nothing is kept and every cold run probes)."""
+    d, key = _state_dir(), _fs_key(src, threads)
+    if d is None or key is None:
+        return
+    path = os.path.join(d, VERDICTS)
+    try:
+        os.makedirs(d, exist_ok=True)
+        doc = _load_json(path)
+        doc = doc if isinstance(doc, dict) else {}
+        doc[key] = {"mode": mode, "probe_gb_s": rates, "at": int(time.time())}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 class Copier:
@@ -816,7 +888,9 @@ class Copier:
         self.read = {"mode": "cached", "threads": workers}
 
     def _cold_share(self, jobs: list[_FileJob]) -> tuple[float, list]:
-        """Share of the bytes to copy that are not in the page cache, and uncached probe ranges."""
+        """Share of the bytes to copy that are not in the page cache, and the ranges whose first
+        PROBE_BYTES are uncached (job, range): where the probe may copy (not a whole-file job, not a
+        range an interrupted run left to resume)."""
         total = uncached = 0
         ranges = []
         for j in jobs:
@@ -826,17 +900,21 @@ class Copier:
             except OSError:
                 continue
             try:
-                st = os.fstat(fd)
                 c = cached_bytes(fd, 0, size)
                 if c is None:
                     return 0.0, []
                 total += size
                 uncached += max(0, size - c)
-                # probe where a range ends (its last PROBE_BYTES), so no two readers share a stream
+                if j.whole:
+                    continue
                 for i in range(j.n):
-                    lo = min(size, (i + 1) * CHUNK) - PROBE_BYTES
-                    if lo >= i * CHUNK and lo % mmap.PAGESIZE == 0 and not cached_bytes(fd, lo, PROBE_BYTES):
-                        ranges.append((j.spath, (st.st_dev, st.st_ino), lo))
+                    lo = i * CHUNK
+                    if i in j.resume or lo + PROBE_BYTES > size:
+                        continue
+                    # a shard's first range holds its header, which the integrity check just read
+                    # (a few pages, and the readahead after them): still a cold range to time
+                    if (cached_bytes(fd, lo, PROBE_BYTES) or 0) <= PROBE_BYTES // 16:
+                        ranges.append((j, i))
             finally:
                 os.close(fd)
         return (uncached / total if total else 0.0), ranges
@@ -845,23 +923,87 @@ class Copier:
         """How to read this run's source, and with how many threads (returned)."""
         cold, ranges = self._cold_share(jobs)
         if cold < 0.5:
-            return self.workers
+            self.read["threads"] = self._cached_threads(jobs)
+            return self.read["threads"]
         threads = max(self.workers, COLD_THREADS)
         mode = self.setting if self.direct else "buffered"  # O_DIRECT: local block filesystems only
         self.read = {"mode": mode, "threads": threads, "cold_share": round(cold, 3)}
         if mode == "auto":
-            if len(ranges) >= 4 * threads:  # enough uncached ranges for four phases at full depth
+            big = len(ranges) >= 4 * threads  # enough uncached ranges for four phases at full depth
+            known = _remembered(self.src, threads) if big else None
+            if known is not None:  # this filesystem's verdict from an earlier cold run (_remember)
+                self.read.update(mode=known["mode"], probe_gb_s=known["probe_gb_s"], probed_at=known["at"])
+            elif big:
                 step = len(ranges) / (4 * threads)
                 pick = [ranges[int(k * step)] for k in range(4 * threads)]
-                rates = _probe_modes(pick, threads, self.algo)
+                rates = self._probe(pick, threads)
                 self.read["probe_gb_s"] = {k: round(v, 3) for k, v in rates.items()}
                 faster = rates["direct"] > DIRECT_MARGIN * rates["buffered"]
                 self.read["mode"] = "direct" if faster else "buffered"
+                if min(rates.values()) > 0:  # both paths worked: a verdict worth keeping
+                    _remember(self.src, threads, self.read["mode"], self.read["probe_gb_s"])
             else:  # too little to measure: O_DIRECT (no page-cache copy charged to the container)
                 self.read["mode"] = "direct"
         if self.read["mode"] == "buffered":
             self.direct = False
         return threads
+
+    def _cached_threads(self, jobs: list[_FileJob]) -> int:
+        """Copy threads for a source in the page cache: 1.5 per file of more than one range
+        (WRITERS_PER_FILE), at most `workers`, at least 2; threads whose file is done join the
+        others' (_Schedule), so the last shard is still split. Why not one per range: tmpfs holds
+        the inode lock for each write to a file, and a second writer spins on it; why more than one
+        per file: the reads and checksums of a second writer overlap the first one's writes.
+        Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds (docs/stage.md, run H):
+        8 threads 0.93 s / 6.2 CPU-s, 12 threads 0.80 s / 7.4 CPU-s, 16 threads 0.79 s / 9.3 CPU-s
+        (`xargs -P16 cp` 0.81 s / 4.7, `cp -r` 4.3 CPU-s)."""
+        multi = sum(1 for j in jobs if j.n > 1 or j.whole)
+        return min(self.workers, max(2, math.ceil(WRITERS_PER_FILE * multi)))
+
+    def _probe(self, pick: list[tuple[_FileJob, int]], threads: int) -> dict:
+        """Time the two cold read paths on this box: `threads` readers at once, each copying the
+        first PROBE_BYTES of one uncached range, O_DIRECT in DIRECT_BLOCK reads or buffered with
+        PREFETCH in flight, in four phases (PROBE_PHASES). What the probe reads is the copy's own
+        first bytes of those ranges: written into the partial and hashed, the hash kept on the job
+        (job.heads), so the copy goes on from there and no byte is read twice (the probe that read
+        pieces apart from the copy cost ~8% of an 8 GB cold run on the device VM, docs/stage.md).
+        A piece that failed (O_DIRECT refused) keeps no head: its range is copied whole later.
+        Returns {"direct": GB/s, "buffered": GB/s} (a mode that failed: 0)."""
+        q = len(pick) // len(PROBE_PHASES)
+        spent = {"direct": 0.0, "buffered": 0.0}
+        moved = dict.fromkeys(spent, 0)
+        failed: set = set()
+        for k, mode in enumerate(PROBE_PHASES):
+
+            def head(job: _FileJob, i: int, mode=mode) -> None:
+                job.open()
+                start = i * CHUNK
+                fd = _direct_fd(job.spath, job.ident) if mode == "direct" else _open_src(job.spath, job.ident)
+                if fd is None:
+                    failed.add(mode)
+                    return
+                h = _CHUNK_HASH[self.algo]()
+                how = {"block": DIRECT_BLOCK} if mode == "direct" else {"prefetch": PREFETCH}
+                try:
+                    _copy_span(h, fd, job.dfd, start, start + PROBE_BYTES, advance=self.advance, **how)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL or mode != "direct":
+                        raise
+                    failed.add(mode)  # O_DIRECT refused at read time
+                    return
+                finally:
+                    os.close(fd)
+                with job.lock:
+                    job.heads[i] = (h, PROBE_BYTES)
+                if mode == "direct":
+                    with self.jlock:
+                        self.direct_bytes += PROBE_BYTES
+
+            t0 = time.perf_counter()
+            _run_tasks([lambda a=a: head(*a) for a in pick[k * q : (k + 1) * q]], threads)
+            spent[mode] += time.perf_counter() - t0
+            moved[mode] += q * PROBE_BYTES
+        return {m: 0.0 if m in failed or spent[m] <= 0 else moved[m] / spent[m] / GB for m in spent}
 
     def run(self) -> dict[str, dict]:
         jobs = [
@@ -870,9 +1012,9 @@ class Copier:
         ]
         for j in jobs:
             os.makedirs(os.path.dirname(j.dpath), exist_ok=True)
-        threads = self._choose_read(jobs)
         sched = _Schedule(jobs)
         try:
+            threads = self._choose_read(jobs)  # a cold probe copies into the partials: inside the try
             _run_tasks(
                 [self._worker(sched) for _ in range(min(threads, sum(j.n for j in jobs)) or 1)],
                 threads,
@@ -972,9 +1114,12 @@ class Copier:
         if i in job.resume and self._kept(job, i, start, end):
             job.digests[i] = job.resume[i]
         else:
-            fd, how = self._reader(job, start, end)
+            h, done = job.heads.pop(i, (None, 0))  # the probe's first bytes of this range
+            fd, how = self._reader(job, start + done, end)
             try:
-                job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo, advance=self.advance, **how)
+                job.digests[i] = _chunk(
+                    fd, job.dfd, start + done, end, self.algo, advance=self.advance, h=h, **how
+                )
             except OSError as exc:
                 if exc.errno != errno.EINVAL or "block" not in how:
                     raise
@@ -1267,15 +1412,76 @@ def stage(
     follow_links: bool = False,
 ) -> dict:
     """Make dest a verified copy of src. Returns the summary (bytes, seconds, GB/s, files copied,
-    skipped, verified). `hash` (crc32 | sha256, default crc32) hashes the files this run copies;
-    files kept from an earlier run keep theirs. `progress` has start(total, description)/advance(n)/stop();
-    `on_file(rel)` is called after each file lands (tests use it to interrupt a run).
-    Staged files get the source file's permission bits; links out of the source are refused
-    unless follow_links (then listed in "links_out")."""
+    skipped, verified). `hash` (xxh3 | crc32 | sha256, default xxh3, crc32 without xxhash) hashes
+    the files this run copies; files kept from an earlier run keep theirs. `progress` has
+    start(total, description)/advance(n)/stop(); `on_file(rel)` is called after each file lands
+    (tests use it to interrupt a run). Staged files get the source file's permission bits; links
+    out of the source are refused unless follow_links (then listed in "links_out").
+
+    The passes, in order (each its own function, saying why): _source (what to copy, and is it a
+    model), _dry_run (or: what would happen, nothing changed), under the lock _plan (what the
+    destination holds, what an interrupted run left to resume), _fix_modes, the room check
+    (_room_needed, check_room), _unpublish (the directory stops looking staged), _copy_pass,
+    _publish (the manifest, last)."""
     t0 = time.monotonic()
     algo = algorithm(hash)
     workers = workers or default_workers()
     src, dest = os.path.abspath(src), os.path.abspath(dest)
+    files = _source(src, dest, follow_links=follow_links, require_tokenizer=require_tokenizer, force=force)
+    if tmpfs is None:
+        tmpfs = _fstype(_existing(dest)) == "tmpfs"
+    summary = _new_summary(src, dest, files, algo, dry_run)
+    room_kw = {
+        "tmpfs": tmpfs,
+        "cgroup_dir": cgroup_dir,
+        "free_space": free_space,
+        "margin": margin,
+        "mem_margin": mem_margin,
+    }
+    if dry_run:
+        return _finished(summary, t0, **_dry_run(files, dest, verify, workers, room_kw))
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with Lock(dest):
+        a, ranges = _plan(files, dest, verify=verify, workers=workers, algo=algo)
+        summary.update(verified=a["verified"], reasons=a["todo"], source_changed=a["source_changed"])
+        summary["modes_fixed"] = _fix_modes(dest, files, a["modes"])
+        if a["manifest"] and not a["todo"] and not a["stale"] and not a["source_changed"]:
+            return _finished(summary, t0, skipped=len(a["keep"]))
+        need = _room_needed(files, dest, a["todo"], ranges)
+        room = {} if force else check_room(dest, need, **room_kw)
+        sync = not tmpfs  # fsync buys nothing on tmpfs (a reboot empties it anyway)
+        kept = _unpublish(dest, a, ranges, sync)
+        copier = _copy_pass(src, dest, files, a["todo"], ranges, need, workers, sync, algo, progress, on_file)
+        summary.update(
+            read_direct_bytes=copier.direct_bytes, resumed_bytes=copier.resumed_bytes, read=copier.read
+        )
+        _publish(
+            src,
+            dest,
+            files,
+            a["fingerprint"],
+            {**kept, **copier.done},
+            algo=algo,
+            sync=sync,
+            require_tokenizer=require_tokenizer,
+            force=force,
+            source_info=source_info,
+        )
+        return _finished(
+            summary,
+            t0,
+            copied=len(copier.done),
+            copied_bytes=sum(e["size"] for e in copier.done.values()),
+            skipped=len(a["keep"]),
+            removed=a["stale"],
+            room=room,
+        )
+
+
+def _source(src: str, dest: str, *, follow_links: bool, require_tokenizer: bool, force: bool) -> dict:
+    """The source's files (scan), refused before anything is written when it overlaps the
+    destination (a copy into itself would never end) or is not a complete model (an incomplete
+    copy would be staged and served; --force copies it as it is)."""
     if dest == src or dest.startswith(src.rstrip("/") + "/") or src.startswith(dest.rstrip("/") + "/"):
         raise StageError(f"source {src} and destination {dest} overlap", "stage into a separate directory")
     files = scan(src, follow_links=follow_links)
@@ -1285,10 +1491,13 @@ def stage(
             f"source {src} is not a complete model: {'; '.join(src_problems[:3])}",
             "repair the source (or pass --force to copy it as it is)",
         )
-    if tmpfs is None:
-        tmpfs = _fstype(_existing(dest)) == "tmpfs"
-    total = sum(f["size"] for f in files.values())
-    summary = {
+    return files
+
+
+def _new_summary(src: str, dest: str, files: dict, algo: str, dry_run: bool) -> dict:
+    """The summary every outcome returns, with its keys present from the start (a no-op run, a dry
+    run and a copy answer in one shape for --json and the step's evidence)."""
+    return {
         "schema": SCHEMA,
         "op": "stage",
         "src": src,
@@ -1296,7 +1505,7 @@ def stage(
         "dry_run": dry_run,
         "hash": algo,
         "files": len(files),
-        "bytes": total,
+        "bytes": sum(f["size"] for f in files.values()),
         "copied": 0,
         "copied_bytes": 0,
         "skipped": 0,
@@ -1310,149 +1519,157 @@ def stage(
         "links_out": {r: e["link"] for r, e in sorted(files.items()) if "link" in e},
     }
 
-    def finish(**kw):
-        summary.update(kw)
-        secs = time.monotonic() - t0
-        summary["seconds"] = round(secs, 4)
-        summary["gb_s"] = round(summary["copied_bytes"] / secs / GB, 3) if secs > 0 else 0.0
-        return summary
 
-    if dry_run:
-        a = assess(files, dest, verify=verify, workers=workers)
-        todo = a["todo"]
-        need = sum(files[r]["size"] for r in todo)
-        try:
-            room = check_room(
-                dest,
-                need,
-                tmpfs=tmpfs,
-                cgroup_dir=cgroup_dir,
-                free_space=free_space,
-                margin=margin,
-                mem_margin=mem_margin,
-            )
-            room_problem = None
-        except StageError as exc:
-            room, room_problem = {}, exc.problem
-        return finish(
-            would_copy=sorted(todo),
-            would_copy_bytes=need,
-            reasons=todo,
-            skipped=len(a["keep"]),
-            would_chmod=sorted(a["modes"]),
-            verified=a["verified"],
-            removed=a["stale"],
-            source_changed=a["source_changed"],
-            manifest=a["manifest"],
-            room=room,
-            room_problem=room_problem,
-        )
+def _finished(summary: dict, t0: float, **kw) -> dict:
+    summary.update(kw)
+    secs = time.monotonic() - t0
+    summary["seconds"] = round(secs, 4)
+    summary["gb_s"] = round(summary["copied_bytes"] / secs / GB, 3) if secs > 0 else 0.0
+    return summary
 
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    with Lock(dest):
-        a = assess(files, dest, verify=verify, workers=workers)
-        todo, keep = a["todo"], a["keep"]
-        # an interrupted run's partials: kept where their ranges were journaled (resumed, each
-        # range re-hashed first), any other removed
-        ranges = _resumable(dest, todo, files, algo)
-        for rel in _partials(dest):
-            if rel[: -len(PARTIAL)] not in ranges:
-                os.unlink(os.path.join(dest, rel))
-        summary.update(verified=a["verified"], reasons=todo, source_changed=a["source_changed"])
-        for rel in sorted(a["modes"]):  # permissions follow the source: fixed in place, no copy
-            os.chmod(os.path.join(dest, rel), files[rel]["mode"])
-        summary["modes_fixed"] = sorted(a["modes"])
-        current = a["manifest"] and not todo and not a["stale"] and not a["source_changed"]
-        if current:
-            return finish(skipped=len(keep))
-        need = sum(files[r]["size"] for r in todo)
-        for rel in ranges:  # what a kept partial holds is in the destination already
-            need -= min(files[rel]["size"], os.stat(temp_path(os.path.join(dest, rel))).st_blocks * 512)
-        need = max(0, need)
-        room = {}
-        if not force:
-            room = check_room(
-                dest,
-                need,
-                tmpfs=tmpfs,
-                cgroup_dir=cgroup_dir,
-                free_space=free_space,
-                margin=margin,
-                mem_margin=mem_margin,
-            )
-        os.makedirs(dest, exist_ok=True)
-        sync = not tmpfs  # fsync buys nothing on tmpfs (a reboot empties it anyway)
-        # From here the directory must not look complete: the manifest goes first, its entries
-        # move into the journal so an interruption resumes instead of starting over.
-        kept = {r: a["known"][r] for r in keep}
-        _write_atomic(
-            os.path.join(dest, JOURNAL),
-            b"".join((json.dumps({**e, "rel": r}) + "\n").encode() for r, e in kept.items())
-            + b"".join((json.dumps(e) + "\n").encode() for recs in ranges.values() for e in recs),
-            sync,
-        )
-        try:
-            os.unlink(os.path.join(dest, MANIFEST))
-        except FileNotFoundError:
-            pass
-        for rel in a["stale"]:
+
+def _dry_run(files: dict, dest: str, verify: bool, workers: int, room_kw: dict) -> dict:
+    """What a run would do, without the lock and without writing: the files to copy and why, and
+    whether the room check would refuse (reported, not raised: a dry run shows what apply meets)."""
+    a = assess(files, dest, verify=verify, workers=workers)
+    todo = a["todo"]
+    need = sum(files[r]["size"] for r in todo)
+    try:
+        room, room_problem = check_room(dest, need, **room_kw), None
+    except StageError as exc:
+        room, room_problem = {}, exc.problem
+    return {
+        "would_copy": sorted(todo),
+        "would_copy_bytes": need,
+        "reasons": todo,
+        "skipped": len(a["keep"]),
+        "would_chmod": sorted(a["modes"]),
+        "verified": a["verified"],
+        "removed": a["stale"],
+        "source_changed": a["source_changed"],
+        "manifest": a["manifest"],
+        "room": room,
+        "room_problem": room_problem,
+    }
+
+
+def _plan(files: dict, dest: str, *, verify: bool, workers: int, algo: str) -> tuple[dict, dict]:
+    """What the destination holds (assess) and which ranges of an interrupted run's partials can be
+    resumed (each is re-hashed before it is kept). Under the lock, so no other stager changes it
+    between this and the copy. Every other leftover partial is removed here: it is nobody's work
+    any more and holds tmpfs memory."""
+    a = assess(files, dest, verify=verify, workers=workers)
+    ranges = _resumable(dest, a["todo"], files, algo)
+    for rel in _partials(dest):
+        if rel[: -len(PARTIAL)] not in ranges:
             os.unlink(os.path.join(dest, rel))
-        prog_started = False
-        if progress is not None and need:
-            progress.start(need, f"staging {os.path.basename(dest)}")
-            prog_started = True
-        try:
-            copier = Copier(
-                src,
-                dest,
-                {r: files[r] for r in todo},
-                workers=workers,
-                sync=sync,
-                algo=algo,
-                advance=progress.advance if prog_started else None,
-                on_file=on_file,
-                resume={
-                    r: {int(e["range"]): bytes.fromhex(e["digest"]) for e in recs}
-                    for r, recs in ranges.items()
-                },
-            )
-            done = copier.run()
-            summary["read_direct_bytes"] = copier.direct_bytes
-            summary["resumed_bytes"] = copier.resumed_bytes
-            summary["read"] = copier.read
-        finally:
-            if prog_started:
-                progress.stop()
-        entries = {**kept, **done}
-        problems = stc.check_model(dest, {r: None for r in entries}, require_tokenizer)
-        if problems and not force:
-            raise StageError(
-                f"staged copy {dest} fails its integrity check: {problems[0]}",
-                "check the source, then re-run",
-            )
-        manifest = {
-            "schema": SCHEMA,
-            "hash": algo,
-            "chunk": CHUNK,  # per file: "algo" (kept files keep theirs)
-            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "source": {
-                "path": (source_info or {}).get("path", src),
-                "fingerprint": a["fingerprint"],
-                "files": len(files),
-                "bytes": total,
-                **{k: v for k, v in (source_info or {}).items() if k != "path"},
+    return a, ranges
+
+
+def _fix_modes(dest: str, files: dict, modes: dict) -> list[str]:
+    """Permissions follow the source: a kept file whose mode was changed is set back in place (a
+    chmod, no copy). Returns the files fixed (the summary's modes_fixed)."""
+    for rel in sorted(modes):
+        os.chmod(os.path.join(dest, rel), files[rel]["mode"])
+    return sorted(modes)
+
+
+def _room_needed(files: dict, dest: str, todo: dict, ranges: dict) -> int:
+    """Bytes the copy adds to the destination: what a kept partial already holds is there."""
+    need = sum(files[r]["size"] for r in todo)
+    for rel in ranges:
+        need -= min(files[rel]["size"], os.stat(temp_path(os.path.join(dest, rel))).st_blocks * 512)
+    return max(0, need)
+
+
+def _unpublish(dest: str, a: dict, ranges: dict, sync: bool) -> dict:
+    """From here the directory must not look complete: the journal is rewritten with the kept
+    files' entries and the resumable ranges (so an interruption from now on resumes instead of
+    starting over), then the manifest goes, then files removed from the source. Returns the kept
+    entries (rel -> manifest entry)."""
+    os.makedirs(dest, exist_ok=True)
+    kept = {r: a["known"][r] for r in a["keep"]}
+    _write_atomic(
+        os.path.join(dest, JOURNAL),
+        b"".join((json.dumps({**e, "rel": r}) + "\n").encode() for r, e in kept.items())
+        + b"".join((json.dumps(e) + "\n").encode() for recs in ranges.values() for e in recs),
+        sync,
+    )
+    try:
+        os.unlink(os.path.join(dest, MANIFEST))
+    except FileNotFoundError:
+        pass
+    for rel in a["stale"]:
+        os.unlink(os.path.join(dest, rel))
+    return kept
+
+
+def _copy_pass(src, dest, files, todo, ranges, need, workers, sync, algo, progress, on_file) -> Copier:
+    """Copy the files to copy (Copier: ranges across threads, the cold probe, checksums, the
+    journal), with the progress bar around it stopped whatever happens. Returns the Copier (its
+    `done` entries and read figures)."""
+    started = progress is not None and need > 0
+    if started:
+        progress.start(need, f"staging {os.path.basename(dest)}")
+    try:
+        copier = Copier(
+            src,
+            dest,
+            {r: files[r] for r in todo},
+            workers=workers,
+            sync=sync,
+            algo=algo,
+            advance=progress.advance if started else None,
+            on_file=on_file,
+            resume={
+                r: {int(e["range"]): bytes.fromhex(e["digest"]) for e in recs} for r, recs in ranges.items()
             },
-            "files": {r: {k: v for k, v in entries[r].items() if k != "rel"} for r in sorted(entries)},
-        }
-        _write_atomic(os.path.join(dest, MANIFEST), json.dumps(manifest, indent=1).encode(), sync)
-        os.unlink(os.path.join(dest, JOURNAL))
-        return finish(
-            copied=len(done),
-            copied_bytes=sum(e["size"] for e in done.values()),
-            skipped=len(keep),
-            removed=a["stale"],
-            room=room,
         )
+        copier.run()
+    finally:
+        if started:
+            progress.stop()
+    return copier
+
+
+def _publish(
+    src: str,
+    dest: str,
+    files: dict,
+    fp: str,
+    entries: dict,
+    *,
+    algo: str,
+    sync: bool,
+    require_tokenizer: bool,
+    force: bool,
+    source_info: dict | None,
+) -> None:
+    """The copy's own integrity check, then the manifest, written last and atomically: only now does
+    the directory count as staged. The journal is not needed any more once the manifest holds
+    every entry."""
+    problems = stc.check_model(dest, {r: None for r in entries}, require_tokenizer)
+    if problems and not force:
+        raise StageError(
+            f"staged copy {dest} fails its integrity check: {problems[0]}",
+            "check the source, then re-run",
+        )
+    manifest = {
+        "schema": SCHEMA,
+        "hash": algo,
+        "chunk": CHUNK,  # per file: "algo" (kept files keep theirs)
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "source": {
+            "path": (source_info or {}).get("path", src),
+            "fingerprint": fp,
+            "files": len(files),
+            "bytes": sum(f["size"] for f in files.values()),
+            **{k: v for k, v in (source_info or {}).items() if k != "path"},
+        },
+        "files": {r: {k: v for k, v in entries[r].items() if k != "rel"} for r in sorted(entries)},
+    }
+    _write_atomic(os.path.join(dest, MANIFEST), json.dumps(manifest, indent=1).encode(), sync)
+    os.unlink(os.path.join(dest, JOURNAL))
 
 
 def _partials(dest: str) -> list[str]:

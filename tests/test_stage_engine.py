@@ -19,6 +19,12 @@ from tests.pagecache import evict
 SHARDS = [300_000, 200_000, 120_000]
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path, monkeypatch):
+    """The cold probe's verdicts go to this test's own state directory, never the user's."""
+    monkeypatch.setenv("GPUBOX_STAGE_STATE_DIR", str(tmp_path / "state"))
+
+
 @pytest.fixture
 def model(tmp_path):
     src = tmp_path / "persistent" / "M"
@@ -643,22 +649,40 @@ def _cold_src(tmp_path: Path, seed: int) -> Path:
 
 
 def test_cold_read_mode_chosen_by_a_probe_of_both(tmp_path, monkeypatch):
-    """A cold source: both read paths are timed on uncached ranges before the copy, the faster is
-    used (O_DIRECT only by a margin), and the copy is exact either way."""
+    """A cold source: both read paths are timed on uncached ranges at the start of the copy, the
+    faster is used (O_DIRECT only by a margin), and the copy is exact either way. The probe's reads
+    are the copy's own first bytes of those ranges: no source byte is read twice."""
     monkeypatch.setattr(st, "CHUNK", 256 << 10)
     monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
     monkeypatch.setattr(st, "COLD_THREADS", 2)
     src = _cold_src(tmp_path, seed=26)
+    shard = src / "model.safetensors"
     evict(src)
+    read_bytes = [0]
+    real = os.preadv
+
+    def preadv(fd, bufs, off, *a):
+        n = real(fd, bufs, off, *a)
+        if os.path.samestat(os.fstat(fd), shard.stat()):
+            read_bytes[0] += n
+        return n
+
+    monkeypatch.setattr(st.os, "preadv", preadv)
     out = _stage(src, tmp_path / "d")
     read = out["read"]
     assert read["mode"] in ("direct", "buffered") and read["threads"] == 2 and read["cold_share"] > 0.5
     rates = read["probe_gb_s"]
     assert set(rates) == {"direct", "buffered"} and min(rates.values()) > 0
     assert (read["mode"] == "direct") == (rates["direct"] > st.DIRECT_MARGIN * rates["buffered"])
-    assert (out["read_direct_bytes"] > 0) == (read["mode"] == "direct")
+    probed_direct = 2 * 2 * st.PROBE_BYTES  # two O_DIRECT phases of two readers
+    if read["mode"] == "direct":
+        assert out["read_direct_bytes"] > probed_direct
+    else:
+        assert out["read_direct_bytes"] == probed_direct
+    assert read_bytes[0] == shard.stat().st_size  # every byte read once, the probe's included
     for rel in _files(src):
         assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
 
 
 @pytest.mark.parametrize("setting,mode", [("0", "buffered"), ("1", "direct")])
@@ -733,3 +757,85 @@ def test_unreadable_range_records_are_not_trusted(tmp_path, monkeypatch):
     assert out["resumed_bytes"] == 0
     assert (dest / shard.name).read_bytes() == shard.read_bytes()
     assert not list(dest.rglob("*" + st.PARTIAL))
+
+
+def test_probe_with_o_direct_refused_at_read_time_copies_buffered(tmp_path, monkeypatch):
+    """The probe's O_DIRECT pieces fail (EINVAL at the read): they keep no head, the mode is
+    buffered, and the ranges they touched are copied whole: the copy is exact."""
+    monkeypatch.setattr(st, "CHUNK", 256 << 10)
+    monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(st, "COLD_THREADS", 2)
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [4 << 20], seed=28)
+    real = os.preadv
+    monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
+    monkeypatch.setattr(st, "_fstype", lambda p: "ext4")
+
+    def preadv(fd, bufs, off, *a):
+        if os.O_DIRECT & __import__("fcntl").fcntl(fd, __import__("fcntl").F_GETFL):
+            raise OSError(22, "Invalid argument")
+        return real(fd, bufs, off, *a)
+
+    monkeypatch.setattr(st.os, "preadv", preadv)
+    out = _stage(src, tmp_path / "d")
+    assert out["read"]["mode"] == "buffered" and out["read"]["probe_gb_s"]["direct"] == 0
+    assert out["read_direct_bytes"] == 0
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+    assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
+
+
+def test_probe_verdict_is_remembered_per_filesystem_and_expires(tmp_path, monkeypatch):
+    """The next cold run on the same filesystem takes the probe's verdict from the state directory
+    and probes nothing; an expired verdict (or none kept) means a probe again."""
+    monkeypatch.setattr(st, "CHUNK", 256 << 10)
+    monkeypatch.setattr(st, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(st, "COLD_THREADS", 2)
+    src = _cold_src(tmp_path, seed=30)
+    probes = []
+    real = st.Copier._probe
+    monkeypatch.setattr(st.Copier, "_probe", lambda self, *a: probes.append(1) or real(self, *a))
+    evict(src)
+    first = _stage(src, tmp_path / "d1")["read"]
+    assert probes == [1] and "probed_at" not in first
+    saved = json.loads((tmp_path / "state" / st.VERDICTS).read_text())
+    ((key, entry),) = saved.items()
+    assert key == st._fs_key(str(src), 2) and entry["mode"] == first["mode"]
+    evict(src)
+    second = _stage(src, tmp_path / "d2")
+    assert probes == [1]  # not probed again
+    assert second["read"]["mode"] == first["mode"] and second["read"]["probed_at"] == entry["at"]
+    for rel in _files(src):
+        assert (tmp_path / "d2" / rel).read_bytes() == (src / rel).read_bytes()
+    entry["at"] -= 8 * 86400  # older than VERDICT_DAYS (7)
+    (tmp_path / "state" / st.VERDICTS).write_text(json.dumps({key: entry}))
+    evict(src)
+    third = _stage(src, tmp_path / "d3")["read"]
+    assert probes == [1, 1] and "probed_at" not in third
+    monkeypatch.setenv("GPUBOX_STAGE_STATE_DIR", "")  # keep none: every cold run probes
+    evict(src)
+    _stage(src, tmp_path / "d4")
+    evict(src)
+    _stage(src, tmp_path / "d5")
+    assert probes == [1, 1, 1, 1]
+
+
+def test_cached_source_gets_few_writers_per_file(tmp_path):
+    """A source in the page cache: WRITERS_PER_FILE (1.5) threads per file of more than one range
+    (a second writer of one tmpfs file spins on its inode lock), at most `workers`; exact copy."""
+    src = tmp_path / "s"
+    make_model(src, [3 << 20, 3 << 20, 3 << 20], seed=31)
+    for p in src.iterdir():
+        p.read_bytes()
+    chunk = st.CHUNK
+    try:
+        st.CHUNK = 1 << 20
+        out = _stage(src, tmp_path / "d", workers=8)
+        few = _stage(src, tmp_path / "d2", workers=2)
+    finally:
+        st.CHUNK = chunk
+    if out["read"]["mode"] != "cached":
+        pytest.skip("the page cache did not keep the source here")
+    assert out["read"]["threads"] == 5 and few["read"]["threads"] == 2  # ceil(1.5 x 3), at most 2
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
