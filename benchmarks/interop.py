@@ -17,12 +17,19 @@ Servers, each used when found (docs/facts.md "Real servers"):
 
     python benchmarks/interop.py [--only guidellm-mock,transformers] [--out 64] [--conc 4] [--json]
                                  [--model-kind tiny-llama|qwen3-1.5b] [--model-dir DIR]
+                                 [--workloads decode,concurrency] [--reps 3] [--tokps] [--save F]
+                                 [--call-timeout S] [--ready-timeout S] [--keep-logs DIR]
+  `--only sim` runs the harness against gpubox's own simulator (no real server: a dry run of it).
 
 On a GPU machine (e.g. one H200, transformers + its serving wheels):
     TRANSFORMERS_PY=python3 TRANSFORMERS_ARGS='--device cuda --dtype bfloat16' \
-        python benchmarks/interop.py --only transformers --model-kind qwen3-1.5b --model-dir /tmp/q3
-then the wire check against the same server: benchmarks/ttft_wire.py --url URL --model DIR
---tools gpubox,plain --capture packet (AF_PACKET where tcpdump is missing).
+        python benchmarks/interop.py --only transformers --model-kind qwen3-1.5b --model-dir /tmp/q3 \
+        --tokps --call-timeout 120 --save results.json
+(--tokps: decode tok/s of `gpubox bench run` and of a plain httpx client, each next to the wire's
+figure from a capture on lo, see benchmarks/wire_tokps.py; TRANSFORMERS_BIN names the
+`transformers` command where it is not beside TRANSFORMERS_PY), then the TTFT wire check against
+the same server: benchmarks/ttft_wire.py --url URL --model DIR --tools gpubox,plain --capture packet
+(AF_PACKET where tcpdump is missing).
 
 The model builder runs in BUILD_PY (default: TRANSFORMERS_PY, else this python) because it needs
 torch, transformers and tokenizers. Exit 0 when every server that started was measured ok.
@@ -31,6 +38,7 @@ torch, transformers and tokenizers. Exit 0 when every server that started was me
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -47,6 +55,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # ttft_wire's captures, wire_tokps (--tokps)
 
 from gpubox.bench.launcher import Server, ServerSpec, build_command, free_port, tail  # noqa: E402
 
@@ -59,7 +68,7 @@ out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 rnd = random.Random(0)
 words = [''.join(rnd.choice('abcdefghijklmnopqrstuvwxyz') for _ in range(rnd.randint(2, 9))) for _ in range(3000)]
 words += sys.argv[2].split()
-corpus = [' '.join(rnd.choice(words) for _ in range(40)) for _ in range(4000)]
+corpus = [' '.join(rnd.choice(words) for _ in range(40)) for _ in range(1500)]  # seconds, not minutes
 tok = Tokenizer(models.BPE(unk_token='<unk>'))
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 tok.decoder = decoders.ByteLevel()
@@ -79,9 +88,14 @@ if sys.argv[3] == "qwen3-1.5b":  # random-init, bf16: ~1.6e9 parameters, served 
                       max_position_embeddings=8192, bos_token_id=t.bos_token_id,
                       eos_token_id=t.eos_token_id, tie_word_embeddings=False, torch_dtype="bfloat16")
     torch.manual_seed(0)
-    m = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    print("parameters", sum(p.numel() for p in m.parameters()), file=sys.stderr)
-    m.save_pretrained(out)
+    # initialised in bf16 on the GPU where there is one: on the CPU the fp32 init of 1.6e9
+    # parameters is most of the build's time
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(dev):
+        m = Qwen3ForCausalLM(cfg)
+    print("parameters", sum(p.numel() for p in m.parameters()), "built on", dev, file=sys.stderr)
+    m.save_pretrained(out)  # safetensors, the default since transformers 4.35
 else:
     cfg = LlamaConfig(vocab_size=len(t), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
@@ -99,6 +113,9 @@ def build_model(py: str, dest: Path, kind: str = "tiny-llama") -> Path:
     r = subprocess.run(
         [py, "-c", BUILD, str(dest), " ".join(WORDS), kind], capture_output=True, text=True, timeout=900
     )
+    for line in r.stderr.splitlines():
+        if line.startswith("parameters"):
+            print(f"model: {line}", file=sys.stderr, flush=True)
     if r.returncode != 0:
         raise SystemExit(f"model build failed: {r.stderr.strip().splitlines()[-1:]}")
     return dest
@@ -136,7 +153,7 @@ def servers(model: Path, port: int, conc: int) -> dict[str, tuple[list[str], dic
         else None,
         "transformers": (
             [
-                str(Path(tpy).with_name("transformers")),
+                env("TRANSFORMERS_BIN") or str(Path(tpy).with_name("transformers")),
                 "serve",
                 "--host",
                 "127.0.0.1",
@@ -149,6 +166,29 @@ def servers(model: Path, port: int, conc: int) -> dict[str, tuple[list[str], dic
         )
         if tpy
         else None,
+        # gpubox's own simulator answering as transformers serve 5.17 does (no model listed): not a
+        # real server, only run when named (`--only sim`), to try this harness on a machine without one
+        "sim": (
+            [
+                sys.executable,
+                "-m",
+                "gpubox.simbox.simserver",
+                "--port",
+                str(port),
+                "--model",
+                str(model),
+                "--models-list",
+                "empty",
+                "--rate",
+                "200",
+                "--ttft",
+                "0.05",
+                "--no-contention",
+                "--startup-s",
+                "0",
+            ],
+            {"PYTHONPATH": str(ROOT)},
+        ),
         "vllm": None,
         "llama-server": None,
         "llama-cpp-python": None,
@@ -260,20 +300,29 @@ def llama_own(log_text: str, out: int) -> dict:
     }
 
 
-def workloads(out: int, conc: int) -> dict[str, dict]:
+def workloads(out: int, conc: int, only: str | None = None) -> dict[str, dict]:
     """One gpubox run per workload, so the server's own figures (taken as a delta around each run)
     belong to exactly one workload."""
-    return {
+    every = {
         "decode": {"kind": "decode", "output_lens": [out]},
         "concurrency": {"kind": "concurrency", "concurrency": [conc], "output_len": out},
     }
+    return {k: v for k, v in every.items() if not only or k in only.split(",")}
 
 
 def gpubox_bench(
-    url: str, workload: dict, tmp: Path, tokenizer: Path | None, model: str | None = None
+    url: str,
+    workload: dict,
+    tmp: Path,
+    tokenizer: Path | None,
+    model: str | None = None,
+    reps: int = 3,
+    timeout: float = 900,
 ) -> dict:
     prof = tmp / "interop-profile.yml"
-    prof.write_text(json.dumps({"warmup": 1, "repetitions": 3, "prompt_tokens": 64, "workloads": [workload]}))
+    prof.write_text(
+        json.dumps({"warmup": 1, "repetitions": reps, "prompt_tokens": 64, "workloads": [workload]})
+    )
     argv = (
         [
             sys.executable,
@@ -292,13 +341,17 @@ def gpubox_bench(
         + (["--tokenizer", str(tokenizer)] if tokenizer else [])
         + (["--model", model] if model else [])
     )
-    r = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp / "state")},
-    )
+    try:
+        r = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "GPUBOX_STATE_DIR": str(tmp / "state")},
+        )
+    except subprocess.TimeoutExpired as exc:  # a partial table beats none: the next step still runs
+        err = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        return {"rc": None, "error": f"timed out after {timeout:g} s: {(err or '').strip()[-200:]}"}
     if not r.stdout.strip():
         return {"rc": r.returncode, "error": (r.stderr.strip().splitlines() or ["no output"])[-1]}
     doc = json.loads(r.stdout)
@@ -307,6 +360,7 @@ def gpubox_bench(
         "verdict": doc["verdict"]["status"],
         "client": doc["servers"][0].get("client"),
         "measurements": {},
+        "raw": doc["measurements"],
     }
     for m in doc["measurements"]:
         res["measurements"][m["workload"]] = {
@@ -314,6 +368,7 @@ def gpubox_bench(
             "reason": m.get("reason"),
             "ttft_ms": (m.get("ttft_s") or {}).get("p50") and m["ttft_s"]["p50"] * 1000,
             "tpot_ms": (m.get("tpot_ms") or {}).get("p50"),
+            "tok_s": m.get("tok_s"),
             "tokens": sorted({s.get("tokens_source") for s in m["samples"]} - {None}),
         }
     return res
@@ -460,6 +515,51 @@ def leftovers(srv: Server, port: int) -> list[str]:
     return sorted(set(left))
 
 
+def save(path: str | None, rows: list[dict]) -> None:
+    """The rows so far, written whole (a temp file renamed over the last one)."""
+    if path:
+        tmp = Path(path + ".part")
+        tmp.write_text(json.dumps(rows, indent=1, default=str))
+        os.replace(tmp, path)
+
+
+def capture(kind: str, port: int, tmp: Path):
+    """A capture on lo for the server's port (ttft_wire's classes: AF_PACKET or tcpdump)."""
+    import ttft_wire
+
+    return (ttft_wire.PacketCapture if kind == "packet" else ttft_wire.Tcpdump)(port, tmp)
+
+
+def tokps_rows(url: str, model: str, wl: dict, a, g: dict, cap, port: int, tmp: Path) -> list[dict]:
+    """gpubox's run (already inside `cap`) and a plain client's, each against the wire."""
+    import wire_tokps
+
+    conc = wl.get("concurrency", [1])[0]
+    out = [wire_tokps.gpubox_vs_wire(m, wire_tokps.wire_streams(cap.packets(), port)) for m in g["raw"]]
+    cap2 = capture(a.capture, port, tmp)
+    try:
+        out.append(
+            wire_tokps.plain(url, model, conc, max(a.plain_requests, conc), a.out, cap2, a.call_timeout)
+        )
+    except Exception as exc:  # noqa: BLE001 - the reference client's failure is a row, not the end
+        out.append({"client": "plain", "error": f"{type(exc).__name__}: {exc}"[:200]})
+    return out
+
+
+def tokps_line(server: str, w: str, t: dict) -> str:
+    if "error" in t:
+        return f"{server:<17} {w:<12} tok/s {t['client']:<6} {t['error']}"
+
+    def f(x):
+        return "-" if x is None else f"{x:.2f}"
+
+    ratio = f"{(t['ratio'] - 1) * 100:+.2f}%" if t.get("ratio") else "-"
+    return (
+        f"{server:<17} {w:<12} tok/s {t['client']:<6} {f(t['tok_s']):>9} vs wire {f(t['wire_tok_s']):>9}"
+        f" ({ratio}, {t['requests']} requests)"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=None)
@@ -476,6 +576,26 @@ def main() -> int:
         "(with TRANSFORMERS_ARGS='--device cuda --dtype bfloat16')",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workloads", default=None, help="decode,concurrency (default: both)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per gpubox run (1 warmup before)")
+    ap.add_argument(
+        "--tokps",
+        action="store_true",
+        help="decode tok/s of gpubox and of a plain httpx client against a capture on lo (needs root)",
+    )
+    ap.add_argument("--capture", choices=("tcpdump", "packet"), default="packet")
+    ap.add_argument("--plain-requests", type=int, default=4, help="requests of the plain client per workload")
+    ap.add_argument(
+        "--call-timeout",
+        type=float,
+        default=900,
+        help="seconds for each gpubox / GuideLLM / plain-client run; one that runs over is reported and the next runs",
+    )
+    ap.add_argument("--ready-timeout", type=float, default=900)
+    ap.add_argument("--keep-logs", default=None, help="copy each server's log into this folder at teardown")
+    ap.add_argument(
+        "--save", default=None, help="write the rows here after every step (partial results survive a kill)"
+    )
     a = ap.parse_args()
     build_py = os.environ.get("BUILD_PY") or os.environ.get("TRANSFORMERS_PY") or sys.executable
     rows, ok = [], True
@@ -484,7 +604,7 @@ def main() -> int:
         model = build_model(build_py, Path(a.model_dir) if a.model_dir else tmp / a.model_kind, a.model_kind)
         port = free_port()
         for name, cmd in servers(model, port, a.conc).items():
-            if a.only and name not in a.only.split(","):
+            if (a.only and name not in a.only.split(",")) or (name == "sim" and not a.only):
                 continue
             if cmd is None:
                 rows.append({"server": name, "status": "not installed"})
@@ -493,33 +613,43 @@ def main() -> int:
             log = tmp / f"{name}.log"
             srv = Server(argv, env, port=port, log_path=log, model=str(model))
             row = {"server": name, "argv": argv}
+            rows.append(row)
             t0 = time.monotonic()
             try:
                 srv.start()
-                row["startup_s"] = round(srv.wait_ready(900), 1)
+                row["startup_s"] = round(srv.wait_ready(a.ready_timeout), 1)
+                save(a.save, rows)
             except Exception as exc:  # noqa: BLE001 - report and go on to the next server
                 srv.stop()
                 row.update(status="did not start", error=str(exc)[:300], log_tail=tail(log, 8))
                 row["leftovers"] = leftovers(srv, port)
-                rows.append(row)
+                save(a.save, rows)
                 ok = False
                 continue
             try:
                 mid = served_model(srv.url, str(model))
-                tok = model if name != "guidellm-mock" else None
+                tok = model if name not in ("guidellm-mock", "sim") else None
                 row["gpubox"], row["own"], row["guidellm"] = {}, {}, {}
-                for wname, wl in workloads(a.out, a.conc).items():
+                if a.tokps:
+                    row["tokps"] = {}
+                for wname, wl in workloads(a.out, a.conc, a.workloads).items():
                     own0 = vllm_own(srv.url) if name == "vllm" else None
                     at = log.stat().st_size
-                    g = gpubox_bench(srv.url, wl, tmp, tok, mid)
+                    cap = capture(a.capture, port, tmp) if a.tokps else contextlib.nullcontext()
+                    with cap:
+                        g = gpubox_bench(srv.url, wl, tmp, tok, mid, a.reps, a.call_timeout)
                     if "error" in g:
                         row["gpubox"].setdefault("error", g["error"])
+                        save(a.save, rows)
                         continue
                     row["gpubox"].setdefault("client", g["client"])
                     row["gpubox"].setdefault("measurements", {}).update(g["measurements"])
                     own = own_timing(name, srv.url, own0, log, at, a.out)
                     for key in g["measurements"]:
                         row["own"][key] = own
+                    if a.tokps:
+                        row["tokps"][wname] = tokps_rows(srv.url, mid, wl, a, g, cap, port, tmp)
+                    save(a.save, rows)
                 # GuideLLM after all of gpubox's runs: a request of its that hangs (llama-cpp-python,
                 # chat completions) keeps the server busy and must not spoil gpubox's figures
                 for wname, wl in workloads(a.out, a.conc).items():
@@ -530,6 +660,7 @@ def main() -> int:
                         if prev["status"] == "ok"
                         else prev
                     )
+                    save(a.save, rows)
                 row["status"] = "ok"
                 ok &= (
                     all(m["status"] == "ok" for m in row["gpubox"].get("measurements", {}).values())
@@ -537,10 +668,12 @@ def main() -> int:
                 )
             finally:
                 srv.stop()
+                if a.keep_logs and log.exists():
+                    shutil.copy(log, Path(a.keep_logs) / f"{name}.log")
                 row["leftovers"] = leftovers(srv, port)
                 row["teardown_clean"] = not srv.alive() and not row["leftovers"]
                 row["wall_s"] = round(time.monotonic() - t0, 1)
-            rows.append(row)
+                save(a.save, rows)
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0 if ok else 1
@@ -562,9 +695,11 @@ def main() -> int:
             continue
         g = r["gpubox"]
         if "error" in g:
-            print(f"{r['server']:<17} gpubox rc={g['rc']}: {g['error']}")
+            print(f"{r['server']:<17} gpubox: {g['error']}")
             continue
         for w, m in g["measurements"].items():
+            for t in (r.get("tokps") or {}).get(w) or []:
+                print(tokps_line(r["server"], w, t))
             own, gl = r["own"].get(w) or {}, r["guidellm"].get(w) or {}
             glc = (
                 f"{f(gl.get('ttft_ms')):>13} {f(gl.get('tpot_ms')):>7}"

@@ -119,6 +119,11 @@ class Tcpdump:
         self.dropped = int(m.group(1)) if m else None
 
     def ttfts(self) -> list[float]:
+        self.requests = wire_requests(self.packets(), self.port)
+        return [x for _, x, _ in self.requests]
+
+    def packets(self) -> list[tuple[float, int, int, bytes]]:
+        """(time, sport, dport, payload) per captured segment, in capture order."""
         txt = subprocess.run(
             ["tcpdump", "-r", str(self.pcap), "-n", "-tt", "-A", "-s", "0"],
             capture_output=True,
@@ -133,10 +138,7 @@ class Tcpdump:
                 pkts.append(cur)
             elif cur is not None:
                 cur[4].append(line)
-        self.requests = wire_requests(
-            [(t, sp, dp, "\n".join(body).encode() if n else b"") for t, sp, dp, n, body in pkts], self.port
-        )
-        return [x for _, x, _ in self.requests]
+        return [(t, sp, dp, "\n".join(body).encode() if n else b"") for t, sp, dp, n, body in pkts]
 
 
 PACKET_CHILD = r"""
@@ -188,15 +190,14 @@ class PacketCapture(Tcpdump):
             raise SystemExit(f"packet capture did not start: {self.p.stderr.read().decode().strip()[-300:]}")
         return self
 
-    def ttfts(self) -> list[float]:
+    def packets(self) -> list[tuple[float, int, int, bytes]]:
         raw, pkts, i = self.pcap.read_bytes(), [], 0
         while i < len(raw):
             t, sp, dp, n = struct.unpack_from("!dHHI", raw, i)
             i += 16
             pkts.append((t, sp, dp, raw[i : i + n]))
             i += n
-        self.requests = wire_requests(pkts, self.port)
-        return [x for _, x, _ in self.requests]
+        return pkts
 
 
 def row(tool: str, own_ms: float | None, wire: list[float], cap=None, **extra) -> dict:

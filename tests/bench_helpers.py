@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 from gpubox.bench.launcher import Server, free_port
 
@@ -20,3 +22,27 @@ def simserver(tmp_path, *args: str, ready: bool = True):
         yield s
     finally:
         s.stop()
+
+
+LATE = 1.02  # the simulator sent a request's last token 2% later than it planned: the machine fell behind
+
+
+def sim_lags(truth) -> list[float]:
+    """Per request of the simulated server (its --truth-file): sent decode time / planned decode
+    time, 1.0 = on its own schedule. Load shows here, not as a guess of a margin."""
+    path = Path(truth)
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        (r["e2e_s"] - r["ttft_s"]) / (r["plan_e2e_s"] - r["plan_ttft_s"])
+        for r in rows
+        if r["output_tokens"] > 1 and r["plan_e2e_s"] > r["plan_ttft_s"]
+    ]
+
+
+def fell_behind(sim) -> bool:
+    """This machine could not keep the simulated server's pace (some request's decode took 2% longer
+    than the simulator planned): a degraded verdict is then the client measuring that truthfully,
+    not a wrong verdict. Tests that need a healthy verdict accept this one excuse, measured."""
+    return max(sim_lags(sim.truth_path), default=1.0) > LATE

@@ -129,7 +129,7 @@ def test_local_timeout_is_one_line_error_naming_host(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(TransportError) as ei:
         t.run(["sh", "-c", f"sleep 30 & echo $! > {pidfile}; wait"], timeout=0.5)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # not the command's own 30 s: the timeout ended it (no tighter bound)
     assert "timed out after 0.5 s on slowbox" in str(ei.value) and "\n" not in str(ei.value)
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 3  # the grandchild went with its process group
@@ -200,7 +200,7 @@ def test_ssh_timeout_is_overall_and_names_host(ssh):
     with pytest.raises(TransportError, match=r"timed out after 1 s on pve1"):
         # prints steadily, so a per-read timeout would never fire
         ssh.run(["sh", "-c", "while true; do echo tick; sleep 0.1; done"], timeout=1)
-    assert time.monotonic() - t0 < 6
+    assert time.monotonic() - t0 >= 0.9  # the message says it fired; the command itself never ends
     assert ssh.run(["echo", "still usable"]).stdout == "still usable\n"
 
 
@@ -278,9 +278,9 @@ def test_ssh_refused_port_names_host(sshd):
         port = s.getsockname()[1]  # closed again: nothing listens there
     t0 = time.monotonic()
     with pytest.raises(TransportError) as ei:
-        SSHTransport("pve9", "127.0.0.1", port, key_filename=str(sshd.key), connect_timeout=2).run(["true"])
+        SSHTransport("pve9", "127.0.0.1", port, key_filename=str(sshd.key), connect_timeout=30).run(["true"])
     assert f"pve9: cannot reach 127.0.0.1:{port}" in str(ei.value)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 30  # refused at once, not the 30 s connect timeout (no tighter bound)
 
 
 def test_ssh_silent_host_times_out_naming_host(sshd):

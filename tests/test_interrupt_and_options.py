@@ -21,6 +21,16 @@ from tests.clirun import gpubox
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# gpubox as a person runs it at a terminal: SIGINT at its default, whatever this test process
+# inherited. A shell without job control starts background jobs with SIGINT ignored (`cmd &` in
+# a script, nohup from one), the ignore survives exec, and Python then installs no handler: Ctrl-C
+# would do nothing and the run would wait at the prompt for ever (seen when the suite was run so).
+AT_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'gpubox.cli', *sys.argv[1:]])"
+)
+
+
 def _read_until(fd: int, proc: subprocess.Popen, want: bytes | None, limit: float) -> bytes:
     buf, end = b"", time.monotonic() + limit
     while time.monotonic() < end:
@@ -46,7 +56,16 @@ def test_ctrl_c_at_the_restart_prompt_exits_130_with_what_was_changed(tmp_path):
     master, slave = pty.openpty()
     env = dict(os.environ, GPUBOX_STATE_DIR=str(tmp_path / "state"), COLUMNS="200", PYTHONPATH=ROOT)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "recover", "ct200", "--no-bench"],
+        [
+            sys.executable,
+            "-c",
+            AT_A_TERMINAL,
+            "-i",
+            str(sim.inventory_path),
+            "recover",
+            "ct200",
+            "--no-bench",
+        ],
         stdin=slave,
         stdout=slave,
         stderr=slave,

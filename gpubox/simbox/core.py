@@ -47,6 +47,11 @@ class SimBox:
         return self.dest / "inventory.yml"
 
     @property
+    def truth_path(self) -> Path:
+        """The simulated server's per-request truth (simserver --truth-file), one JSON line each."""
+        return self.dest / "sim-truth.jsonl"
+
+    @property
     def state_path(self) -> Path:
         return self.dest / "sim.json"
 

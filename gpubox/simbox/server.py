@@ -69,6 +69,10 @@ def build(sim: SimBox, faults: set[str]) -> None:
         _literal(sim.host_root),
         "--root",
         _literal(sim.ct_root),
+        # per request: when it meant to send the first/last token and when it did, so a test can
+        # tell "this machine fell behind the simulator's pace" from a wrong verdict
+        "--truth-file",
+        _literal(sim.truth_path),
     ]
     if "server_fail" in faults:
         cmd.append("--fail-start")

@@ -683,6 +683,7 @@ class Handler:
             t_next = t_recv + s.ttft(prompt_tokens)
             plan_first = t_next
             t_first = t_last = None
+            wrote_first = wrote_last = None  # the same moments after the write returned
             first = True
             while emitted < n_target:
                 if first:
@@ -713,10 +714,11 @@ class Handler:
                 # once), stamped before the write so a preemption after it cannot make it late
                 now = time.perf_counter()
                 w.write(data)
+                wrote = time.perf_counter()  # loopback: the client's kernel stamp lies in between
                 await w.drain()
                 if first:
-                    t_first = now
-                t_last = now
+                    t_first, wrote_first = now, wrote
+                t_last, wrote_last = now, wrote
                 emitted += n
                 s.total_tokens += n
                 first = False
@@ -733,6 +735,7 @@ class Handler:
                 )
             done = b"data: [DONE]\n\n"
             w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            wrote_end = time.perf_counter()
             await w.drain()
             s.truth.append(
                 {
@@ -741,6 +744,9 @@ class Handler:
                     "t_recv": t_recv,
                     "t_first": t_first,
                     "t_last": t_last,
+                    "t_first_written": wrote_first,
+                    "t_last_written": wrote_last,
+                    "t_end_written": wrote_end,  # after the body's last byte (usage, [DONE])
                     "ttft_s": t_first - t_recv,
                     "e2e_s": t_last - t_recv,
                     "output_tokens": emitted,
