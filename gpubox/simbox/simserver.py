@@ -38,6 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # -- the performance model (docs/facts.md "Reference figures", Qwen3.6-27B, 8x RTX PRO 6000, PCIe) ------------
 # single-stream decode tok/s at 1024 output tokens, per TP size
@@ -575,28 +576,45 @@ class Handler:
         return True
 
     async def generate(self, path: str, body: bytes, w) -> bool:
-        s, a = self.sim, self.sim.a
+        """One completion request, as vLLM answers it: refused (the same status codes and error
+        bodies), answered whole, or streamed at the simulated pace. False: the connection was
+        dropped on purpose (the client must see a cut stream)."""
         t_recv = time.perf_counter()
         try:
             req = json.loads(body)
         except ValueError:
             await _send(w, 400, _err("invalid JSON body", 400))
             return True
+        chat = path.endswith("chat/completions")
+        refusal = self._refusal(req, chat)
+        if refusal is not None:
+            await _send(w, *refusal)
+            return True
+        r = self._reply(req, chat, t_recv)
+        s = self.sim
+        s.active += 1
+        try:
+            if not r.stream:
+                await self._answer_whole(w, r)
+                return True
+            return await self._stream(w, r)
+        finally:
+            s.active -= 1
+
+    def _refusal(self, req: dict, chat: bool) -> tuple[int, bytes] | None:
+        """Why vLLM would refuse this request before generating (status, body), in its order:
+        an engine failure, a model it does not serve (a server with an empty model list still
+        serves its own name), a model still loading, a prompt + completion past max_model_len
+        (vLLM's own message); None when it is served."""
+        s, a = self.sim, self.sim.a
         if a.error_status:
-            await _send(
-                w, a.error_status, _err("simulated engine failure", a.error_status, "InternalServerError")
-            )
-            return True
+            return a.error_status, _err("simulated engine failure", a.error_status, "InternalServerError")
         if a.models_list == "empty" and req.get("model") != a.served_name:
-            await _send(w, 404, _err(f"model {req.get('model')!r} not found", 404, "NotFoundError"))
-            return True
+            return 404, _err(f"model {req.get('model')!r} not found", 404, "NotFoundError")
         if s.loading_left > 0:  # a lazy server: answers HTTP before its model is loaded
             s.loading_left -= 1
-            await _send(w, 503, _err("model is loading", 503, "ServiceUnavailableError"))
-            return True
-        chat = path.endswith("chat/completions")
-        prompt_tokens = s.chat_tokens(req.get("messages")) if chat else s.count(str(req.get("prompt", "")))
-        max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+            return 503, _err("model is loading", 503, "ServiceUnavailableError")
+        prompt_tokens, max_tokens = self._lengths(req, chat)
         if prompt_tokens + max_tokens > a.max_model_len:
             where = "messages" if chat else "prompt"
             msg = (
@@ -604,167 +622,201 @@ class Handler:
                 f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {where}, "
                 f"{max_tokens} in the completion). Please reduce the length of the {where} or completion."
             )
-            await _send(w, 400, _err(msg, 400))
-            return True
+            return 400, _err(msg, 400)
+        return None
+
+    def _lengths(self, req: dict, chat: bool) -> tuple[int, int]:
+        """(prompt tokens, max_tokens) as the server counts them."""
+        s = self.sim
+        prompt_tokens = s.chat_tokens(req.get("messages")) if chat else s.count(str(req.get("prompt", "")))
+        return prompt_tokens, int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+
+    def _reply(self, req: dict, chat: bool, t_recv: float) -> "_Reply":
+        """What this request will get: its id, how many tokens (EOS drawn from the request's own
+        seeded stream unless ignore_eos), streamed or whole, with usage, with a thinking tag."""
+        s, a = self.sim, self.sim.a
+        prompt_tokens, max_tokens = self._lengths(req, chat)
         s.requests += 1
         rid = s.requests
         rng = random.Random(rid * 7919 + a.seed)
-        stall_rng = random.Random(rid * 104729 + a.seed)  # own stream: stalls leave acceptance alone
         n_target = max_tokens
         if not req.get("ignore_eos") and int(req.get("min_tokens") or 0) < max_tokens:
             n_target = max(int(req.get("min_tokens") or 1), min(max_tokens, rng.randint(200, 600)))
-        stream = bool(req.get("stream"))
-        usage_on = bool((req.get("stream_options") or {}).get("include_usage"))
-        thinking = bool((req.get("chat_template_kwargs") or {}).get("enable_thinking", False))
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        created = int(time.time())
-        cid = f"{'chatcmpl' if chat else 'cmpl'}-sim{rid:08d}"
+        return _Reply(
+            chat=chat,
+            cid=f"{'chatcmpl' if chat else 'cmpl'}-sim{rid:08d}",
+            created=int(time.time()),
+            model=a.served_name,
+            user=req.get("user"),
+            t_recv=t_recv,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            n_target=n_target,
+            stream=bool(req.get("stream")),
+            usage_on=bool((req.get("stream_options") or {}).get("include_usage")),
+            thinking=bool((req.get("chat_template_kwargs") or {}).get("enable_thinking", False)),
+            rng=rng,
+            stall_rng=random.Random(rid * 104729 + a.seed),  # own stream: stalls leave acceptance alone
+        )
 
-        def chunk(text: str | None, finish=None, usage=None, role=False) -> bytes:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if role else {"content": text}
-                ch = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-            else:
-                ch = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-            d = {
-                "id": cid,
-                "object": obj,
-                "created": created,
-                "model": a.served_name,
-                "choices": [] if usage else ch,
-            }
-            if usage:
-                d["usage"] = usage
-            data = b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
-            return b"%x\r\n%s\r\n" % (len(data), data)
-
-        s.active += 1
-        emitted = 0
-        try:
-            if not stream:  # non-streaming: wait the whole generation, answer once
-                await asyncio.sleep(
-                    s.ttft(prompt_tokens) + (n_target - 1) / s.mean_rate(n_target, prompt_tokens)
-                )
-                s.total_tokens += n_target
-                text = " tok" * n_target
-                d = {
-                    "id": cid,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": created,
-                    "model": a.served_name,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": "length" if n_target == max_tokens else "stop",
-                            **(
-                                {"message": {"role": "assistant", "content": text}}
-                                if chat
-                                else {"text": text}
-                            ),
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": n_target,
-                        "total_tokens": prompt_tokens + n_target,
-                    },
-                }
-                await _send(w, 200, json.dumps(d).encode())
-                return True
-            w.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                b"transfer-encoding: chunked\r\n\r\n"
-            )
-            if chat:
-                w.write(chunk(None, role=True))
-            await w.drain()
-            loop = asyncio.get_running_loop()
-            # absolute deadlines so pacing never drifts: first token after prefill, then n/rate
-            t_next = t_recv + s.ttft(prompt_tokens)
-            plan_first = t_next
-            t_first = t_last = None
-            wrote_first = wrote_last = None  # the same moments after the write returned
-            first = True
-            while emitted < n_target:
-                if first:
-                    n = 1  # the prefill step yields exactly one token
-                else:
-                    n = min(s.step_tokens(rng), n_target - emitted)
-                    step_s = n / s.rate(n_target, prompt_tokens)
-                    t_next += step_s + s.numa_stall(step_s, stall_rng)
-                delay = t_next - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if a.die_after is not None and s.total_tokens + n > a.die_after:
-                    sys.stdout.write("ERROR simulated engine crash: EngineCore died unexpectedly\n")
-                    sys.stdout.flush()
-                    os._exit(3)
-                if a.hang_after is not None and emitted >= a.hang_after:
-                    await asyncio.sleep(3600)
-                if a.close_after is not None and emitted >= a.close_after:
-                    w.transport.abort()  # drop the connection mid-stream, no terminating chunk
-                    return False
-                piece = "<think>" if (thinking and first) else ""
-                piece += " tok" * n
-                finish = None
-                if emitted + n >= n_target:
-                    finish = "length" if n_target == max_tokens else "stop"
-                data = chunk(piece, finish)
-                # truth = the moment the token is handed to the socket (transport.write sends at
-                # once), stamped before the write so a preemption after it cannot make it late
-                now = time.perf_counter()
-                w.write(data)
-                wrote = time.perf_counter()  # loopback: the client's kernel stamp lies in between
-                await w.drain()
-                if first:
-                    t_first, wrote_first = now, wrote
-                t_last, wrote_last = now, wrote
-                emitted += n
-                s.total_tokens += n
-                first = False
-            if usage_on:
-                w.write(
-                    chunk(
-                        None,
-                        usage={
-                            "prompt_tokens": prompt_tokens,
-                            "completion_tokens": emitted,
-                            "total_tokens": prompt_tokens + emitted,
-                        },
-                    )
-                )
-            done = b"data: [DONE]\n\n"
-            w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
-            wrote_end = time.perf_counter()
-            await w.drain()
-            s.truth.append(
+    async def _answer_whole(self, w, r: "_Reply") -> None:
+        """Non-streaming: wait the whole generation, answer once."""
+        s = self.sim
+        await asyncio.sleep(
+            s.ttft(r.prompt_tokens) + (r.n_target - 1) / s.mean_rate(r.n_target, r.prompt_tokens)
+        )
+        s.total_tokens += r.n_target
+        text = " tok" * r.n_target
+        d = {
+            "id": r.cid,
+            "object": "chat.completion" if r.chat else "text_completion",
+            "created": r.created,
+            "model": r.model,
+            "choices": [
                 {
-                    "id": cid,
-                    "user": req.get("user"),
-                    "t_recv": t_recv,
-                    "t_first": t_first,
-                    "t_last": t_last,
-                    "t_first_written": wrote_first,
-                    "t_last_written": wrote_last,
-                    "t_end_written": wrote_end,  # after the body's last byte (usage, [DONE])
-                    "ttft_s": t_first - t_recv,
-                    "e2e_s": t_last - t_recv,
-                    "output_tokens": emitted,
-                    "prompt_tokens": prompt_tokens,
-                    # the simulator's own clock: when it meant to send the first and last token.
-                    # Sent later than planned = the machine could not keep the pace (load), which
-                    # tests measure instead of assuming a margin
-                    "plan_ttft_s": plan_first - t_recv,
-                    "plan_e2e_s": t_next - t_recv,
+                    "index": 0,
+                    "finish_reason": r.finish,
+                    **({"message": {"role": "assistant", "content": text}} if r.chat else {"text": text}),
                 }
-            )
-            if a.truth_file:
-                with open(a.truth_file, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps({**s.truth[-1], "tp": a.tp, "method": a.method}) + "\n")
-            del loop
-            return True
-        finally:
-            s.active -= 1
+            ],
+            "usage": r.usage(r.n_target),
+        }
+        await _send(w, 200, json.dumps(d).encode())
+
+    async def _stream(self, w, r: "_Reply") -> bool:
+        """Server-sent events at the simulated pace: the first token after prefill, then steps of
+        accepted tokens on absolute deadlines (pacing never drifts), the faults the server was
+        started with (crash, hang, dropped connection), usage, [DONE]; then the truth record."""
+        s, a = self.sim, self.sim.a
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        if r.chat:
+            w.write(r.chunk(None, role=True))
+        await w.drain()
+        t_next = r.t_recv + s.ttft(r.prompt_tokens)
+        plan_first = t_next
+        stamps: dict[str, float] = {}
+        emitted = 0
+        while emitted < r.n_target:
+            first = emitted == 0
+            if first:
+                n = 1  # the prefill step yields exactly one token
+            else:
+                n = min(s.step_tokens(r.rng), r.n_target - emitted)
+                step_s = n / s.rate(r.n_target, r.prompt_tokens)
+                t_next += step_s + s.numa_stall(step_s, r.stall_rng)
+            delay = t_next - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if a.die_after is not None and s.total_tokens + n > a.die_after:
+                sys.stdout.write("ERROR simulated engine crash: EngineCore died unexpectedly\n")
+                sys.stdout.flush()
+                os._exit(3)
+            if a.hang_after is not None and emitted >= a.hang_after:
+                await asyncio.sleep(3600)
+            if a.close_after is not None and emitted >= a.close_after:
+                w.transport.abort()  # drop the connection mid-stream, no terminating chunk
+                return False
+            piece = ("<think>" if (r.thinking and first) else "") + " tok" * n
+            data = r.chunk(piece, r.finish if emitted + n >= r.n_target else None)
+            # truth = the moment the token is handed to the socket (transport.write sends at
+            # once), stamped before the write so a preemption after it cannot make it late
+            now = time.perf_counter()
+            w.write(data)
+            wrote = time.perf_counter()  # loopback: the client's kernel stamp lies in between
+            await w.drain()
+            if first:
+                stamps["t_first"], stamps["t_first_written"] = now, wrote
+            stamps["t_last"], stamps["t_last_written"] = now, wrote
+            emitted += n
+            s.total_tokens += n
+        if r.usage_on:
+            w.write(r.chunk(None, usage=r.usage(emitted)))
+        done = b"data: [DONE]\n\n"
+        w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+        stamps["t_end_written"] = time.perf_counter()  # after the body's last byte (usage, [DONE])
+        await w.drain()
+        self._record(r, stamps, emitted, plan_first, t_next)
+        return True
+
+    def _record(self, r: "_Reply", stamps: dict, emitted: int, plan_first: float, plan_last: float) -> None:
+        """The server's truth for one streamed request: when each token really left, and when
+        the simulator meant to send the first and last one. Sent later than planned = the
+        machine could not keep the pace (load), which tests measure instead of assuming a margin."""
+        s, a = self.sim, self.sim.a
+        s.truth.append(
+            {
+                "id": r.cid,
+                "user": r.user,
+                "t_recv": r.t_recv,
+                "t_first": stamps["t_first"],
+                "t_last": stamps["t_last"],
+                "t_first_written": stamps["t_first_written"],
+                "t_last_written": stamps["t_last_written"],
+                "t_end_written": stamps["t_end_written"],
+                "ttft_s": stamps["t_first"] - r.t_recv,
+                "e2e_s": stamps["t_last"] - r.t_recv,
+                "output_tokens": emitted,
+                "prompt_tokens": r.prompt_tokens,
+                "plan_ttft_s": plan_first - r.t_recv,
+                "plan_e2e_s": plan_last - r.t_recv,
+            }
+        )
+        if a.truth_file:
+            with open(a.truth_file, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({**s.truth[-1], "tp": a.tp, "method": a.method}) + "\n")
+
+
+@dataclass
+class _Reply:
+    """One admitted request: what it asked and what the simulator will answer."""
+
+    chat: bool
+    cid: str
+    created: int
+    model: str
+    user: Any
+    t_recv: float
+    prompt_tokens: int
+    max_tokens: int
+    n_target: int
+    stream: bool
+    usage_on: bool
+    thinking: bool
+    rng: random.Random
+    stall_rng: random.Random
+
+    @property
+    def finish(self) -> str:
+        return "length" if self.n_target == self.max_tokens else "stop"
+
+    def usage(self, completion: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def chunk(self, text: str | None, finish=None, usage=None, role=False) -> bytes:
+        """One SSE event in one HTTP chunk, shaped as vLLM's (chat delta or completion text)."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else {"content": text}
+            ch = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        else:
+            ch = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        d = {
+            "id": self.cid,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [] if usage else ch,
+        }
+        if usage:
+            d["usage"] = usage
+        data = b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
+        return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def parse(argv=None) -> argparse.Namespace:
