@@ -17,3 +17,13 @@ def gpubox(capsys, *argv: str) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     code = ei.value.code
     return (0 if code is None else int(code)), out, err
+
+
+# gpubox as a person runs it at a terminal: SIGINT at its default, whatever this test process
+# inherited. A shell without job control starts background jobs with SIGINT ignored (`cmd &` in
+# a script, nohup from one), the ignore survives exec, and Python then installs no handler: Ctrl-C
+# would do nothing and the run would wait at the prompt for ever (seen when the suite was run so).
+AT_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'gpubox.cli', *sys.argv[1:]])"
+)

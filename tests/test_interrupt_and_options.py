@@ -16,19 +16,9 @@ import sys
 import time
 
 from gpubox.simbox import build
-from tests.clirun import gpubox
+from tests.clirun import AT_A_TERMINAL, gpubox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# gpubox as a person runs it at a terminal: SIGINT at its default, whatever this test process
-# inherited. A shell without job control starts background jobs with SIGINT ignored (`cmd &` in
-# a script, nohup from one), the ignore survives exec, and Python then installs no handler: Ctrl-C
-# would do nothing and the run would wait at the prompt for ever (seen when the suite was run so).
-AT_A_TERMINAL = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'gpubox.cli', *sys.argv[1:]])"
-)
 
 
 def _read_until(fd: int, proc: subprocess.Popen, want: bytes | None, limit: float) -> bytes:

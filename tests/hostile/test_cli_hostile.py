@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gpubox.simbox import build
-from tests.clirun import gpubox
+from tests.clirun import AT_A_TERMINAL, gpubox
 
 
 def _one_line(err: str) -> bool:
@@ -50,18 +50,24 @@ def test_sigint_exits_130(tmp_path):
     sim = _sim(tmp_path)
     stub = tmp_path / "bin"
     stub.mkdir()
-    slow = stub / "setpci"  # a setpci that hangs long enough to be interrupted
-    slow.write_text("#!/bin/sh\nsleep 30\n")
+    started = tmp_path / "setpci-started"
+    slow = stub / "setpci"  # a setpci that hangs long enough to be interrupted, and says it began
+    slow.write_text(f"#!/bin/sh\ntouch '{started}'\nsleep 30\n")
     slow.chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PYTHONPATH": os.getcwd()}
     p = subprocess.Popen(
-        [sys.executable, "-m", "gpubox.cli", "-i", str(sim.inventory_path), "tune", "check", "ct200"],
+        [sys.executable, "-c", AT_A_TERMINAL, "-i", str(sim.inventory_path), "tune", "check", "ct200"],
         env=env,
         stderr=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    # interrupted while it works (inside setpci), not while Python is still importing: wait for
+    # the stub to start, however long a loaded machine takes (bounded by the stub's own 30 s)
+    deadline = time.monotonic() + 120
+    while not started.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "gpubox never reached setpci"
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
