@@ -94,15 +94,23 @@ def _container_logs(sim) -> list[Path]:
     return sorted(sim.cpath("/var/tmp/gpubox/bench-logs").glob("*/*.log"))
 
 
-def test_bench_over_ssh_measures_inside_the_container(sshd, tmp_path, capsys):
-    sim = build(tmp_path / "box", [])
-    python, calls = _recording_python(tmp_path)
+def _bench_over_ssh(sim, sshd, tmp_path, capsys, python: str) -> dict:
+    """`gpubox bench` of the box with host and container reached over the real sshd and the
+    container side run by PYTHON: its record, checked healthy (unless the simulator fell behind
+    its own plan) with the one TP1 server ok."""
     inv = _inventory(sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=python)
     rc, out, err = _bench(capsys, inv, tmp_path)
     assert rc == 0 or fell_behind(sim), err
     doc = json.loads(out)
     assert doc["verdict"]["status"] == "healthy" or fell_behind(sim), doc["verdict"]
     assert [(s["tp"], s["label"], s["status"]) for s in doc["servers"]] == [(1, "auto", "ok")]
+    return doc
+
+
+def test_bench_over_ssh_measures_inside_the_container(sshd, tmp_path, capsys):
+    sim = build(tmp_path / "box", [])
+    python, calls = _recording_python(tmp_path)
+    doc = _bench_over_ssh(sim, sshd, tmp_path, capsys, python)
     ok = [m for m in doc["measurements"] if m["status"] == "ok"]
     assert ok and len(ok) == len(doc["measurements"]) and all(m["samples"] for m in ok)
     # The probe and the measuring run both went through the container's gpubox_python over SSH,
@@ -164,13 +172,7 @@ def test_bench_through_pct_exec(tmp_path, capsys):
 def test_a_container_without_gpubox_runs_the_benchmark(sshd, tmp_path, capsys):
     """gpubox_python as an inference server's venv has it: its libraries, no gpubox."""
     sim = build(tmp_path / "box", [])
-    python = _server_venv_python(tmp_path)
-    inv = _inventory(sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=python)
-    rc, out, err = _bench(capsys, inv, tmp_path)
-    assert rc == 0 or fell_behind(sim), err
-    doc = json.loads(out)
-    assert doc["verdict"]["status"] == "healthy" or fell_behind(sim), doc["verdict"]
-    assert [(s["tp"], s["label"], s["status"]) for s in doc["servers"]] == [(1, "auto", "ok")]
+    _bench_over_ssh(sim, sshd, tmp_path, capsys, _server_venv_python(tmp_path))
     assert len(_container_logs(sim)) == 1
 
 

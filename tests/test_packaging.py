@@ -81,6 +81,20 @@ def test_every_module_and_data_file_is_in_it_under_gpubox(wheel):
     )
 
 
+def _isolated(code: str, target, cwd):
+    """CODE run by this python with -I -S (no site-packages: not this machine's editable
+    installs, no cwd), TARGET (the installed wheel) first on sys.path; it must exit 0."""
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
 def test_installed_wheel_imports_as_gpubox_only(wheel, tmp_path):
     target = tmp_path / "site"
     p = subprocess.run(
@@ -109,14 +123,7 @@ def test_installed_wheel_imports_as_gpubox_only(wheel, tmp_path):
         "assert gpubox.bench.remote.__file__.startswith(sys.argv[1]), gpubox.bench.remote.__file__\n"
         "print([n for n in ('bench', 'provision', 'hwtune', 'benchmarks', 'tests') if u.find_spec(n)])\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", code, str(target)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _isolated(code, target, tmp_path)
     assert r.stdout.strip() == "[]"
     # The payloads gpubox runs on a box come out of the wheel byte for byte as out of the checkout
     # (the same modules found through the wheel's gpubox/bench/... as through package-dir).
@@ -129,14 +136,7 @@ def test_installed_wheel_imports_as_gpubox_only(wheel, tmp_path):
         "assert payload.__file__.startswith(sys.argv[1]), payload.__file__\n"
         "print(json.dumps({e: payload.build(e).digest for e in payload.ENTRIES}))\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", code, str(target)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _isolated(code, target, tmp_path)
     assert json.loads(r.stdout) == want
 
 

@@ -476,10 +476,9 @@ def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
         assert st.check(str(src), str(tmp_path / d), verify=True)["verified"] == len(_files(src))
 
 
-def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypatch):
-    """A filesystem that opens with O_DIRECT but refuses the read (EINVAL) is read buffered."""
-    src = tmp_path / "persistent" / "M"
-    make_model(src, [3 << 20], seed=12)
+def _cold_ext4_refusing_o_direct_reads(monkeypatch) -> None:
+    """A cold source on a filesystem that opens with O_DIRECT but refuses the read (EINVAL), as
+    some FUSE and network filesystems do."""
     real = os.preadv
     monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
     monkeypatch.setattr(st, "_fstype", lambda p: "ext4")
@@ -490,6 +489,13 @@ def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypa
         return real(fd, bufs, off, *a)
 
     monkeypatch.setattr(st.os, "preadv", preadv)
+
+
+def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypatch):
+    """A filesystem that opens with O_DIRECT but refuses the read (EINVAL) is read buffered."""
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [3 << 20], seed=12)
+    _cold_ext4_refusing_o_direct_reads(monkeypatch)
     out = _stage(src, tmp_path / "d")
     for rel in _files(src):
         assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
@@ -767,16 +773,7 @@ def test_probe_with_o_direct_refused_at_read_time_copies_buffered(tmp_path, monk
     monkeypatch.setattr(st, "COLD_THREADS", 2)
     src = tmp_path / "persistent" / "M"
     make_model(src, [4 << 20], seed=28)
-    real = os.preadv
-    monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
-    monkeypatch.setattr(st, "_fstype", lambda p: "ext4")
-
-    def preadv(fd, bufs, off, *a):
-        if os.O_DIRECT & __import__("fcntl").fcntl(fd, __import__("fcntl").F_GETFL):
-            raise OSError(22, "Invalid argument")
-        return real(fd, bufs, off, *a)
-
-    monkeypatch.setattr(st.os, "preadv", preadv)
+    _cold_ext4_refusing_o_direct_reads(monkeypatch)
     out = _stage(src, tmp_path / "d")
     assert out["read"]["mode"] == "buffered" and out["read"]["probe_gb_s"]["direct"] == 0
     assert out["read_direct_bytes"] == 0
