@@ -450,7 +450,7 @@ def test_empty_file_staged_and_verified(model, tmp_path):
     assert st.check(str(model), str(dest), verify=True)["verified"] == len(_files(model))
 
 
-def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
+def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path, monkeypatch):
     """After a reboot the source is not cached: its chunks are read with O_DIRECT (no page-cache
     insertion); a cached source is read from the cache. Both copies are exact and verify."""
     src = tmp_path / "persistent" / "M"
@@ -464,6 +464,7 @@ def test_cold_source_read_with_o_direct_warm_source_buffered(tmp_path):
         pytest.skip("needs cachestat(2) (Linux 6.5+) and a local block filesystem under tmp_path")
     shards = [p for p in src.iterdir() if p.suffix == ".safetensors"]
     evict(src)
+    monkeypatch.setenv("GPUBOX_STAGE_DIRECT", "1")  # too small to probe: buffered unless asked
     cold = _stage(src, tmp_path / "cold")
     assert cold["read_direct_bytes"] >= sum(p.stat().st_size for p in shards) - (1 << 20)
     for p in src.iterdir():
@@ -496,10 +497,26 @@ def test_o_direct_refused_at_read_time_falls_back_to_buffered(tmp_path, monkeypa
     src = tmp_path / "persistent" / "M"
     make_model(src, [3 << 20], seed=12)
     _cold_ext4_refusing_o_direct_reads(monkeypatch)
+    monkeypatch.setenv("GPUBOX_STAGE_DIRECT", "1")  # O_DIRECT asked for, refused at the read
     out = _stage(src, tmp_path / "d")
     for rel in _files(src):
         assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
     assert out["copied"] == len(_files(src))
+
+
+def test_a_cold_job_too_small_to_probe_is_read_buffered(tmp_path, monkeypatch):
+    """Under 4 x threads uncached ranges there is nothing worth measuring: read as cp does
+    (buffered won every measurement: docs/stage.md), no probe, no O_DIRECT."""
+    src = tmp_path / "persistent" / "M"
+    make_model(src, [3 << 20], seed=13)
+    monkeypatch.setattr(st, "cached_bytes", lambda fd, start, n: 0)
+    monkeypatch.setattr(st, "_fstype", lambda p: "ext4")
+    monkeypatch.delenv("GPUBOX_STAGE_DIRECT", raising=False)
+    out = _stage(src, tmp_path / "d")
+    assert out["read"]["mode"] == "buffered" and "probe_gb_s" not in out["read"]
+    assert out["read_direct_bytes"] == 0
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
 
 
 # -- ranges: one file split across workers, resumed after a kill, damage located ---------------
