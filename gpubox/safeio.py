@@ -101,11 +101,7 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Pat
         raise os_error(_named(exc, tmp)) from None
     try:
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
+            _write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -125,6 +121,14 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Pat
     return path
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """All of DATA to FD (write(2) may take less than asked), then fsync: on disk before use."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
 def write_text(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
     return write_atomic(path, text.encode(), mode)
 
@@ -136,11 +140,7 @@ def append(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     except OSError as exc:
         raise os_error(_named(exc, path)) from None
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
+        _write_all(fd, data)
     except OSError as exc:
         raise os_error(_named(exc, path)) from None
     finally:

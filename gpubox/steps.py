@@ -273,14 +273,9 @@ class Plan:
         return [list(argv) for a in self.actions for argv in a.describe(host_for(a.where))]
 
 
-def execute(
-    plan: Plan, host_for: Callable[[str | None], Any], backup_for: Callable[[Any, str], Any], ctx: Any = None
-) -> None:
+def execute(plan: Plan, run: Execution) -> None:
     """Run a plan's actions in order; the first failure stops the rest (it raises)."""
-    run = Execution(host_for, backup_for, ctx)
     for a in plan.actions:
-        if not isinstance(a, Action):
-            raise TypeError(f"unknown plan action {a!r}")
         a.execute(run)
 
 
@@ -332,8 +327,7 @@ class Step:
         return (finding.plan or Plan()).prepare(self.execution(ctx))
 
     def apply(self, ctx, plan: Plan) -> None:
-        run = self.execution(ctx)
-        execute(plan, run.host_for, run.backup_for, ctx)
+        execute(plan, self.execution(ctx))
 
     def execution(self, ctx) -> Execution:
         """What this step's actions execute with: its hosts, backups on the control node, ctx."""

@@ -48,13 +48,9 @@ def test_install_advice_is_a_venv_not_pip_into_the_system(tmp_path, capsys, monk
     assert "/venv" in tasks
 
 
-def test_status_sees_run_once_and_shows_the_next_run(sim, capsys):
-    rc, out, _ = cli(capsys, sim, "schedule", "install", "ct200", "--every", "6h", "--json")
-    assert rc == 0, out
-    rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200", "--json")
-    st = json.loads(out)
-    assert st["runs"] == 0 and st["next_run"]  # systemd's NextElapseUSecRealtime of the timer
-    rc, out, err = cli(
+def _run_once(capsys, sim):
+    """`schedule run-once` of the recorded run01 result (no doctor, no live benchmark)."""
+    return cli(
         capsys,
         sim,
         "schedule",
@@ -65,6 +61,15 @@ def test_status_sees_run_once_and_shows_the_next_run(sim, capsys):
         FIX / "run01.json",
         "--json",
     )
+
+
+def test_status_sees_run_once_and_shows_the_next_run(sim, capsys):
+    rc, out, _ = cli(capsys, sim, "schedule", "install", "ct200", "--every", "6h", "--json")
+    assert rc == 0, out
+    rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200", "--json")
+    st = json.loads(out)
+    assert st["runs"] == 0 and st["next_run"]  # systemd's NextElapseUSecRealtime of the timer
+    rc, out, err = _run_once(capsys, sim)
     assert rc in (0, 1), err
     run_id = json.loads(out)["run_id"]
     rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200", "--json")
@@ -77,17 +82,7 @@ def test_status_sees_run_once_and_shows_the_next_run(sim, capsys):
 def test_remove_takes_the_prom_textfile(sim, capsys):
     rc, out, _ = cli(capsys, sim, "schedule", "install", "ct200", "--json")
     assert rc == 0
-    rc, out, err = cli(
-        capsys,
-        sim,
-        "schedule",
-        "run-once",
-        "ct200",
-        "--no-doctor",
-        "--from-json",
-        FIX / "run01.json",
-        "--json",
-    )
+    rc, out, err = _run_once(capsys, sim)
     assert sim.cpath(PROM).exists(), err
     rc, out, _ = cli(capsys, sim, "schedule", "remove", "ct200", "--dry-run", "--json")
     assert rc == 1 and PROM in json.dumps(json.loads(out)["steps"][0]["diff"]) and sim.cpath(PROM).exists()

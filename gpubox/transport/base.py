@@ -207,14 +207,10 @@ class Held:
             self._close_stdin()
         except Exception:  # noqa: BLE001 - already gone
             pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rc = self._poll()
-            if rc is not None:
-                return rc
-            time.sleep(0.02)
-        self._kill()
-        return None
+        rc = self.wait(timeout)
+        if rc is None:
+            self._kill()
+        return rc
 
     def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout

@@ -70,7 +70,7 @@ class Payload:
         return [str(python), *flags, "-c", BOOT, self.entry, self.short, *map(str, args)]
 
     def stdin(self, input: bytes | str | None = None) -> bytes:
-        loader = LOADER.read_bytes()
+        loader = _loader()
         rest = input.encode() if isinstance(input, str) else (input or b"")
         return b"%d\n%s%d\n%s%s" % (len(loader), loader, len(self.zip), self.zip, rest)
 
@@ -80,6 +80,12 @@ class Payload:
             f"payload {self.entry} on stdin: {len(self.modules)} modules, {len(self.zip)} bytes zipped, "
             f"sha256 {self.short}: {', '.join(self.modules)}"
         )
+
+
+@functools.lru_cache(maxsize=1)
+def _loader() -> bytes:
+    """The far end's loader source (read once: it does not change while gpubox runs)."""
+    return LOADER.read_bytes()
 
 
 def unpack(stream: bytes) -> tuple[dict[str, bytes], bytes]:

@@ -194,25 +194,23 @@ def _role_results(p, results_dir: Path) -> dict[str, dict]:
     return {f.stem: json.loads(f.read_text()) for f in d.glob("*.json") if f.stem != "summary"}
 
 
-def test_playbook_refuses_each_bad_value_before_installing(tmp_path, capsys, playbook_bin):
-    boxes = {n: (var, value) for n, var, value in BAD}
-    inv = _inventory(tmp_path, boxes)
-    results = tmp_path / "results"
-    p = subprocess.run(
-        [
-            playbook_bin,
-            "-i",
-            str(inv),
-            str(PLAYBOOKS / "doctor.yml"),
-            "-e",
-            json.dumps({"gpubox_results_dir": str(results)}),
-        ],
+def _doctor_playbook(playbook_bin, inv, cwd, extra_vars: dict) -> subprocess.CompletedProcess:
+    """The real ansible-playbook running playbooks/doctor.yml over INV with EXTRA_VARS (-e)."""
+    return subprocess.run(
+        [playbook_bin, "-i", str(inv), str(PLAYBOOKS / "doctor.yml"), "-e", json.dumps(extra_vars)],
         capture_output=True,
         text=True,
         env=_env(),
         timeout=600,
-        cwd=tmp_path,
+        cwd=cwd,
     )
+
+
+def test_playbook_refuses_each_bad_value_before_installing(tmp_path, capsys, playbook_bin):
+    boxes = {n: (var, value) for n, var, value in BAD}
+    inv = _inventory(tmp_path, boxes)
+    results = tmp_path / "results"
+    p = _doctor_playbook(playbook_bin, inv, tmp_path, {"gpubox_results_dir": str(results)})
     assert p.returncode != 0
     got = _role_results(p, results)
     for name, var, _value in BAD:
@@ -237,21 +235,7 @@ def test_playbook_refuses_each_bad_value_before_installing(tmp_path, capsys, pla
 def test_playbook_extra_vars_pass_the_same_gate(tmp_path, playbook_bin, extra, var):
     inv = _inventory(tmp_path, {"ct1": ("gpubox_gpus", 1)})
     results = tmp_path / "results"
-    p = subprocess.run(
-        [
-            playbook_bin,
-            "-i",
-            str(inv),
-            str(PLAYBOOKS / "doctor.yml"),
-            "-e",
-            json.dumps({"gpubox_results_dir": str(results), **extra}),
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-        cwd=tmp_path,
-    )
+    p = _doctor_playbook(playbook_bin, inv, tmp_path, {"gpubox_results_dir": str(results), **extra})
     assert p.returncode != 0
     msg = _role_results(p, results)["ct1"].get("msg", "")
     assert msg.startswith(f"ct1: {var} = "), msg
