@@ -843,6 +843,7 @@ def _remember(src: str, threads: int, mode: str, rates: dict) -> None:
     path = os.path.join(d, VERDICTS)
     try:
         os.makedirs(d, exist_ok=True)
+        _drop_dead_temps(d)
         doc = _load_json(path)
         doc = doc if isinstance(doc, dict) else {}
         doc[key] = {"mode": mode, "probe_gb_s": rates, "at": int(time.time())}
@@ -857,6 +858,25 @@ def _remember(src: str, threads: int, mode: str, rates: dict) -> None:
             raise
     except OSError:
         pass
+
+
+def _drop_dead_temps(d: str) -> None:
+    """Remove the VERDICTS.<pid>.tmp a killed run left in D (its pid no longer runs): the name is
+    this process's own, so no later run would ever replace it. (stage.py also runs as a plain
+    script, without gpubox.safeio, whose clean_stale does this for gpubox's other files.)"""
+    for name in os.listdir(d):
+        pid = name[len(VERDICTS) + 1 : -len(".tmp")]
+        if not (name.startswith(VERDICTS + ".") and name.endswith(".tmp") and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(d, name))
+            except FileNotFoundError:
+                pass
+        except OSError:
+            pass  # alive (EPERM: another user's): not ours to remove
 
 
 class Copier:

@@ -834,6 +834,24 @@ def test_probe_verdict_is_remembered_per_filesystem_and_expires(tmp_path, monkey
     assert probes == [1, 1, 1, 1]
 
 
+def test_remembering_a_verdict_removes_a_killed_runs_temp(tmp_path, monkeypatch):
+    """A run killed between the temp and the rename leaves VERDICTS.<pid>.tmp, a name no later run
+    would reuse: the next save removes it (its pid is gone), and keeps a live process's temp."""
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("GPUBOX_STAGE_STATE_DIR", str(state))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs (reaped)
+    left = state / f"{st.VERDICTS}.{dead.pid}.tmp"
+    live = state / f"{st.VERDICTS}.{os.getppid()}.tmp"
+    other = state / "notes.tmp"
+    for p in (left, live, other):
+        p.write_text("{")
+    st._remember(str(tmp_path), 2, "buffered", {"direct": 1.0, "buffered": 1.2})
+    assert not left.exists() and live.exists() and other.exists()
+    assert json.loads((state / st.VERDICTS).read_text())[st._fs_key(str(tmp_path), 2)]["mode"] == "buffered"
+
+
 def test_cached_source_gets_few_writers_per_file(tmp_path):
     """A source in the page cache: WRITERS_PER_FILE (1.5) threads per file of more than one range
     (a second writer of one tmpfs file spins on its inode lock), at most `workers`; exact copy."""
