@@ -12,7 +12,7 @@ fsync'd), then in every round, alternating the tools so drift hits all alike:
         files, and with --drop-caches also `echo 3 > /proc/sys/vm/drop_caches`, for a machine where
         that is allowed; never on a shared one):
         the disk anchor (below) | cp -r | xargs cp | gpubox default | crc32 | sha256 [| variants: --variant
-        NAME:ENV=VALUE,... (read-path settings)]
+        NAME:ENV=VALUE,... (read-path settings)] [| gpubox before]
 
 The disk anchor is the best of several read-only strategies over every source file in the same run
 (each cold): O_DIRECT over 64 MiB ranges of every file with 2N threads x 8 MiB and 4N x 16 MiB reads
@@ -463,7 +463,15 @@ def tools(src: Path, before: str | None, variants: dict[str, dict]) -> dict:
         opts, env = _variant_run(spec)
         out[f"gpubox {name}"] = gpubox(*opts, env=env)
     if before:
-        out["gpubox before"] = lambda d: timed([sys.executable, before, str(src), str(d)])
+        # as a module too (its __pycache__ beside it), the same start-up as the engine's row
+        b = Path(before).resolve()
+        argv = [
+            sys.executable,
+            "-c",
+            f"import sys, importlib; sys.path.insert(0, {str(b.parent)!r}); "
+            f"sys.exit(importlib.import_module({b.stem!r}).main())",
+        ]
+        out["gpubox before"] = lambda d: timed([*argv, str(src), str(d)])
     return out
 
 
@@ -515,7 +523,11 @@ def main() -> int:
     ap.add_argument(
         "--skip", action="append", default=[], help="a tool's row not to run (e.g. 'gpubox crc32')"
     )
-    ap.add_argument("--before", help="an earlier provision/stage.py to time beside (warm; from git show)")
+    ap.add_argument(
+        "--before",
+        help="an earlier provision/stage.py to time beside, warm and cold (from git show, with its "
+        "safetensors_check.py in the same directory)",
+    )
     ap.add_argument("--budget", type=float, default=0, help="seconds: no new round after this (0: none)")
     ap.add_argument("--json-out", help="also write the figures as JSON to this file")
     args = ap.parse_args()
@@ -581,7 +593,7 @@ def rounds(src: Path, shm: Path, total: int, nfiles: int, args, variants: dict, 
     cold_only = {f"gpubox {k}" for k in variants if k not in args.warm_variants}
     warm_only = {f"gpubox {k}" for k in variants if k not in args.cold_variants}
     warm_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in cold_only}
-    skip_cold = ("gpubox before", "rsync -a", *warm_only)
+    skip_cold = ("rsync -a", *warm_only)
     cold_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in skip_cold}
     anchor_runs: dict[str, list[float]] = {k: [] for k in an}
     load0 = os.getloadavg()
@@ -622,11 +634,12 @@ def rounds(src: Path, shm: Path, total: int, nfiles: int, args, variants: dict, 
                 doc = json.loads(r["out"])
                 r["direct"] = doc.get("read_direct_bytes", 0) / total
                 r["read"] = doc.get("read")
+                r["engine_s"] = doc.get("seconds")  # stage() itself: the rest is interpreter start
             cold_runs[name].append(r)
             log(
                 f"round {rnd + 1} cold: {name:28} {r['s']:6.2f} s {total / r['s'] / GB:5.2f} GB/s "
                 f"cpu {r['cpu']:6.2f} s (cached before: {shown})"
-                + (f" read {r['read']}" if r.get("read") else "")
+                + (f" in-engine {r['engine_s']} s read {r['read']}" if r.get("read") else "")
             )
             shutil.rmtree(dest)
     load1 = os.getloadavg()
@@ -664,6 +677,8 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
                 ]
             if "direct" in v[0]:
                 out[k]["read_direct_share"] = round(med(v, "direct"), 3)
+                if all(r.get("engine_s") is not None for r in v):  # wall minus stage()'s own seconds
+                    out[k]["start_s"] = round(statistics.median(r["s"] - r["engine_s"] for r in v), 3)
                 out[k]["read"] = [r.get("read") for r in v]
                 # runs that probed (a verdict taken from the state directory carries probed_at)
                 out[k]["probed"] = sum(
@@ -705,6 +720,8 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
             if k.startswith("gpubox ") and k not in (GPUBOX, "gpubox sha256"):
                 ratios[f"cold: {k} rate / {xa}'s"] = rate(k, xa, c)
         ratios["cold: gpubox sha256 rate / " + xa + "'s"] = rate("gpubox sha256", xa, c)
+        if "gpubox before" in c:
+            ratios[f"cold: {GPUBOX} rate / gpubox before's"] = rate(GPUBOX, "gpubox before", c)
         ratios[f"cold: {GPUBOX} CPU/GB / cp -r's"] = cpu(GPUBOX, "cp -r", c)
         if disk_rate:
             for k in c:
@@ -753,6 +770,7 @@ def print_table(res: dict) -> None:
                 + (
                     f"  read: {'/'.join(modes)}, {r['read_direct_share']:.0%} O_DIRECT, "
                     f"probed in {r['probed']} of {len(r['runs_s'])}"
+                    + (f", {r['start_s']:.2f} s outside stage()" if "start_s" in r else "")
                     if cache == "cold" and "read" in r
                     else ""
                 )

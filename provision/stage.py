@@ -694,7 +694,7 @@ def hash_files(
 
 class _FileJob:
     """One file being copied: the destination fd and a witness source fd opened by the first chunk,
-    finished by the last. `next`/`active`: chunks handed out / being copied now (see _Schedule).
+    finished by the last (_Schedule hands out its ranges).
     `resume`: range -> digest journaled by an interrupted run whose NAME.partial is still there;
     those ranges are re-hashed in the partial and copied again only where they differ."""
 
@@ -709,7 +709,6 @@ class _FileJob:
         # range -> (hash, bytes): the cold probe copied the range's first bytes (Copier._probe)
         self.heads: dict[int, tuple] = {}
         self.left = self.n
-        self.next = self.active = 0
         self.lock = threading.Lock()
         self.sfd = self.dfd = None
         self.ident: tuple[int, int] | None = None
@@ -736,37 +735,95 @@ class _FileJob:
         self.sfd = self.dfd = None
 
 
+class _Span:
+    """One worker's share of a file: ranges [next, stop), copied in order, so the worker's reads of
+    it are one sequential stream on one fd (_Streams) and the kernel's readahead window carries
+    over from range to range."""
+
+    __slots__ = ("job", "next", "stop")
+
+    def __init__(self, job: _FileJob, nxt: int, stop: int):
+        self.job, self.next, self.stop = job, nxt, stop
+
+
 class _Schedule:
-    """Hands 64 MiB ranges to workers: each takes the next range of the first file nobody is
-    writing, and once every file has a writer, joins the file with the fewest (so a large shard is
-    split across workers, each pwrite()ing its ranges into the one NAME.partial at their offsets).
+    """Hands 64 MiB ranges to workers: a worker goes on along its own span; when that is done it
+    takes the first file nobody has started, and once every file is started it takes the back half
+    of the span with the most ranges left (work stealing), so a large shard is split across workers
+    (each pwrite()ing its ranges into the one NAME.partial at their offsets), each reading a
+    contiguous stretch of it.
 
     Why files first: tmpfs serialises writes to one file (shmem_file_write_iter holds the inode lock
     for the copy), so writers of one file queue behind each other and spin on the lock; spreading
-    them over files first costs nothing and keeps that rare. Files finish roughly in order (largest
-    first), and the journal records each finished range, so an interrupted run resumes."""
+    them over files first costs nothing and keeps that rare. Why spans rather than ranges in turn:
+    two workers alternating the ranges of one file each read 64 MiB, then jump, and the readahead
+    of a cold source starts over at every range (one buffered stream per file read 2.16 GB/s on the
+    16-core device VM where the engine's alternating ranges reached 1.60; docs/stage.md, run I).
+    Files finish roughly in order (largest first), and the journal records each finished range, so
+    an interrupted run resumes."""
 
     def __init__(self, jobs: list[_FileJob]):
-        self.jobs = [j for j in jobs if j.whole] + [j for j in jobs if not j.whole]
+        self.fresh = [j for j in jobs if j.whole] + [j for j in jobs if not j.whole]
+        self.spans: list[_Span] = []
         self.lock = threading.Lock()
         self.stop = False
 
-    def take(self):
+    def take(self, span: _Span | None) -> tuple[_Span, int | None] | None:
+        """The next (span, range) for the worker that holds `span` (range None: the whole file in
+        one pass), or None when nothing is left."""
         with self.lock:
             if self.stop:
                 return None
-            open_ = [j for j in self.jobs if j.next < j.n]
-            if not open_:
+            if span is not None and span.next < span.stop:
+                span.next += 1
+                return span, span.next - 1
+            if self.fresh:
+                job = self.fresh.pop(0)
+                if job.whole:  # the hub's sha256 runs along the file: never split
+                    return _Span(job, job.n, job.n), None
+                span = _Span(job, 1, job.n)
+                self.spans.append(span)
+                return span, 0
+            self.spans = [s for s in self.spans if s.next < s.stop]
+            if not self.spans:
                 return None
-            job = next((j for j in open_ if j.active == 0), None) or min(open_, key=lambda j: j.active)
-            i = job.next
-            job.next = job.n if job.whole else i + 1
-            job.active += 1
-            return job, (None if job.whole else i)
+            victim = max(self.spans, key=lambda s: s.stop - s.next)
+            mid = victim.stop - max(1, (victim.stop - victim.next) // 2)
+            span = _Span(victim.job, mid + 1, victim.stop)
+            victim.stop = mid
+            self.spans.append(span)
+            return span, mid
 
-    def done(self, job: _FileJob) -> None:
-        with self.lock:
-            job.active -= 1
+
+class _Streams:
+    """A worker's open source fds for the file it copies, one per read path ("direct", "buffered"):
+    kept from range to range of that file (the readahead state lives in the open file), closed
+    when the worker moves to another file or stops."""
+
+    def __init__(self):
+        self.job: _FileJob | None = None
+        self.fds: dict[str, int] = {}
+
+    def get(self, job: _FileJob, kind: str, opener) -> int | None:
+        if job is not self.job:
+            self.close()
+            self.job = job
+        if kind not in self.fds:
+            fd = opener()
+            if fd is None:
+                return None
+            self.fds[kind] = fd
+        return self.fds[kind]
+
+    def drop(self, kind: str) -> None:
+        fd = self.fds.pop(kind, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for kind in list(self.fds):
+            self.drop(kind)
+        self.job = None
 
 
 def _read_mode_setting() -> str:
@@ -1070,34 +1127,36 @@ class Copier:
 
     def _worker(self, sched: _Schedule):
         def run():
+            span, streams = None, _Streams()
             try:
-                while (t := sched.take()) is not None:
-                    job, i = t
-                    try:
-                        self._copy(job, i)
-                    finally:
-                        sched.done(job)
+                while (t := sched.take(span)) is not None:
+                    span, i = t
+                    self._copy(span.job, i, streams)
             except BaseException:
                 sched.stop = True
                 raise
+            finally:
+                streams.close()
 
         return run
 
-    def _reader(self, job: _FileJob, start: int, end: int) -> tuple[int, dict]:
-        """An fd to read [start, end) of the source and how (_chunk's block/prefetch): O_DIRECT or
-        buffered with prefetch when most of it is not cached (by the probe's choice), else buffered."""
+    def _reader(self, job: _FileJob, start: int, end: int, streams: _Streams) -> tuple[int, dict]:
+        """An fd to read [start, end) of the source (the worker's own, kept along its span) and how
+        (_chunk's block/prefetch): O_DIRECT, or buffered with prefetch, when most of it is not
+        cached (by the probe's choice), else buffered."""
+        buffered = lambda: _open_src(job.spath, job.ident)  # noqa: E731
         if self.read["mode"] != "cached" and job.info["size"] >= BUF:  # small files: not worth a 2nd open
             cached = cached_bytes(job.sfd, start, end - start)
             if cached is not None and cached < (end - start) // 2:
                 if self.direct:
-                    fd = _direct_fd(job.spath, job.ident)
+                    fd = streams.get(job, "direct", lambda: _direct_fd(job.spath, job.ident))
                     if fd is not None:
                         with self.jlock:
                             self.direct_bytes += end - start
                         return fd, {"block": DIRECT_BLOCK}
                     self.direct = False  # refused here: the rest is read buffered
-                return _open_src(job.spath, job.ident), {"prefetch": PREFETCH}
-        return _open_src(job.spath, job.ident), {}
+                return streams.get(job, "buffered", buffered), {"prefetch": PREFETCH}
+        return streams.get(job, "buffered", buffered), {}
 
     def _kept(self, job: _FileJob, i: int, start: int, end: int) -> bool:
         """Range i of an interrupted run's partial, re-hashed: True when it holds what was journaled."""
@@ -1117,19 +1176,16 @@ class Copier:
                 self.advance(end - start)
         return ok
 
-    def _copy(self, job: _FileJob, i: int | None) -> None:
+    def _copy(self, job: _FileJob, i: int | None, streams: _Streams) -> None:
         job.open()
         if i is None:  # whole file, sequentially, with the hub's sha256 alongside
             whole = hashlib.sha256()
             for k in range(job.n):
                 start, end = k * CHUNK, min(job.info["size"], (k + 1) * CHUNK)
-                fd, how = self._reader(job, start, end)
-                try:
-                    job.digests[k] = _chunk(
-                        fd, job.dfd, start, end, self.algo, extra=whole, advance=self.advance, **how
-                    )
-                finally:
-                    os.close(fd)
+                fd, how = self._reader(job, start, end, streams)
+                job.digests[k] = _chunk(
+                    fd, job.dfd, start, end, self.algo, extra=whole, advance=self.advance, **how
+                )
             self._finish(job, whole.hexdigest())
             return
         start, end = i * CHUNK, min(job.info["size"], (i + 1) * CHUNK)
@@ -1137,7 +1193,7 @@ class Copier:
             job.digests[i] = job.resume[i]
         else:
             h, done = job.heads.pop(i, (None, 0))  # the probe's first bytes of this range
-            fd, how = self._reader(job, start + done, end)
+            fd, how = self._reader(job, start + done, end, streams)
             try:
                 job.digests[i] = _chunk(
                     fd, job.dfd, start + done, end, self.algo, advance=self.advance, h=h, **how
@@ -1146,11 +1202,9 @@ class Copier:
                 if exc.errno != errno.EINVAL or "block" not in how:
                     raise
                 self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
-                os.close(fd)
-                fd = _open_src(job.spath, job.ident)
+                streams.drop("direct")
+                fd, _ = self._reader(job, start, end, streams)
                 job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
-            finally:
-                os.close(fd)
             if job.n > 1:
                 self._journal_range(job, i)
         with job.lock:

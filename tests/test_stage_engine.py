@@ -551,6 +551,72 @@ def test_one_large_file_is_split_across_workers_into_one_partial(tmp_path, monke
     assert out["copied_bytes"] == sum(p.stat().st_size for p in src.iterdir())
 
 
+def _takes(jobs: list, workers: int) -> list[list[tuple[str, int | None]]]:
+    """Each worker's ranges, in the order _Schedule hands them out when workers take in turn."""
+    sched, spans = st._Schedule(jobs), [None] * workers
+    got: list[list] = [[] for _ in range(workers)]
+    live = set(range(workers))
+    while live:
+        for w in sorted(live):
+            t = sched.take(spans[w])
+            if t is None:
+                live.discard(w)
+                continue
+            spans[w], i = t
+            got[w].append((spans[w].job.rel, i))
+    return got
+
+
+@pytest.mark.parametrize("workers", [1, 3, 5, 8, 13])
+def test_schedule_hands_each_range_once_in_contiguous_spans(tmp_path, workers):
+    """Every range is copied once; a worker reads one contiguous stretch of a file at a time (its
+    readahead carries over), and with more workers than files the big shard is split among them,
+    while a whole-file (hub sha256) job stays with one worker."""
+    sizes = {"a": 17, "b": 5, "c": 1, "hub": 4}
+    jobs = [
+        st._FileJob(
+            str(tmp_path), str(tmp_path), r, {"size": n * st.CHUNK, "hub_sha256": "x" if r == "hub" else ""}
+        )
+        for r, n in sizes.items()
+    ]
+    got = _takes(jobs, workers)
+    handed = sorted((r, i) for w in got for r, i in w if i is not None)
+    assert handed == sorted((r, i) for r, n in sizes.items() if r != "hub" for i in range(n))
+    assert sum(1 for w in got for r, i in w if r == "hub") == 1
+    for w in got:
+        for (r0, i0), (r1, i1) in zip(w, w[1:]):
+            # the next range of the same stretch, or a new stretch (another file, or stolen)
+            if r0 == r1 and i1 != i0 + 1:
+                assert i1 > i0 + 1 or i1 < i0
+    stretches = sum(
+        1 for w in got for k, (r, i) in enumerate(w) if k == 0 or w[k - 1] != (r, i - 1 if i else i)
+    )
+    assert stretches <= len(sizes) + 2 * workers  # spans, not ranges in turn (31 ranges in all)
+    if workers >= 5:
+        assert len({id(w) for w in got if any(r == "a" for r, _ in w)}) > 1
+
+
+def test_a_worker_reads_its_stretch_of_a_file_through_one_fd(tmp_path, monkeypatch):
+    """The readahead state lives in the open file: one reader fd per worker and file, not one per
+    64 MiB range (the engine opened a new one per range, and a cold stream's readahead restarted)."""
+    monkeypatch.setattr(st, "CHUNK", 128 << 10)
+    src = tmp_path / "s"
+    shard = _big_model(src, seed=23)
+    opens = []
+    real = os.open
+
+    def spy(path, *a, **kw):
+        if str(path) == str(shard):
+            opens.append(path)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(st.os, "open", spy)
+    _stage(src, tmp_path / "d", workers=1)
+    assert (tmp_path / "d" / shard.name).read_bytes() == shard.read_bytes()
+    assert shard.stat().st_size // st.CHUNK >= 20
+    assert len(opens) <= 4  # the witness fd, the reader's, and the integrity checks' reads
+
+
 KILLER = """
 import os, signal, sys
 from gpubox.provision import stage as st
