@@ -388,7 +388,7 @@ def hash_rates(n: int, mib: int = 512) -> dict:
         run(8)
         t0 = time.perf_counter()
         run(mib)
-        one = mib / 1024 / (time.perf_counter() - t0)
+        one = mib * MIB / GB / (time.perf_counter() - t0)
         ts = [threading.Thread(target=run, args=(mib // 2,)) for _ in range(n)]
         t0 = time.perf_counter()
         for t in ts:
@@ -397,7 +397,7 @@ def hash_rates(n: int, mib: int = 512) -> dict:
             t.join()
         out[name] = {
             "1 thread": round(one, 2),
-            f"{n} threads": round(n * mib / 2 / 1024 / (time.perf_counter() - t0), 2),
+            f"{n} threads": round(n * mib // 2 * MIB / GB / (time.perf_counter() - t0), 2),
         }
     return out
 
@@ -706,6 +706,12 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
         f"warm: {GPUBOX} CPU/GB / cp -r's (goal <= 2)": cpu(GPUBOX, "cp -r", w),
         "warm: gpubox sha256 CPU/GB / cp -r's (goal <= 3)": cpu("gpubox sha256", "cp -r", w),
     }
+    sha1 = hashes.get("sha256 (hashlib)", {}).get("1 thread")
+    if sha1 and "cp -r" in w:
+        # the least any copier that reads, writes and sha256-hashes each byte once can spend: the
+        # hash at its one-thread rate (its best CPU per byte) plus a copy as cheap as cp -r's
+        cp_gb = w["cp -r"]["cpu_s_per_gb"]
+        ratios["warm: sha256 floor: 1-thread sha256 CPU/GB + cp -r's, / cp -r's"] = (1 / sha1 + cp_gb) / cp_gb
     if "gpubox crc32" in w:
         ratios["warm: gpubox crc32 CPU/GB / cp -r's"] = cpu("gpubox crc32", "cp -r", w)
     if "gpubox before" in w:
