@@ -421,6 +421,7 @@ def timed(argv: list[str], stdin: bytes | None = None, env: dict | None = None) 
     return {
         "s": dt,
         "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+        "sys": r1.ru_stime - r0.ru_stime,  # the kernel's share: copies, page cache, tmpfs, locks
         "minflt": r1.ru_minflt - r0.ru_minflt,
         "vcsw": r1.ru_nvcsw - r0.ru_nvcsw,
         "ivcsw": r1.ru_nivcsw - r0.ru_nivcsw,
@@ -666,6 +667,7 @@ def summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, loa
                 "gb_s": round(gb / med(v, "s"), 3),
                 "cpu_s": round(med(v, "cpu"), 3),
                 "cpu_s_per_gb": round(med(v, "cpu") / gb, 3),
+                "sys_share": round(med(v, "sys") / med(v, "cpu"), 3) if med(v, "cpu") else None,
                 "minflt": int(med(v, "minflt")),
                 "vcsw": int(med(v, "vcsw")),
                 "ivcsw": int(med(v, "ivcsw")),
@@ -764,7 +766,7 @@ def print_table(res: dict) -> None:
     for k, v in res["checksums_gb_s"].items():
         print(f"checksum {k:30} " + ", ".join(f"{t}: {r:.2f} GB/s" for t, r in v.items()))
     print(
-        f"{'cache':5} {'tool':28} {'median s':>9} {'GB/s':>6} {'CPU s':>7} {'CPU s/GB':>9} "
+        f"{'cache':5} {'tool':28} {'median s':>9} {'GB/s':>6} {'CPU s':>7} {'CPU s/GB':>9} {'sys':>4} "
         f"{'minflt':>8} {'vcsw':>7}"
     )
     for cache in ("warm", "cold"):
@@ -772,7 +774,7 @@ def print_table(res: dict) -> None:
             modes = sorted({(x or {}).get("mode", "?") for x in r.get("read", [])})
             print(
                 f"{cache:5} {k:28} {r['median_s']:9.2f} {r['gb_s']:6.2f} {r['cpu_s']:7.2f} "
-                f"{r['cpu_s_per_gb']:9.2f} {r['minflt']:8d} {r['vcsw']:7d}"
+                f"{r['cpu_s_per_gb']:9.2f} {r['sys_share'] or 0:4.0%} {r['minflt']:8d} {r['vcsw']:7d}"
                 + (
                     f"  read: {'/'.join(modes)}, {r['read_direct_share']:.0%} O_DIRECT, "
                     f"probed in {r['probed']} of {len(r['runs_s'])}"

@@ -42,7 +42,7 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
   kernel's readahead follows each stream.
 - A cold source (mostly not in the page cache: after a reboot) is read with at least COLD_THREADS
   threads whatever the core count (a thread blocked in a read holds no core), either with O_DIRECT
-  in 4 MiB reads or buffered with 16 MiB of POSIX_FADV_WILLNEED in flight per stream, whichever a
+  in 4 MiB reads or buffered (the kernel's readahead along each worker's span), whichever a
   short probe measured faster on this box (see "reading a cold source" below). The probe's reads
   are the copy's own first bytes of the ranges it times, and its verdict is kept per source
   filesystem on persistent storage (_remember), so the next cold run (the next reboot) probes
@@ -104,8 +104,11 @@ BUF = max(4, int(os.environ.get("GPUBOX_STAGE_BUF_KIB") or 1024)) << 10
 # in flight whatever the core count (a thread blocked in a read holds no GIL and no core)
 DIRECT_BLOCK = max(BUF, int(os.environ.get("GPUBOX_STAGE_DIRECT_KIB") or 4096) << 10) // BUF * BUF
 COLD_THREADS = max(1, int(os.environ.get("GPUBOX_STAGE_COLD_THREADS") or 16))
-# cold source read buffered: POSIX_FADV_WILLNEED keeps this much of each stream's range in flight
-PREFETCH = int(os.environ.get("GPUBOX_STAGE_PREFETCH_KIB") or 16384) << 10
+# cold source read buffered: POSIX_FADV_WILLNEED this far ahead of each stream, on top of the kernel's
+# readahead. Off (0) by default: measured slower wherever it was tried (16 GB cold on the 16-core
+# device VM: 1.55 GB/s with 16 MiB against 1.71 without, 3 rounds of 3; 4 GB on a 2-core VM: 1.27
+# against 1.41 GB/s, less CPU without; docs/stage.md run K)
+PREFETCH = int(os.environ.get("GPUBOX_STAGE_PREFETCH_KIB") or 0) << 10
 try:  # python-xxhash (pyproject dependency); the standalone payload may run where it is missing
     import xxhash
 except ImportError:  # then crc32 (zlib) is the default and xxh3 entries cannot be re-hashed here
@@ -444,8 +447,8 @@ def _buf() -> memoryview:
 # - O_DIRECT: the device writes into our buffer, no page-cache insertion (allocation, LRU, later
 #   reclaim; the pages would also be charged to the container's memory cgroup next to the tmpfs
 #   copy). DIRECT_BLOCK per read, COLD_THREADS threads: enough requests in flight.
-# - buffered with POSIX_FADV_WILLNEED PREFETCH ahead of each stream: the kernel's own readahead
-#   window (128-256 KiB) is far below what a virtual disk wants in flight.
+# - buffered: the kernel's readahead along each worker's span (one fd per span, so its window
+#   carries over from range to range; POSIX_FADV_SEQUENTIAL doubles it), PREFETCH more if set.
 # Chunks whose pages ARE cached are read buffered (O_DIRECT would go to the device for data already
 # in memory). Residency comes from cachestat(2) (Linux 6.5+; it reads the page cache's counters,
 # starts no I/O and maps nothing); where it is missing, or the filesystem is not a local block
@@ -1041,8 +1044,8 @@ class Copier:
 
     def _probe(self, pick: list[tuple[_FileJob, int]], threads: int) -> dict:
         """Time the two cold read paths on this box: `threads` readers at once, each copying the
-        first PROBE_BYTES of one uncached range, O_DIRECT in DIRECT_BLOCK reads or buffered with
-        PREFETCH in flight, in four phases (PROBE_PHASES). What the probe reads is the copy's own
+        first PROBE_BYTES of one uncached range, O_DIRECT in DIRECT_BLOCK reads or buffered (with
+        PREFETCH ahead where set), in four phases (PROBE_PHASES). What the probe reads is the copy's own
         first bytes of those ranges: written into the partial and hashed, the hash kept on the job
         (job.heads), so the copy goes on from there and no byte is read twice (the probe that read
         pieces apart from the copy cost ~8% of an 8 GB cold run on the device VM, docs/stage.md).
