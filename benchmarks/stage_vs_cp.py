@@ -525,6 +525,9 @@ def main() -> int:
         "--skip", action="append", default=[], help="a tool's row not to run (e.g. 'gpubox crc32')"
     )
     ap.add_argument(
+        "--skip-cold", action="append", default=[], help="a tool's row not to run cold (warm still)"
+    )
+    ap.add_argument(
         "--before",
         help="an earlier provision/stage.py to time beside, warm and cold (from git show, with its "
         "safetensors_check.py in the same directory)",
@@ -594,7 +597,7 @@ def rounds(src: Path, shm: Path, total: int, nfiles: int, args, variants: dict, 
     cold_only = {f"gpubox {k}" for k in variants if k not in args.warm_variants}
     warm_only = {f"gpubox {k}" for k in variants if k not in args.cold_variants}
     warm_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in cold_only}
-    skip_cold = ("rsync -a", *warm_only)
+    skip_cold = ("rsync -a", *warm_only, *args.skip_cold)
     cold_runs: dict[str, list[dict]] = {k: [] for k in tl if k not in skip_cold}
     anchor_runs: dict[str, list[float]] = {k: [] for k in an}
     load0 = os.getloadavg()

@@ -109,6 +109,11 @@ COLD_THREADS = max(1, int(os.environ.get("GPUBOX_STAGE_COLD_THREADS") or 16))
 # device VM: 1.55 GB/s with 16 MiB against 1.71 without, 3 rounds of 3; 4 GB on a 2-core VM: 1.27
 # against 1.41 GB/s, less CPU without; docs/stage.md run K)
 PREFETCH = int(os.environ.get("GPUBOX_STAGE_PREFETCH_KIB") or 0) << 10
+# writers of one file take turns on a lock of ours around each pwrite (GPUBOX_STAGE_WRITE_LOCK=0:
+# not, for the benchmark): tmpfs holds the inode lock for the whole copy of a write, and a second
+# writer spins on it while the holder runs (rwsem optimistic spinning), burning a core for nothing;
+# on our lock it sleeps, and its read and checksum still overlap the holder's write
+WRITE_LOCK = os.environ.get("GPUBOX_STAGE_WRITE_LOCK", "1").strip() != "0"
 try:  # python-xxhash (pyproject dependency); the standalone payload may run where it is missing
     import xxhash
 except ImportError:  # then crc32 (zlib) is the default and xxh3 entries cannot be re-hashed here
@@ -546,11 +551,13 @@ def _copy_span(
     advance=None,
     block: int = BUF,
     prefetch: int = 0,
+    wlock=None,
 ) -> None:
     """Read [start, end) of sfd once, `block` bytes a read: write each BUF slice to dfd at the same
     offset and feed it to the hash `h` (and `extra`) while it is in the CPU cache. Plain reads cannot
     SIGBUS when the source shrinks (a read of a mapping past a new EOF does): a short read is an error.
-    `prefetch`: keep that much ahead of the reads asked of the kernel (POSIX_FADV_WILLNEED)."""
+    `prefetch`: keep that much ahead of the reads asked of the kernel (POSIX_FADV_WILLNEED).
+    `wlock`: the destination file's write lock (_FileJob.wlock), held around each pwrite."""
     buf, off, pending = _buf(), start, 0
     if prefetch:
         _prefetch(sfd, start, min(prefetch, end - start))
@@ -567,7 +574,11 @@ def _copy_span(
         for p in range(0, n, BUF):
             view = buf[p : min(n, p + BUF)]
             if dfd is not None:
-                _write(dfd, view, off + p)
+                if wlock is None:
+                    _write(dfd, view, off + p)
+                else:
+                    with wlock:
+                        _write(dfd, view, off + p)
             h.update(view)
             if extra is not None:
                 extra.update(view)
@@ -591,12 +602,13 @@ def _chunk(
     block: int = BUF,
     prefetch: int = 0,
     h=None,
+    wlock=None,
 ) -> bytes:
     """The `algo` digest of [start, end) of sfd, copied to dfd on the way (_copy_span). `h`: a hash
     that already holds the range's first bytes (the cold probe copied them), continued from start."""
     if h is None:
         h = _CHUNK_HASH[algo]()
-    _copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch)
+    _copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch, wlock)
     return h.digest()
 
 
@@ -713,6 +725,9 @@ class _FileJob:
         self.heads: dict[int, tuple] = {}
         self.left = self.n
         self.lock = threading.Lock()
+        # held around each pwrite into the partial (WRITE_LOCK): writers of one file wait here
+        # asleep instead of spinning on the tmpfs inode lock (see _Schedule)
+        self.wlock = threading.Lock() if WRITE_LOCK else None
         self.sfd = self.dfd = None
         self.ident: tuple[int, int] | None = None
         self.finished = False
@@ -1065,9 +1080,23 @@ class Copier:
                     failed.add(mode)
                     return
                 h = _CHUNK_HASH[self.algo]()
-                how = {"block": DIRECT_BLOCK} if mode == "direct" else {"prefetch": PREFETCH}
+                # buffered: the whole piece asked of the kernel at once (POSIX_FADV_WILLNEED), as
+                # a stream's readahead has it in flight once it has grown; without that an 8 MiB
+                # piece from a fresh fd times the readahead's ramp (16-core device VM, 16 GB:
+                # 0.51 GB/s buffered against 1.23 O_DIRECT, and the copy then read O_DIRECT at
+                # 1.29 GB/s where buffered reached 1.71; docs/stage.md run L)
+                how = {"block": DIRECT_BLOCK} if mode == "direct" else {"prefetch": PROBE_BYTES}
                 try:
-                    _copy_span(h, fd, job.dfd, start, start + PROBE_BYTES, advance=self.advance, **how)
+                    _copy_span(
+                        h,
+                        fd,
+                        job.dfd,
+                        start,
+                        start + PROBE_BYTES,
+                        advance=self.advance,
+                        wlock=job.wlock,
+                        **how,
+                    )
                 except OSError as exc:
                     if exc.errno != errno.EINVAL or mode != "direct":
                         raise
@@ -1187,7 +1216,15 @@ class Copier:
                 start, end = k * CHUNK, min(job.info["size"], (k + 1) * CHUNK)
                 fd, how = self._reader(job, start, end, streams)
                 job.digests[k] = _chunk(
-                    fd, job.dfd, start, end, self.algo, extra=whole, advance=self.advance, **how
+                    fd,
+                    job.dfd,
+                    start,
+                    end,
+                    self.algo,
+                    extra=whole,
+                    advance=self.advance,
+                    wlock=job.wlock,
+                    **how,
                 )
             self._finish(job, whole.hexdigest())
             return
@@ -1199,7 +1236,15 @@ class Copier:
             fd, how = self._reader(job, start + done, end, streams)
             try:
                 job.digests[i] = _chunk(
-                    fd, job.dfd, start + done, end, self.algo, advance=self.advance, h=h, **how
+                    fd,
+                    job.dfd,
+                    start + done,
+                    end,
+                    self.algo,
+                    advance=self.advance,
+                    h=h,
+                    wlock=job.wlock,
+                    **how,
                 )
             except OSError as exc:
                 if exc.errno != errno.EINVAL or "block" not in how:
@@ -1207,7 +1252,7 @@ class Copier:
                 self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
                 streams.drop("direct")
                 fd, _ = self._reader(job, start, end, streams)
-                job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo)
+                job.digests[i] = _chunk(fd, job.dfd, start, end, self.algo, wlock=job.wlock)
             if job.n > 1:
                 self._journal_range(job, i)
         with job.lock:
