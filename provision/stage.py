@@ -36,10 +36,12 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
 - Plain reads cannot SIGBUS: a source truncated under the copy gives a short read, which is the
   "source shrank" error (a read of a mapping past a new EOF kills the process with SIGBUS).
 - tmpfs takes the inode lock for every write to a file, so writers of one file queue: _Schedule
-  spreads workers over files first, then splits the large shards into their 64 MiB ranges across
-  workers (each pwrite()s into the one NAME.partial at its offsets), so the last big shard is not
-  left to one stream. Each reader opens the source itself (POSIX_FADV_SEQUENTIAL), so the
-  kernel's readahead follows each stream.
+  spreads workers over files first, then splits the large shards across workers by stealing the
+  back half of the longest stretch left (each pwrite()s into the one NAME.partial at its offsets),
+  so the last big shard is not left to one stream. Each worker reads its stretch of a file through
+  one open file of its own (POSIX_FADV_SEQUENTIAL), so the kernel's readahead follows each stream
+  from range to range, and writers of one file take turns on a lock of ours (asleep, not spinning
+  on the inode lock: 16 cores, 16 GB warm, 0.69 against 0.86 CPU-s/GB).
 - A cold source (mostly not in the page cache: after a reboot) is read with at least COLD_THREADS
   threads whatever the core count (a thread blocked in a read holds no core), either with O_DIRECT
   in 4 MiB reads or buffered (the kernel's readahead along each worker's span), whichever a
