@@ -39,16 +39,15 @@ pytestmark = pytest.mark.skipif(shutil.which("ansible-playbook") is None, reason
 
 
 def _need_wheel_builder():
-    try:
-        import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70.1)
-    except ImportError:
-        try:
-            import wheel  # noqa: F401
-        except ImportError:
-            pytest.fail(
-                "building the gpubox wheel needs the `wheel` package or setuptools >= 70.1 on the "
-                "control node: pip install wheel"
-            )
+    """The install role builds the wheel with the control node's own setuptools: 77+ reads the SPDX
+    `license` of pyproject.toml (PEP 639) and builds wheels without the `wheel` package."""
+    import setuptools
+
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.fail(
+            f"building the gpubox wheel needs setuptools >= 77 on the control node, this one has "
+            f"{setuptools.__version__}: pip install -U 'setuptools>=77'"
+        )
 
 
 def recap(out: str) -> dict[str, dict[str, int]]:
