@@ -1282,6 +1282,15 @@ class Copier:
 
     def _finish(self, job: _FileJob, sha: str | None) -> None:
         info = job.info
+        try:  # the name still leads to the inode that was copied (a worker reads through one fd)
+            now = os.stat(job.spath)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != job.ident:
+            raise StageError(
+                f"source file {job.rel} was removed or replaced during the copy",
+                "re-run when the source is stable",
+            )
         st = os.fstat(job.sfd)
         if st.st_size != info["size"] or st.st_mtime_ns != info["mtime_ns"]:
             raise StageError(
