@@ -1178,7 +1178,10 @@ class Copier:
         """An fd to read [start, end) of the source (the worker's own, kept along its span) and how
         (_chunk's block/prefetch): O_DIRECT, or buffered with prefetch, when most of it is not
         cached (by the probe's choice), else buffered."""
-        buffered = lambda: _open_src(job.spath, job.ident)  # noqa: E731
+
+        def buffered() -> int:
+            return _open_src(job.spath, job.ident)
+
         if self.read["mode"] != "cached" and job.info["size"] >= BUF:  # small files: not worth a 2nd open
             cached = cached_bytes(job.sfd, start, end - start)
             if cached is not None and cached < (end - start) // 2:
