@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import struct
 import sys
+import termios
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,3 +50,19 @@ def fell_behind(sim) -> bool:
     than the simulator planned): a degraded verdict is then the client measuring that truthfully,
     not a wrong verdict. Tests that need a healthy verdict accept this one excuse, measured."""
     return max(sim_lags(sim.truth_path), default=1.0) > LATE
+
+
+def unread(sock) -> int:
+    """Bytes waiting in a socket's receive queue (FIONREAD), nothing consumed."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
+def wait_unread(sock, at_least: int, timeout: float = 10.0) -> float:
+    """Block (an event loop that calls it too) until at least `at_least` bytes wait in the socket,
+    and return that moment: a piece seen waiting arrived before it. The bound a test can trust for
+    a kernel receive stamp: loopback's receipt may run after the sender's send call returned (in
+    ksoftirqd, under load), so the send call's end is no upper bound."""
+    deadline = time.perf_counter() + timeout
+    while unread(sock) < at_least and time.perf_counter() < deadline:
+        time.sleep(0.001)
+    return time.perf_counter()

@@ -4,10 +4,7 @@ off, timeouts and closed connections surface as httpcore errors, and the lane tr
 caps connections. End to end: a token is never stamped before the simulator wrote it."""
 
 import asyncio
-import fcntl
 import socket
-import struct
-import termios
 import threading
 import time
 
@@ -17,7 +14,7 @@ import pytest
 
 from gpubox.bench.client import Client, Request, run_concurrent
 from gpubox.bench.clientnet import LaneTransport, TimedBackend
-from tests.bench_helpers import simserver
+from tests.bench_helpers import simserver, unread, wait_unread
 
 SLACK = 5e-5  # kernel stamps are CLOCK_REALTIME, mapped onto perf_counter to within a few microseconds
 
@@ -25,19 +22,6 @@ SLACK = 5e-5  # kernel stamps are CLOCK_REALTIME, mapped onto perf_counter to wi
 async def _server(handler):
     srv = await asyncio.start_server(handler, "127.0.0.1", 0)
     return srv, srv.sockets[0].getsockname()[1]
-
-
-def _unread(sock) -> int:
-    """Bytes waiting in the socket's receive queue (FIONREAD), nothing consumed."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
-
-
-def _wait_unread(sock, at_least: int) -> float:
-    """Block (the event loop too) until at least `at_least` bytes wait in the socket; the moment."""
-    deadline = time.perf_counter() + 10
-    while _unread(sock) < at_least and time.perf_counter() < deadline:
-        time.sleep(0.001)
-    return time.perf_counter()
 
 
 def test_arrival_is_socket_time_and_reads_split_at_arrivals():
@@ -69,13 +53,13 @@ def test_arrival_is_socket_time_and_reads_split_at_arrivals():
         sock = ns.get_extra_info("socket")
         nodelay = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         send_a.set()  # the loop is blocked from here until "first" waits in the socket, and 20 ms on
-        seen_a = _wait_unread(sock, len(b"first"))
+        seen_a = wait_unread(sock, len(b"first"))
         time.sleep(0.02)
         deadline = time.perf_counter() + 10
-        while _unread(sock) and time.perf_counter() < deadline:  # the backend takes it (no read yet)
+        while unread(sock) and time.perf_counter() < deadline:  # the backend takes it (no read yet)
             await asyncio.sleep(0.001)
         send_b.set()  # blocked again, for "second"
-        seen_b = _wait_unread(sock, len(b"second"))
+        seen_b = wait_unread(sock, len(b"second"))
         time.sleep(0.02)
         one = await ns.read(65536, timeout=5)
         a = ns.get_extra_info("arrival")
