@@ -72,6 +72,7 @@ How it copies, and why (docs/stage.md "Performance" has the figures, benchmarks/
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -116,6 +117,7 @@ PREFETCH = int(os.environ.get("GPUBOX_STAGE_PREFETCH_KIB") or 0) << 10
 # writer spins on it while the holder runs (rwsem optimistic spinning), burning a core for nothing;
 # on our lock it sleeps, and its read and checksum still overlap the holder's write
 WRITE_LOCK = os.environ.get("GPUBOX_STAGE_WRITE_LOCK", "1").strip() != "0"
+_NO_LOCK = contextlib.nullcontext()  # a write lock that is none (reusable)
 try:  # python-xxhash (pyproject dependency); the standalone payload may run where it is missing
     import xxhash
 except ImportError:  # then crc32 (zlib) is the default and xxh3 entries cannot be re-hashed here
@@ -553,7 +555,7 @@ def _copy_span(
     advance=None,
     block: int = BUF,
     prefetch: int = 0,
-    wlock=None,
+    wlock=_NO_LOCK,
 ) -> None:
     """Read [start, end) of sfd once, `block` bytes a read: write each BUF slice to dfd at the same
     offset and feed it to the hash `h` (and `extra`) while it is in the CPU cache. Plain reads cannot
@@ -576,11 +578,8 @@ def _copy_span(
         for p in range(0, n, BUF):
             view = buf[p : min(n, p + BUF)]
             if dfd is not None:
-                if wlock is None:
+                with wlock:
                     _write(dfd, view, off + p)
-                else:
-                    with wlock:
-                        _write(dfd, view, off + p)
             h.update(view)
             if extra is not None:
                 extra.update(view)
@@ -604,7 +603,7 @@ def _chunk(
     block: int = BUF,
     prefetch: int = 0,
     h=None,
-    wlock=None,
+    wlock=_NO_LOCK,
 ) -> bytes:
     """The `algo` digest of [start, end) of sfd, copied to dfd on the way (_copy_span). `h`: a hash
     that already holds the range's first bytes (the cold probe copied them), continued from start."""
@@ -729,7 +728,7 @@ class _FileJob:
         self.lock = threading.Lock()
         # held around each pwrite into the partial (WRITE_LOCK): writers of one file wait here
         # asleep instead of spinning on the tmpfs inode lock (see _Schedule)
-        self.wlock = threading.Lock() if WRITE_LOCK else None
+        self.wlock = threading.Lock() if WRITE_LOCK else _NO_LOCK
         self.sfd = self.dfd = None
         self.ident: tuple[int, int] | None = None
         self.finished = False
