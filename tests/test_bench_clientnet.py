@@ -71,7 +71,8 @@ def test_arrival_is_socket_time_and_reads_split_at_arrivals():
     try:
         nodelay, seen_a, seen_b, one, a, two, b = asyncio.run(client())
     finally:
-        send_a.set(), send_b.set(), done.set()
+        for ev in (send_a, send_b, done):
+            ev.set()
         th.join(10)
         lsock.close()
     assert nodelay == 1
