@@ -1,9 +1,7 @@
-"""Container-side diagnoses that have no repair gpubox may make (issue 28): the NVIDIA
-Container Toolkit inside the LXC (provision.toolkit) and NCCL's room in /dev/shm once the
-weights are staged (provision.shmroom). Each is a pure decide over facts; the finding names the
-cause and the operator's command, since the files and sizes involved are not gpubox's.
-
-Position 35: after staging (30), so /dev/shm is judged as the server will find it.
+"""The shm-room step: NCCL's room in /dev/shm once the weights are staged (provision.shmroom),
+a pure decide over facts with no repair gpubox may make (issue 28): the finding names the cause
+and the operator's command, since the sizes involved are not gpubox's. It runs after staging
+(gpubox.areas.PIPELINE), so /dev/shm is judged as the server will find it.
 """
 
 from __future__ import annotations
@@ -11,49 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox.steps import FAILED, OK, SKIPPED, Finding, Step
+from gpubox.steps import Finding, Step
 
-from . import shmroom, toolkit
-
-
-def _finding(status: str, detail: str, cause, repair, ev) -> Finding:
-    if status == OK:
-        return Finding.ok(detail, evidence=ev)
-    if status == FAILED:
-        return Finding.failed(detail, cause=cause, repair=repair, evidence=ev)
-    return Finding(SKIPPED, detail, ev)
-
-
-@dataclass
-class ToolkitOptions:
-    """Nothing to choose: the file says what the toolkit will do."""
-
-
-@dataclass
-class ToolkitEvidence:
-    config: str
-    no_cgroups: Any = None
-    cli: bool = False
-
-
-class ContainerToolkitStep(Step):
-    """Docker + nvidia-container-toolkit inside the LXC: no-cgroups must be true there."""
-
-    name = "docker-toolkit"
-    title = "NVIDIA Container Toolkit inside the container"
-    where = "container"
-
-    def options(self, ctx) -> ToolkitOptions:
-        return ToolkitOptions()
-
-    def gather(self, ctx) -> toolkit.ToolkitFacts:
-        return ctx.fact(toolkit.ToolkitFact)
-
-    def decide(self, facts: toolkit.ToolkitFacts, opts: ToolkitOptions) -> Finding:
-        status, detail, cause, repair = toolkit.judge(facts)
-        nc = toolkit.no_cgroups(facts.config) if facts.config is not None else None
-        ev = ToolkitEvidence(toolkit.CONFIG if facts.config is not None else "absent", nc, facts.cli)
-        return _finding(status, detail, cause, repair, ev)
+from . import shmroom
+from .toolkit import finding_of
 
 
 @dataclass
@@ -92,8 +51,9 @@ class ShmRoomStep(Step):
         ev = ShmEvidence(
             facts.size, facts.free, facts.mem_max, facts.mem_current, shmroom.need_bytes(opts.ranks)
         )
-        return _finding(status, detail, cause, repair, ev)
+        return finding_of(status, detail, cause, repair, ev)
 
 
 def steps(ctx=None) -> list:
-    return [ContainerToolkitStep(), ShmRoomStep()]
+    """The shm-room step (gpubox.areas.PIPELINE)."""
+    return [ShmRoomStep()]

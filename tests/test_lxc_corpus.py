@@ -138,9 +138,9 @@ def test_a_killed_batch_leaves_nothing_the_next_run_does_not_clean(tmp_path):
 
 def test_plain_file_source_exists_and_relative_source_is_no_traceback(tmp_path):
     from gpubox.provision.confedit import review
+    from gpubox.provision.container_config_step import _exists, _lookup
     from gpubox.provision.devices import read_host_devices
     from gpubox.provision.lxc import HostRdev, referenced_paths
-    from gpubox.provision.lxc_step import _exists, _lookup
     from tests.lxc_fakehost import fake_host
 
     root = tmp_path / "pve1"

@@ -15,7 +15,7 @@ from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json, render_report
 
 from .. import probe as probe_script
-from ..probe_step import _int, box_limits, run_remote
+from ..gpu_probe_step import _int, box_limits, run_remote
 from ..probe_verdict import limits, parse, report
 
 

@@ -7,9 +7,14 @@ from __future__ import annotations
 import pytest
 
 from gpubox.provision.confedit import review
+from gpubox.provision.container_config_step import (
+    ConfigFacts,
+    ConfigOptions,
+    ContainerConfigStep,
+    config_commit,
+)
 from gpubox.provision.devices import DeviceScanFact, host_devices
 from gpubox.provision.lxc import HostRdev, referenced_paths
-from gpubox.provision.lxc_step import ConfigFacts, ConfigOptions, ContainerConfigStep, config_commit
 from gpubox.provision.lxcconf import LxcConf
 from gpubox.provision.lxcmodel import host_rdev_under
 from gpubox.simbox.lxc import mknod
