@@ -76,8 +76,8 @@ def advise(
     from gpubox.errors import GpuboxError
     from gpubox.output import print_json
 
-    from ..report.advise import advise_all
-    from ..report.advise_io import history_docs, load_probe, server_logs
+    from ..report.advice import advise_all
+    from ..report.advice_io import history_docs, load_probe, server_logs
     from ..report.data import load_runs
 
     if out_file and fmt == "text" and not as_json:
