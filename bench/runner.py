@@ -22,7 +22,7 @@ from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
 from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
-from .verdict import evaluate
+from .verdict import decide
 from .workloads import plan, resolve_profile
 
 
@@ -49,7 +49,7 @@ def _finish(doc: dict[str, Any], expect: dict | None, box, out_dir, baseline=Non
         doc["box_id"] = ident
     if baseline is None:
         baseline = results.history_baseline(box)
-    results.finish(doc, evaluate(doc, expect, baseline))
+    results.finish(doc, decide(doc, expect, baseline))
     path = results.write(doc, out_dir)
     doc["path"] = str(path)
     results.record_history({k: v for k, v in doc.items() if k != "path"})

@@ -14,7 +14,7 @@ from typing import Any
 from gpubox.errors import GpuboxError
 from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Refuse, Step
 
-from .confedit import MODES, review
+from .confedit import MODES, decide
 from .devices import (
     UVM_PENDING,
     DeviceScan,
@@ -135,7 +135,7 @@ def config_commit(plan: Plan | None) -> ConfigCommit | None:
 class ContainerConfigStep(Step):
     """The main section of the container config agrees with the host's NVIDIA devices.
 
-    `decide` is provision.confedit.review over facts; the repair is a `ConfigCommit` action."""
+    `decide` is provision.confedit.decide over facts; the repair is a `ConfigCommit` action."""
 
     name = "container-config"
     title = "GPU devices in the container config"
@@ -203,7 +203,7 @@ class ContainerConfigStep(Step):
                 evidence=ev,
             )
         hd = host_devices(facts.devices)
-        rev, predicted = self._review(conf, hd, facts, opts)
+        rev, predicted = self._decide_edit(conf, hd, facts, opts)
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev.warnings = rev.warnings
         note = ""
@@ -267,7 +267,7 @@ class ContainerConfigStep(Step):
         return Finding.ok(f"{path} main section matches the host ({how}){note}{extra}", evidence=ev)
 
     @staticmethod
-    def _review(conf, hd: HostDevices, facts: ConfigFacts, opts: ConfigOptions):
+    def _decide_edit(conf, hd: HostDevices, facts: ConfigFacts, opts: ConfigOptions):
         """(review, predicted uvm major or None). When nvidia-uvm is not loaded yet (host-devices,
         which this step requires, loads it) its major is unknown until then: the review is made
         with a stand-in major (the kernel's prediction, one the config does not mention), and
@@ -275,7 +275,7 @@ class ContainerConfigStep(Step):
         `c <nvidia-uvm major, read after modprobe>:* rwm` where apply writes the major it reads."""
         recorded = set(facts.recorded)
         if hd.uvm is not None or hd.frontend is None:
-            return review(conf, hd, opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)), None
+            return decide(conf, hd, opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)), None
         taken = set(hd.char_majors) | set(hd.majors.values()) | recorded
         predicted = predicted_dynamic_major(taken)
         stand = predicted
@@ -283,8 +283,8 @@ class ContainerConfigStep(Step):
             taken.add(stand)
             stand = predicted_dynamic_major(taken)
         if stand is None:  # every dynamic major taken: nvidia-modprobe will fail, host-devices says so
-            return review(conf, hd, opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)), None
-        rev = review(
+            return decide(conf, hd, opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)), None
+        rev = decide(
             conf, with_uvm_major(hd, stand), opts.mode, _lookup(facts.rdev), recorded, _exists(facts.rdev)
         )
         rule = f"c {stand}:"

@@ -47,7 +47,7 @@ _PROBE_KEYS = ("nodes", "cuinit", "cuinit_name", "nvml", "kernel_driver", "user_
 
 
 class CudaStep(Step):
-    """CUDA works in the container: the probe's output (a fact) through cuda_probe.diagnose."""
+    """CUDA works in the container: the probe's output (a fact) through cuda_probe.decide."""
 
     name = "cuda"
     title = "CUDA inside the container"
@@ -74,7 +74,7 @@ class CudaStep(Step):
             )
         res = facts.probe or {}
         ev = CudaEvidence(**{k: res.get(k) for k in _PROBE_KEYS})
-        found = cuda_probe.diagnose(res, opts.box)
+        found = cuda_probe.decide(res, opts.box)
         if found:
             ev.causes = [{"code": c, "cause": why, "repair": fix} for c, why, fix in found]
             return Finding.failed(

@@ -40,7 +40,7 @@ class DockerToolkitStep(Step):
         return ctx.fact(toolkit.ToolkitFact)
 
     def decide(self, facts: toolkit.ToolkitFacts, opts: ToolkitOptions) -> Finding:
-        status, detail, cause, repair = toolkit.judge(facts)
+        status, detail, cause, repair = toolkit.decide(facts)
         nc = toolkit.no_cgroups(facts.config) if facts.config is not None else None
         ev = ToolkitEvidence(toolkit.CONFIG if facts.config is not None else "absent", nc, facts.cli)
         return finding_of(status, detail, cause, repair, ev)

@@ -47,7 +47,7 @@ class ShmRoomStep(Step):
         return ctx.fact(shmroom.ShmFact)
 
     def decide(self, facts: shmroom.ShmFacts, opts: ShmOptions) -> Finding:
-        status, detail, cause, repair = shmroom.judge(facts, opts.ranks)
+        status, detail, cause, repair = shmroom.decide(facts, opts.ranks)
         ev = ShmEvidence(
             facts.size, facts.free, facts.mem_max, facts.mem_current, shmroom.need_bytes(opts.ranks)
         )

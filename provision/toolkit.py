@@ -86,7 +86,7 @@ def no_cgroups(toml: str) -> bool | None:
     return None
 
 
-def judge(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
+def decide(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
     """Pure: (status, detail, cause, repair)."""
     stale = stale_rules(f.rules, f.proc_devices)
     if stale:

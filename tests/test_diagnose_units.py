@@ -112,15 +112,15 @@ def test_acs_read_with_real_setpci_on_the_simulated_sysfs(tmp_path):
 
 def test_docker_rule_with_a_hard_coded_uvm_major_is_named():
     from gpubox.provision.toolkit import ToolkitFacts
-    from gpubox.provision.toolkit import judge as tk_judge
+    from gpubox.provision.toolkit import decide as tk_decide
 
     proc = (FIX / "h200_proc_devices").read_text()  # nvidia-uvm 238 on the real H200
     stale = ToolkitFacts(None, False, {"a1b2c3d4e5f6a7b8": ["c 195:* rmw", "c 237:* rmw"]}, proc)
-    status, detail, cause, repair = tk_judge(stale)
+    status, detail, cause, repair = tk_decide(stale)
     assert status == "failed" and "c 237:* rmw" in detail and "nvidia-uvm is 238" in detail
     assert "--device /dev/nvidia-uvm" in repair
     current = ToolkitFacts(None, False, {"a1b2c3d4e5f6a7b8": ["c 195:* rmw", "c 238:* rmw"]}, proc)
-    assert tk_judge(current)[0] == "ok"
+    assert tk_decide(current)[0] == "ok"
 
 
 def test_recorded_h200_fabric_and_power_read_raise_no_alarm():

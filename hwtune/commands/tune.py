@@ -169,7 +169,7 @@ def _measure_gate(ctx, box, profile, as_json) -> dict:
     result = nccl_compare.run(prof, nccl_compare.tp_sets(topo), rounds=2, quick=True, aa=True, timeout=120.0)
     result["topology_class"] = classify_topology(topo)
     result["profile_topologies"] = list(prof.topologies)
-    gate = nccl_gate.judge(result)
+    gate = nccl_gate.decide(result)
     if not as_json:
         nccl_gate.render(gate, console(stderr=True))
     return gate
