@@ -160,3 +160,29 @@ def test_the_checks_catch_what_they_forbid():
         "gpubox.bench.b -> gpubox.simbox.x",
         "gpubox.commands.sim -> gpubox.simbox",
     ]
+
+
+def test_the_architecture_page_draws_every_pipeline_step_in_order(tmp_path, monkeypatch):
+    """docs/architecture.md's pipeline table is the pipeline as it runs: every step of
+    gpubox.areas.PIPELINE, in order, with the module and class that hold it."""
+    import importlib
+    import re
+
+    from gpubox import areas
+    from gpubox.context import Context
+    from gpubox.inventory import Inventory
+    from gpubox.simbox import build
+
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    sim = build(tmp_path / "box", [])
+    inv = Inventory(sim.inventory_path)
+    ctx = Context(box=inv.box(sim.box), inventory=inv, options={})
+    steps = [st for m in areas.PIPELINE for st in importlib.import_module(m).steps(ctx)]
+    assert {"model-stage", "drafter-stage", "bench"} <= {st.name for st in steps}  # the box has them all
+    want = [
+        (st.name, type(st).__module__.removeprefix("gpubox.").replace(".", "/") + ".py", type(st).__name__)
+        for st in steps
+    ]
+    page = (module_files()["gpubox"].parent.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| `([\w/]+\.py)` `(\w+)` \|", page, re.M)
+    assert rows == want
