@@ -401,8 +401,10 @@ def quote(v: str) -> str:
     """The one quoting rule for `source`-able files (shell and envfile): bare when SAFE_VALUE,
     else '...' when there is no single quote, else "..." with \\ " ` $ escaped. bash and systemd's
     EnvironmentFile parser (env-file.c) read all three forms to the same literal value, and no
-    form leaves a character that bash would run, expand or split on."""
-    if SAFE_VALUE.match(v):
+    form leaves a character that bash would run, expand or split on. A value that starts with `=`
+    (NCCL's exact-match prefix, NCCL_IB_HCA==mlx5_0) is quoted too: bash reads `K==v` right, but it
+    looks like a typo to people and to shellcheck (SC1097)."""
+    if SAFE_VALUE.match(v) and not v.startswith("="):
         return v
     if "'" not in v:
         return f"'{v}'"
