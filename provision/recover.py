@@ -176,6 +176,10 @@ def recover(
         except (ValueError, KeyError):
             pass
     chosen = selected(collect_steps(ctx), skip, only)
+    if bench and any(s.measures for s in chosen):
+        from gpubox.bench.runner import resolve_run
+
+        resolve_run(ctx, profile)  # every benchmark option checked before any repair (exit 2)
     # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
