@@ -45,6 +45,12 @@ def all_faults() -> dict[str, str]:
 
 # The seed's story (docs/facts.md "The seed's story"): what a reboot did to the box.
 SEED_FAULTS = ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing", "shm_empty"]
+# Faults that describe two different boxes: asked together, one would silently win.
+CONTRADICTIONS = [
+    ("numa_balancing", "no_numa_balancing"),  # the sysctl at 1 / the sysctl absent
+    ("nccl_missing", "nccl_misspelled"),  # no NCCL file / a hand-written one
+    ("shm_empty", "truncated_shard"),  # nothing staged / a staged shard cut short
+]
 # What `gpubox demo` breaks: the seed's reboot plus a stopped container.
 DEMO_FAULTS = SEED_FAULTS + ["container_stopped"]
 
@@ -67,9 +73,16 @@ def build(
         faults.update(f for f in SEED_FAULTS if f in all_faults())
     unknown = sorted(faults - set(all_faults()))
     if unknown:
+        from ..suggest import with_hint
+
         raise GpuboxError(
-            f"unknown simulated fault(s): {', '.join(unknown)}", f"known: {', '.join(sorted(all_faults()))}"
+            with_hint(f"unknown simulated fault(s): {', '.join(unknown)}", unknown[0], all_faults()),
+            f"known: {', '.join(sorted(all_faults()))}",
         )
+    clash = [pair for pair in CONTRADICTIONS if set(pair) <= faults]
+    if clash:
+        a, b = clash[0]
+        raise GpuboxError(f"faults {a} and {b} contradict each other", f"keep one of {a}, {b}")
     dest = Path(dest).resolve()
     if dest.exists() and any(dest.iterdir()):
         raise GpuboxError(f"{dest} is not empty", "give a new or empty directory")
