@@ -1,5 +1,9 @@
-"""The `gpubox` command line. Subcommands live next to the code they drive and load lazily,
-so `gpubox inventory list` does not pay for importing the benchmark or plotting stack."""
+"""The `gpubox` command line: the root group, global options and the one error/exit policy.
+
+Every command is one module named for it: `gpubox/commands/<command>.py` for the core's (listed in
+COMMANDS below), `<area>/commands/<command>.py` for an area's (listed in its `area.py`), each as
+"module:attr" and loaded lazily, so `gpubox inventory list` does not pay for importing the benchmark
+or plotting stack (docs/architecture.md, "How to add a command")."""
 
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from .escape import terminal
 # is not importable (a stale registration, or one added by a plugin that is not installed) is
 # left out of --help and answers "No such command" instead of a traceback (LazyGroup).
 COMMANDS = {
-    "inventory": "gpubox.cli_inventory:inventory",
-    "sim": "gpubox.cli_sim:sim",
+    "inventory": "gpubox.commands.inventory:inventory",
+    "sim": "gpubox.commands.sim:sim",
     **areas.commands(),
 }
 

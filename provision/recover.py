@@ -288,3 +288,23 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         outcome.report_path = str(rep.main)
     except Exception as exc:  # a report problem must not hide the verdict
         outcome.notes.append(f"report not written: {exc}")
+
+
+def render_outcome(outcome: Outcome, title: str) -> None:
+    """What recover did, on the terminal: the report, its notes, the benchmark verdict and where the
+    results and report went (`gpubox recover` and `gpubox demo`)."""
+    from gpubox.output import console, render_report
+
+    con = console()
+    render_report(outcome.report, con, title=title)
+    for n in outcome.notes:
+        con.print(f"[yellow]note:[/] {escape(n)}")
+    if outcome.bench is not None:
+        v = outcome.bench.get("verdict", {})
+        colour = {"healthy": "green", "degraded": "yellow"}.get(v.get("status"), "red")
+        con.print(f"benchmark verdict: [{colour}]{v.get('status')}[/]")
+        for r in v.get("reasons", []):
+            con.print(f"  - {escape(r.get('message', ''))}")
+        con.print(f"results: {outcome.bench_path}")
+        if outcome.report_path:
+            con.print(f"report:  {outcome.report_path}")
