@@ -82,7 +82,29 @@ class State:
             from .inventory import Inventory
 
             self._inventory = Inventory(self.inventory_path)
+            adopt_state_dir(self._inventory)
         return self._inventory
+
+
+STATE_VAR = "gpubox_control_state_dir"
+
+
+def adopt_state_dir(inv) -> None:
+    """An inventory may name the control node's state directory for its boxes (backups, history,
+    results, locks) with `gpubox_control_state_dir` in `all: vars:` (a relative path is taken
+    from the inventory's folder). A simulated box's inventory names its own, so each practice box
+    keeps its own history and records. $GPUBOX_STATE_DIR, when set, still wins."""
+    if os.environ.get("GPUBOX_STATE_DIR"):
+        return
+    values = {str(h.vars[STATE_VAR]) for h in inv.hosts.values() if h.vars.get(STATE_VAR)}
+    if len(values) > 1:
+        raise GpuboxError(
+            f"{inv.path}: {STATE_VAR} differs between hosts ({', '.join(sorted(values))})",
+            "set it once, under all: vars:",
+        )
+    if values:
+        base = inv.path if inv.path.is_dir() else inv.path.parent
+        os.environ["GPUBOX_STATE_DIR"] = str((base / values.pop()).resolve())
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

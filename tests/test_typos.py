@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -61,3 +62,47 @@ def test_json_errors_are_json_on_stdout(capsys):
     assert rc == 2 and err.strip()
     doc = json.loads(out)
     assert doc["exit_code"] == 2 and doc["error"] == err.strip()
+
+
+def test_each_simulated_box_keeps_its_own_state(tmp_path, capsys, monkeypatch):
+    """Two practice boxes, no $GPUBOX_STATE_DIR: each run's records land in its own box's state dir
+    (gpubox_control_state_dir in the box's inventory), none in the user's default one."""
+    from gpubox.simbox import build
+
+    monkeypatch.delenv("GPUBOX_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    a = build(tmp_path / "a", ["numa_balancing"])
+    b = build(tmp_path / "b", [])
+    for sim in (a, b):
+        rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "recover", "ct200", "--yes", "--no-bench")
+        assert rc == 0, err
+        monkeypatch.delenv("GPUBOX_STATE_DIR", raising=False)  # as a new process starts
+    runs = {s: sorted(p.name for p in (s.dest / "state").rglob("*") if p.is_file()) for s in (a, b)}
+    assert runs[a] and runs[b], runs
+    assert not (tmp_path / "xdg" / "gpubox").exists() or not any(
+        (tmp_path / "xdg" / "gpubox").rglob("*.json")
+    )
+
+
+def test_sim_rm_removes_a_simulated_box_and_nothing_else(tmp_path, capsys):
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box", [])
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    rc, out, err = gpubox(capsys, "sim", "rm", str(other))
+    assert rc == 2 and "not a simulated box" in err and (other / "keep.txt").read_text() == "mine"
+    rc, out, err = gpubox(capsys, "sim", "rm", str(sim.dest))
+    assert rc == 0 and not sim.dest.exists()
+
+
+def test_demo_without_keep_leaves_no_directory(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rc, out, err = gpubox(capsys, "demo", "--fault", "numa_balancing", "--no-bench", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["kept"] is False and not os.path.exists(doc["demo_dir"])
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("gpubox-demo-")] == []

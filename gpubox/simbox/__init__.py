@@ -67,6 +67,23 @@ def build(
     """Create a simulated box in DEST (which must be empty or absent) with the given faults."""
     from ..errors import GpuboxError
 
+    faults = check_faults(faults)
+    dest = Path(dest).resolve()
+    if dest.exists() and any(dest.iterdir()):
+        raise GpuboxError(f"{dest} is not empty", "give a new or empty directory")
+    sim = SimBox(dest, gpus=gpus, vmid=vmid, box=box, host=host)
+    sim.create(sorted(faults))
+    for mod in _piece_modules():
+        mod.build(sim, faults)
+    sim.write_inventory()
+    return sim
+
+
+def check_faults(faults: Iterable[str]) -> set[str]:
+    """The fault set asked for ('seed' expanded), every name known and no two contradicting:
+    GpuboxError otherwise, before anything is made."""
+    from ..errors import GpuboxError
+
     faults = set(faults)
     if "seed" in faults:
         faults.discard("seed")
@@ -83,15 +100,29 @@ def build(
     if clash:
         a, b = clash[0]
         raise GpuboxError(f"faults {a} and {b} contradict each other", f"keep one of {a}, {b}")
-    dest = Path(dest).resolve()
-    if dest.exists() and any(dest.iterdir()):
-        raise GpuboxError(f"{dest} is not empty", "give a new or empty directory")
-    sim = SimBox(dest, gpus=gpus, vmid=vmid, box=box, host=host)
-    sim.create(sorted(faults))
-    for mod in _piece_modules():
-        mod.build(sim, faults)
-    sim.write_inventory()
-    return sim
+    return faults
+
+
+def remove(dest: str | os.PathLike) -> Path:
+    """Delete a simulated box's directory, and only one: DEST must hold the builder's sim.json and
+    inventory (a typo'd path to a real directory is refused, not emptied)."""
+    import shutil
+
+    from ..errors import GpuboxError
+
+    d = Path(dest)
+    if d.is_symlink() or not d.is_dir():
+        raise GpuboxError(
+            f"{d} is not a directory", "give the directory `gpubox sim create` or `demo --keep` made"
+        )
+    d = d.resolve()
+    if not ((d / "sim.json").is_file() and (d / "inventory.yml").is_file()):
+        raise GpuboxError(
+            f"{d} is not a simulated box (no sim.json and inventory.yml)",
+            "give the directory `gpubox sim create` or `demo --keep` made",
+        )
+    shutil.rmtree(d)
+    return d
 
 
 def standin_main() -> None:
