@@ -1,4 +1,5 @@
-"""`gpubox sim create DIR [--fault F ...]`: build a simulated box to try gpubox on."""
+"""`gpubox sim create DIR [--fault F ...]` / `gpubox sim rm DIR`: build (and remove) a simulated box
+to try gpubox on."""
 
 from __future__ import annotations
 
@@ -51,3 +52,12 @@ def faults_(as_json: bool) -> None:
     else:
         for k, v in sorted(f.items()):
             click.echo(f"{k:22} {v}")  # plain: descriptions hold "[pve:pending]", not rich markup
+
+
+@sim.command("rm")
+@click.argument("dest", type=click.Path(file_okay=False))
+def rm(dest: str) -> None:
+    """Remove a simulated box's directory (one `sim create` or `demo --keep` made; nothing else)."""
+    from ..simbox import remove
+
+    click.echo(f"removed {remove(dest)}")

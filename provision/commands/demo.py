@@ -4,6 +4,7 @@ provision command that imports the simulator, inside the function that builds th
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -25,16 +26,29 @@ from gpubox.output import console, print_json, render_report
 @click.pass_context
 def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
     """Build a simulated box with the seed's reboot faults and recover it end to end."""
+    from gpubox.simbox import DEMO_FAULTS, all_faults, check_faults
+
+    chosen = list(faults) or [f for f in DEMO_FAULTS if f in all_faults()]
+    check_faults(chosen)  # a bad --fault is refused before any directory is made
+    dest = keep or tempfile.mkdtemp(prefix="gpubox-demo-")
+    try:
+        rc = _run(dest, chosen, keep, no_bench, as_json)
+    finally:
+        if not keep:  # the temporary box goes with the run; --keep is the way to keep it
+            shutil.rmtree(dest, ignore_errors=True)
+    sys.exit(rc)
+
+
+def _run(dest: str, chosen: list[str], keep, no_bench: bool, as_json: bool) -> int:
+    """Build, doctor, recover, doctor again; the exit status (0 when the box ends healthy)."""
     from gpubox.context import Context
     from gpubox.inventory import Inventory
-    from gpubox.simbox import DEMO_FAULTS, all_faults, build
+    from gpubox.simbox import build
 
     from ..recover import doctor as run_doctor
     from ..recover import recover as run_recover
     from ..recover import render_outcome
 
-    dest = keep or tempfile.mkdtemp(prefix="gpubox-demo-")
-    chosen = list(faults) or [f for f in DEMO_FAULTS if f in all_faults()]
     con = console(stderr=as_json)
     t0 = time.monotonic()
     sim = build(dest, chosen)
@@ -70,6 +84,7 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
         doc.update(
             {
                 "demo_dir": str(sim.dest),
+                "kept": bool(keep),  # false: the directory is removed when the demo ends
                 "inventory": str(sim.inventory_path),
                 "doctor_before_ok": before.ok,
                 "doctor_after_ok": after.ok,
@@ -82,12 +97,16 @@ def demo(ctx: click.Context, keep, faults, no_bench, as_json) -> None:
         render_outcome(outcome, f"gpubox recover {sim.box}")
         render_report(after, con, title=f"after: gpubox doctor {sim.box}", show_changes=False)
         con.print(
-            f"demo took {secs:.1f} s; inventory: {sim.inventory_path}"
-            + ("" if keep else " (temporary: use --keep DIR to keep it)")
+            f"demo took {secs:.1f} s; "
+            + (
+                f"inventory: {sim.inventory_path}"
+                if keep
+                else "the box was temporary and is removed (--keep DIR keeps it)"
+            )
         )
         for line in practice_lines(practice, chosen):
             con.print(line)
-    sys.exit(0 if (outcome.exit_code == 0 and after.ok) else 1)
+    return 0 if (outcome.exit_code == 0 and after.ok) else 1
 
 
 def practice_lines(practice, faults) -> list[str]:
