@@ -42,7 +42,7 @@ def remembered(src: str, threads: int) -> dict | None:
     """The verdict of an earlier probe on this filesystem at this depth, younger than VERDICT_DAYS,
     or None (then the copy probes). Why keep it: the probe costs the copy the phases it spends
     with the slower path and waiting for each phase's slowest reader (~0.5 s of an 8 GB cold run
-    on the 16-core device VM, docs/stage.md), and a box's disk does not change between reboots;
+    on the 16-core device VM, benchmarks/results/stage.md), and a box's disk does not change between reboots;
     when it does (another disk, another filesystem) the key differs, and an old verdict expires."""
     d, key = _state_dir(), fs_key(src, threads)
     if d is None or key is None:
