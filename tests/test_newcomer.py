@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 import pytest
 
@@ -126,3 +127,15 @@ def test_a_problem_software_cannot_fix_still_gets_a_measured_verdict(tmp_path, c
     verdict = doc["benchmark"]["verdict"]
     assert verdict["status"] == "degraded"
     assert any(r["key"] == "box" and step in r["message"] for r in verdict["reasons"])
+
+
+def test_repair_hints_repeat_the_inventory_the_user_gave(tmp_path, capsys):
+    """Every `gpubox ...` a repair hint tells the user to type carries the `-i PATH` they gave."""
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box", ["seed"])
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "doctor", "ct200", "--json")
+    hints = [s["repair"] for s in json.loads(out)["steps"] if s.get("repair") and "gpubox " in s["repair"]]
+    assert rc == 1 and hints
+    want = f"gpubox -i {shlex.quote(str(sim.inventory_path))} "
+    assert all(want in h for h in hints), hints
