@@ -315,8 +315,8 @@ def test_probe_script_reads_nvlink_and_numa_without_nvml_functions():
         [
             sys.executable,
             "-c",
-            "import types, sys; sys.path.insert(0, 'hwtune'); import probe; "
-            "f = probe._Fields(types.SimpleNamespace(NVMLError=Exception)); "
+            "import types, sys; sys.path.insert(0, 'hwtune'); import probe_topology as probe; "
+            "f = probe.NvmlFields(types.SimpleNamespace(NVMLError=Exception)); "
             "print(probe.nvlink_facts(types.SimpleNamespace(), 1, f), "
             "probe.numa_facts(types.SimpleNamespace(), 1, None, f))",
         ],

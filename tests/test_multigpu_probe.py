@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpubox.hwtune import probe as probe_script
+from gpubox.hwtune import probe_bandwidth
 from gpubox.hwtune.probe_step import probe_args
 from gpubox.hwtune.probe_verdict import judge, limits
 from gpubox.hwtune.topology import from_file, gpus_for_tp
@@ -122,11 +123,11 @@ def test_allreduce_sizes_and_iterations():
         1 << 30,
         64 << 10,
     ]
-    sz = probe_script.SIZES["full"]
-    assert probe_script._ar_iters(sz, 256 << 20) == sz["ar_iters"]  # the default size: default count
-    assert probe_script._ar_iters(sz, 1 << 30) == sz["ar_iters"]  # never fewer
+    sz = probe_bandwidth.SIZES["full"]
+    assert probe_bandwidth._ar_iters(sz, 256 << 20) == sz["ar_iters"]  # the default size: default count
+    assert probe_bandwidth._ar_iters(sz, 1 << 30) == sz["ar_iters"]  # never fewer
     assert (
-        probe_script._ar_iters(sz, 16 << 20) == 160 and probe_script._ar_iters(sz, 1 << 20) == 200
+        probe_bandwidth._ar_iters(sz, 16 << 20) == 160 and probe_bandwidth._ar_iters(sz, 1 << 20) == 200
     )  # capped
     r = subprocess.run(
         [sys.executable, str(ROOT / "hwtune" / "probe.py"), "--allreduce-bytes", "1Q"],
