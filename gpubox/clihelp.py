@@ -15,6 +15,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Check and plan only: show the exact diff/commands, change nothing."
 )
+skip_option = click.option(
+    "--skip", multiple=True, metavar="STEP", help="Skip a step or group (repeat or comma-separate)."
+)
+only_option = click.option("--only", multiple=True, metavar="STEP", help="Run only these steps or groups.")
 
 
 def persist_option(help_text: str = "Host repairs survive the next reboot (boot files)."):

@@ -176,6 +176,10 @@ def recover(
         except (ValueError, KeyError):
             pass
     chosen = selected(collect_steps(ctx), skip, only)
+    if bench and any(s.measures for s in chosen):
+        from gpubox.bench.runner import resolve_run
+
+        resolve_run(ctx, profile)  # every benchmark option checked before any repair (exit 2)
     # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
@@ -284,3 +288,23 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         outcome.report_path = str(rep.main)
     except Exception as exc:  # a report problem must not hide the verdict
         outcome.notes.append(f"report not written: {exc}")
+
+
+def render_outcome(outcome: Outcome, title: str) -> None:
+    """What recover did, on the terminal: the report, its notes, the benchmark verdict and where the
+    results and report went (`gpubox recover` and `gpubox demo`)."""
+    from gpubox.output import console, render_report
+
+    con = console()
+    render_report(outcome.report, con, title=title)
+    for n in outcome.notes:
+        con.print(f"[yellow]note:[/] {escape(n)}")
+    if outcome.bench is not None:
+        v = outcome.bench.get("verdict", {})
+        colour = {"healthy": "green", "degraded": "yellow"}.get(v.get("status"), "red")
+        con.print(f"benchmark verdict: [{colour}]{v.get('status')}[/]")
+        for r in v.get("reasons", []):
+            con.print(f"  - {escape(r.get('message', ''))}")
+        con.print(f"results: {outcome.bench_path}")
+        if outcome.report_path:
+            con.print(f"report:  {outcome.report_path}")

@@ -104,7 +104,7 @@ def test_every_payload_is_its_entry_and_the_gpubox_modules_it_imports_never_the_
     )
     # the check finds what it forbids: an entry that imports the simulator is refused
     with pytest.raises(GpuboxError, match="would ship the simulator"):
-        payload.modules_of("gpubox.cli_sim")
+        payload.modules_of("gpubox.commands.sim")
 
 
 def _simulator_code(src: str) -> list[str]:
@@ -150,9 +150,13 @@ def test_the_checks_catch_what_they_forbid():
     assert cycles(g) == [["gpubox.bench.b", "gpubox.hwtune.a"]]
     assert layer_violations(g) == ["gpubox.hwtune.a -> gpubox.bench.b", "gpubox.x -> gpubox.hwtune.a"]
     # the simulator: an area importing it is an upward import; a CLI entry only inside a function
-    g = {"gpubox.bench.b": {"gpubox.simbox.x"}, "gpubox.cli_sim": {"gpubox.simbox"}, "gpubox.simbox.x": set()}
-    assert layer_violations(g, {"gpubox.cli_sim": set()}) == ["gpubox.bench.b -> gpubox.simbox.x"]
-    assert layer_violations(g, {"gpubox.cli_sim": {"gpubox.simbox"}}) == [
+    g = {
+        "gpubox.bench.b": {"gpubox.simbox.x"},
+        "gpubox.commands.sim": {"gpubox.simbox"},
+        "gpubox.simbox.x": set(),
+    }
+    assert layer_violations(g, {"gpubox.commands.sim": set()}) == ["gpubox.bench.b -> gpubox.simbox.x"]
+    assert layer_violations(g, {"gpubox.commands.sim": {"gpubox.simbox"}}) == [
         "gpubox.bench.b -> gpubox.simbox.x",
-        "gpubox.cli_sim -> gpubox.simbox",
+        "gpubox.commands.sim -> gpubox.simbox",
     ]

@@ -156,7 +156,9 @@ class SimBox:
         ct_vars.update(self.inventory_extra["container"])
         inv = {
             "all": {
-                "vars": {"ansible_python_interpreter": sys.executable},
+                # its own control-node state (history, backups, results): one box's records
+                # never show up as another's (gpubox.cli.adopt_state_dir)
+                "vars": {"ansible_python_interpreter": sys.executable, "gpubox_control_state_dir": "state"},
                 "children": {
                     "proxmox_hosts": {"hosts": {self.host: host_vars}},
                     "gpu_containers": {"hosts": {self.box: ct_vars}},
