@@ -14,7 +14,7 @@ from gpubox.steps import DRIFT, FAILED, OK, SKIPPED
 from .links import all_paths, pair_path, ring_reference
 from .probe_check import Check, Evidence, pct_check
 from .probe_doc import BandwidthProbe, ProbeDoc
-from .probe_limits import expected_link, mem_spec_tbs
+from .probe_limits import expected_link, host_link_spec, mem_spec_tbs, nvlink_spec_gbps
 
 
 def check_bandwidth(doc: ProbeDoc, lim: dict[str, Any]) -> list[Check]:
@@ -73,12 +73,10 @@ def _check_host_copy(
 ) -> Check:
     """h2d / d2h against the GPU's link rate."""
     kind = p.name or ""
-    ref, ref_label = expected_link(doc.gpu_for(p.bus_id, p.gpu), lim)
-    return pct_check(
-        label,
-        p.gbps or 0.0,
-        ref,
-        ref_label,
+    g = doc.gpu_for(p.bus_id, p.gpu)
+    ref, ref_label = expected_link(g, lim)
+    gbps = p.gbps or 0.0
+    args = (
         lim[f"{kind}_min_pct"],
         "GB/s",
         ev,
@@ -86,6 +84,15 @@ def _check_host_copy(
         "link trained down, non-pinned/NUMA-remote host memory, or IOMMU translation",
         "check the link check above, `nvidia-smi topo -m` NUMA affinity, iommu=pt",
     )
+    spec = host_link_spec(g.name if g else None)
+    if ref and gbps > ref and g and spec:  # Grace: the host copy went over NVLink-C2C, not PCIe
+        rate, link = spec
+        ev.update(beyond_pcie=True, pcie_gbps=ref)
+        ref_label = (
+            f"{link} ({g.name}: {rate:g} GB/s per direction, datasheet; the figure is beyond {ref_label})"
+        )
+        ref = rate
+    return pct_check(label, gbps, ref, ref_label, *args)
 
 
 def _check_device_copy(
@@ -148,11 +155,7 @@ def _check_p2p(doc: ProbeDoc, p: BandwidthProbe, lim: dict[str, Any], label: str
             cause="P2P is off between these GPUs: IOMMU/ACS on the PCIe path, or not supported",
             repair="check ACS/IOMMU settings (iommu=pt, ACS off on the switches); NCCL_P2P_LEVEL",
         )
-    return pct_check(
-        label,
-        gbps,
-        ref,
-        ref_label,
+    args = (
         lim["p2p_min_pct"],
         "GB/s",
         ev,
@@ -160,6 +163,9 @@ def _check_p2p(doc: ProbeDoc, p: BandwidthProbe, lim: dict[str, Any], label: str
         "an NVLink down or trained slower, or the pair crosses the CPU interconnect (SYS)",
         "see `nvidia-smi nvlink --status` and `nvidia-smi topo -m`; keep TP groups on one NUMA node",
     )
+    if ref and gbps > ref and (path is None or path.kind == "pcie"):
+        return _beyond_pcie(doc, label, gbps, ref, ref_label, [p.src, p.dst], *args)
+    return pct_check(label, gbps, ref, ref_label, *args)
 
 
 def _check_allreduce(
@@ -191,11 +197,7 @@ def _check_allreduce(
         ev["path"] = hop.to_dict()
     else:
         ref, ref_label = _pcie_reference(doc, list(gpus), lim)
-    return pct_check(
-        label,
-        busbw,
-        ref,
-        ref_label,
+    args = (
         lim["allreduce_min_pct"],
         "GB/s busbw",
         ev,
@@ -203,6 +205,56 @@ def _check_allreduce(
         "NCCL transport or topology (P2P off, cross-NUMA ring, wrong NCCL env)",
         "check the NCCL profile (gpubox nccl) and the P2P checks",
     )
+    if ref and busbw > ref and (hop is None or hop.kind == "pcie"):
+        return _beyond_pcie(doc, label, busbw, ref, ref_label, list(gpus), *args)
+    return pct_check(label, busbw, ref, ref_label, *args)
+
+
+def _beyond_pcie(
+    doc: ProbeDoc,
+    label: str,
+    value: float,
+    pcie: float,
+    pcie_label: str,
+    indexes: list[int | None],
+    min_pct: float,
+    unit: str,
+    ev: Evidence,
+    what: str,
+    cause: str,
+    repair: str,
+) -> Check:
+    """A GPU-to-GPU figure above the PCIe rate of the GPUs' links did not cross PCIe: NVLink or an
+    NVSwitch carried it (a document without NVLink facts cannot say which). Judged against the
+    GPU model's NVLink bandwidth (KNOWN_NVLINK), never as a ratio to the PCIe rate; not judged for
+    a model not in the table. Without an NVSwitch, a full mesh gives a set of k of the box's n GPUs
+    (k-1)/(n-1) of each GPU's NVLink, so the minimum scales by that share (the least a healthy
+    NVLink box gives the set); with an NVSwitch the set gets it all."""
+    gpus = [doc.gpu_of(i) for i in indexes]
+    names = sorted({g.name or "unknown GPU" for g in gpus if g}) or ["unknown GPU"]
+    specs = [nvlink_spec_gbps(g.name) if g else None for g in gpus]
+    beyond = f"beyond what the PCIe path carries ({pcie_label})"
+    ev.update(beyond_pcie=True, pcie_gbps=pcie)
+    if not specs or not all(specs):
+        return Check(
+            label,
+            SKIPPED,
+            f"{value:.1f} {unit}: {beyond}, so it did not cross that link (NVLink/NVSwitch, or link facts "
+            f"that are not the path's); no NVLink figure known for {', '.join(names)} to judge against",
+            ev,
+            repair="run the current probe: it records NVML's NVLink facts, which give the path's rate",
+        )
+    total = min(s for s in specs if s)
+    n, k = len(doc.gpus), len(set(indexes))
+    share = ""
+    if n > k:
+        min_pct = round(min_pct * (k - 1) / (n - 1), 1)
+        share = f"; a full mesh without NVSwitch gives {k} of {n} GPUs {k - 1}/{n - 1} of it"
+    ev["nvlink_spec_gbps"] = total
+    ref_label = (
+        f"NVLink/NVSwitch ({', '.join(names)}: {total:g} GB/s per direction, datasheet{share}; {beyond})"
+    )
+    return pct_check(label, value, total, ref_label, min_pct, unit, ev, what, cause, repair)
 
 
 def _has_index(doc: ProbeDoc, indexes: list[int]) -> bool:

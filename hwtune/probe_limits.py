@@ -1,6 +1,6 @@
 """The probe's limits: the defaults, the inventory's `gpubox_probe` mapping checked against them,
 and the reference rates the figures are judged against (PCIe link rates, memory bandwidth by GPU
-model).
+model, NVLink and NVLink-C2C bandwidth by GPU model).
 """
 
 from __future__ import annotations
@@ -56,6 +56,30 @@ KNOWN_GPUS: list[tuple[str, float]] = [
     ("A100 80GB PCIe", 1.935),
     ("A100", 1.555),
     ("RTX A6000", 0.768),
+]
+
+# NVLink bandwidth per GPU and direction by product name: half the bidirectional total the
+# datasheets give (H100 SXM, H200 SXM and NVL, GH200: 900 GB/s; H100 NVL and PCIe with bridges, A100:
+# 600; H800: 400; A800: 400; B200: 1.8 TB/s; RTX A6000 bridge: 112.5). Matched like KNOWN_GPUS. GPUs
+# without NVLink (L40S, RTX 4090, RTX 6000 Ada, RTX PRO 6000) are absent: nothing to expect.
+KNOWN_NVLINK: list[tuple[str, float]] = [
+    ("GH200", 450.0),
+    ("H200", 450.0),
+    ("H100 NVL", 300.0),
+    ("H100 PCIe", 300.0),
+    ("H100", 450.0),
+    ("H800", 200.0),
+    ("B200", 900.0),
+    ("A800", 200.0),
+    ("A100", 300.0),
+    ("RTX A6000", 56.25),
+]
+
+# Host <-> GPU links other than PCIe: NVLink-C2C of Grace Hopper / Grace Blackwell, 900 GB/s
+# bidirectional (datasheets), 450 per direction.
+KNOWN_HOST_LINKS: list[tuple[str, float, str]] = [
+    ("GH200", 450.0, "NVLink-C2C"),
+    ("GB200", 450.0, "NVLink-C2C"),
 ]
 
 
@@ -144,6 +168,26 @@ def mem_spec_tbs(name: str | None, override: float | None = None) -> float | Non
         if key.lower() in low:
             return tbs
     return None
+
+
+def _by_name(table, name: str | None):
+    low = (name or "").lower()
+    for row in table:
+        if row[0].lower() in low:
+            return row
+    return None
+
+
+def nvlink_spec_gbps(name: str | None) -> float | None:
+    """The GPU model's NVLink bandwidth per direction (KNOWN_NVLINK), None when unknown."""
+    row = _by_name(KNOWN_NVLINK, name)
+    return row[1] if row else None
+
+
+def host_link_spec(name: str | None) -> tuple[float, str] | None:
+    """(GB/s per direction, link name) of a host link other than PCIe (KNOWN_HOST_LINKS)."""
+    row = _by_name(KNOWN_HOST_LINKS, name)
+    return (row[1], row[2]) if row else None
 
 
 def expected_link(g: GpuFacts | None, lim: dict[str, Any]) -> tuple[float | None, str]:
