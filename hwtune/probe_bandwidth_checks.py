@@ -1,6 +1,8 @@
 """The probe's verdict on its bandwidth figures: each measurement against its own reference (the
 GPU's link rate for host copies, its memory spec for device copies, the pair's path for P2P, the
 ring's slowest hop or a floor for all-reduce), and one row per GPU pair's path on NVLink boxes.
+A GPU-to-GPU figure beyond what the PCIe path carries proves another link and is judged against
+NVLink (the GPU model's figure), never as a ratio to the PCIe rate.
 
 Pure functions of the probe document (probe_doc.ProbeDoc); the paths come from hwtune/links.py.
 """
@@ -128,8 +130,9 @@ def _pcie_reference(
 
 
 def _check_p2p(doc: ProbeDoc, p: BandwidthProbe, lim: dict[str, Any], label: str, ev: Evidence) -> Check:
-    """A GPU pair against its path (NVLink figures, else the slower of the two links); a pair
-    without peer access is drift whatever it measured."""
+    """A GPU pair against its path (NVLink figures, else the slower of the two links; a figure
+    beyond that PCIe rate against NVLink, _beyond_pcie); a pair without peer access is drift
+    whatever it measured."""
     gbps = p.gbps or 0.0
     if p.src == p.dst:
         return Check(
