@@ -72,6 +72,9 @@ def box_context(ctx: click.Context, box_name: str, **options: Any) -> Context:
     inv = st.inventory
     box = inv.box(box_name)
     quiet = options.get("as_json", False)
+    root = ctx.find_root()
+    if root.get_parameter_source("inventory") == click.core.ParameterSource.COMMANDLINE:
+        options.setdefault("inventory_arg", st.inventory_path)  # repair hints repeat it
     return Context(
         box=box,
         inventory=inv,
