@@ -126,7 +126,7 @@ def test_docker_rule_with_a_hard_coded_uvm_major_is_named():
 def test_recorded_h200_fabric_and_power_read_raise_no_alarm():
     """The document read on the real 1x H200 for issue 28 (tests/fixtures/probe/README.md): fabric
     NOT_SUPPORTED and the power cap at its default are healthy."""
-    from gpubox.hwtune.probe import FABRIC_STATES
+    from gpubox.hwtune.probe_topology import FABRIC_STATES
 
     read = json.loads((FIX / "h200_i28_fabric_power.json").read_text())
     g = read["gpus"][0]
