@@ -27,6 +27,7 @@ class Host:
         self.transport = transport
         self.role = role  # "host" (Proxmox) or "container"
         self.root = entry.root
+        transport.root = self.root or "/"  # the anchor of its local writes (gpubox.safepath)
         env = {str(k): str(v) for k, v in (entry.get("gpubox_env") or {}).items()}
         bins = entry.get("gpubox_bin_dirs") or []
         if isinstance(bins, str):
@@ -96,6 +97,10 @@ class Host:
 
     def stat(self, path: str) -> FileStat | None:
         return self.transport.stat(self.path(path))
+
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        """A file someone else could have written (a lock holder record): regular and bounded."""
+        return self.transport.read_bounded(self.path(path), limit)
 
     def listdir(self, path: str) -> list[str]:
         return self.transport.listdir(self.path(path))
