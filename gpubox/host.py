@@ -17,6 +17,7 @@ from .state import backup_path
 from .transport.base import CmdResult, FileStat, Transport
 from .transport.local import LocalTransport
 
+BACKUP_LIMIT = 16 << 20  # the files gpubox rewrites are configs of a few KiB
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -128,7 +129,9 @@ class Host:
         saved = None
         if backup:
             try:
-                old = self.read_bytes(path)
+                # what is there, read as a file someone else may have replaced: a link, FIFO or
+                # device at PATH is refused (one line) before anything is written
+                old = self.read_bounded(path, BACKUP_LIMIT)
             except FileNotFoundError:
                 old = None
             if old is not None:

@@ -170,6 +170,23 @@ def append(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
         anchor.close()
 
 
+def open_append(path: str | os.PathLike):
+    """PATH opened for appending as a binary file object (a server's log): created when absent,
+    never through a link at any component beneath its anchor, a regular file only."""
+    anchor, rel = _anchor(path)
+    try:
+        fd = anchor.open(rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise safepath.Refused(str(path), "is not a regular file", "move it away and re-run")
+        os.set_blocking(fd, True)
+    except OSError as exc:
+        raise os_error(_named(exc, path)) from None
+    finally:
+        anchor.close()
+    return os.fdopen(fd, "ab")
+
+
 @contextmanager
 def staged(out_dir: str | os.PathLike):
     """Yield a private directory inside OUT_DIR; on success move every file in it to OUT_DIR (each

@@ -300,18 +300,19 @@ def write(
         tname = tmp or tmp_name(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(tname, flags, 0o600, dir_fd=dfd)
+            fd = os.open(tname, flags, mode, dir_fd=dfd)
         except FileExistsError:
             if not tmp:
                 raise
             remove_entry(dfd, tname, anchor.name(posixpath.join(posixpath.dirname(rel), tname)))
-            fd = os.open(tname, flags, 0o600, dir_fd=dfd)
+            fd = os.open(tname, flags, mode, dir_fd=dfd)
         try:
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fchmod(fd, mode)  # through our fd, never by name; umask has no say
+                if _stat.S_IMODE(os.fstat(fd).st_mode) != mode:  # the umask took bits away
+                    os.fchmod(fd, mode)  # through our fd, never by name (pmxcfs: never needed)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -440,6 +441,39 @@ def check_private(dfd: int, name: str, shown: str) -> int:
 def writable_by_others(st: os.stat_result) -> bool:
     """Whether someone other than the owner may create names in a directory of this stat."""
     return bool(_stat.S_IMODE(st.st_mode) & 0o022)
+
+
+# Links the system itself makes on the way to a directory gpubox writes, followed only to where
+# they must lead: pmxcfs' /etc/pve/lxc -> nodes/<node>/lxc (a FUSE file system only root writes).
+SYSTEM_LINKS = {"/etc/pve/lxc": "/etc/pve"}
+
+
+def system_anchor(path: str, root: str = "/") -> tuple[str, str] | None:
+    """(anchor, rel) for PATH beneath one of SYSTEM_LINKS (under ROOT): the link resolved, and
+    refused unless it stays inside the tree it belongs to; None when PATH is beneath none."""
+    p, root = canonical(path), canonical(root)
+    for link, inside in SYSTEM_LINKS.items():
+        where = canonical(posixpath.join(root, link.lstrip("/")))
+        if p != where and not p.startswith(where + "/"):
+            continue
+        real = os.path.realpath(where)
+        tree = os.path.realpath(posixpath.join(root, inside.lstrip("/")))
+        if real != tree and not real.startswith(tree + "/"):
+            raise Refused(where, f"leads to {real}, outside {tree}", "it should be Proxmox's own link")
+        return real, relative(where, p)
+    return None
+
+
+def system_link_ok(want: str, got: str, root: str = "/") -> bool:
+    """Whether a remote path WANT that resolves to GOT differs only by one of SYSTEM_LINKS, which
+    may resolve only inside its tree (a remote `realpath -m` check)."""
+    want, got, root = canonical(want), canonical(got), canonical(root)
+    for link, inside in SYSTEM_LINKS.items():
+        where = canonical(posixpath.join(root, link.lstrip("/")))
+        tree = canonical(posixpath.join(root, inside.lstrip("/")))
+        if (want == where or want.startswith(where + "/")) and got.startswith(tree + "/"):
+            return True
+    return False
 
 
 def anchor_of(path: str, roots: list[str]) -> tuple[str, str]:

@@ -52,9 +52,6 @@ CONTAINER_DIRS = (
 )
 _LEGACY = re.compile(r"^\..+\.gpubox\.[0-9a-f]+\.tmp$")
 _PVE_CONF = re.compile(r"^[0-9]+\.conf\.tmp\.(?P<pid>[0-9]+)$")
-# pmxcfs' own link on a Proxmox node (/etc/pve/lxc -> nodes/<node>/lxc): the one link the sweep
-# follows, and only to a directory still inside /etc/pve (a FUSE file system only root writes).
-_SYSTEM_LINKS = {"/etc/pve/lxc": "/etc/pve"}
 
 
 def ours(name: str, directory: str) -> bool:
@@ -104,23 +101,11 @@ def sweep(host, dirs, now: float | None = None) -> list[str]:
 
 def _open_local(host, d: str) -> int | None:
     """An fd of logical directory D on a local host, no link followed beneath the root prefix
-    (except pmxcfs' own, see _SYSTEM_LINKS); None when absent or refused."""
-    root = host.path("/")
+    (except the system's own, gpubox.safepath.SYSTEM_LINKS); None when absent or refused."""
     try:
-        with safepath.Anchor(root) as anchor:
-            try:
-                return anchor.opendir(d.lstrip("/"))
-            except safepath.Refused:
-                inside = _SYSTEM_LINKS.get(d.rstrip("/"))
-                if inside is None:
-                    return None
-                real = os.path.realpath(host.path(d))
-                rel = safepath.relative(host.path(inside), real)  # Refused when it leaves /etc/pve
-                return safepath.open_at(
-                    anchor.fd,
-                    safepath.relative(root, host.path(inside)) + "/" + rel,
-                    os.O_RDONLY | os.O_DIRECTORY,
-                )
+        anchor, rel = safepath.system_anchor(host.path(d), host.path("/")) or (host.path("/"), d.lstrip("/"))
+        with safepath.Anchor(anchor) as a:
+            return a.opendir(rel)
     except (OSError, GpuboxError):
         return None
 

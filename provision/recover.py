@@ -190,7 +190,9 @@ def recover(
         else:
             _bench_and_report(ctx, outcome, profile, out_dir, report_format)
     if not dry_run:
-        last.write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
+        from gpubox.safeio import write_text
+
+        write_text(last, json.dumps(outcome.to_dict(), indent=2, default=str))
     return outcome
 
 

@@ -167,7 +167,7 @@ class LocalTransport(Transport):
     def _anchored(self, path: str, create: bool = False):
         """(Anchor, relative path): the root prefix when PATH lies beneath it, else its parent.
         CREATE makes a missing root prefix (configuration, like the inventory that names it)."""
-        a, rel = safepath.anchor_of(path, [self.root])
+        a, rel = safepath.system_anchor(path, self.root) or safepath.anchor_of(path, [self.root])
         create = create and a == safepath.canonical(self.root)
         with safepath.Anchor(a, create=create) as anchor:
             yield anchor, rel
