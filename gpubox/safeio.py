@@ -170,6 +170,33 @@ def append(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
         anchor.close()
 
 
+def open_fd(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
+    """os.open(PATH, FLAGS) beneath PATH's anchor with no link followed at any component (a lock
+    file, a store read): a planted `<state>/history -> /etc` is refused, never opened through.
+    FileNotFoundError is raised as it is; any other OSError as the one-line GpuboxError."""
+    anchor, rel = _anchor(path)
+    try:
+        return anchor.open(rel, flags | os.O_CLOEXEC, mode)
+    except FileNotFoundError:
+        raise  # absent is an answer the caller handles (a store not written yet)
+    except OSError as exc:
+        raise os_error(_named(exc, path)) from None
+    finally:
+        anchor.close()
+
+
+def makedirs(path: str | os.PathLike, mode: int = 0o755) -> Path:
+    """Make directory PATH and its missing parents beneath its anchor, no link followed."""
+    anchor, rel = _anchor(path)
+    try:
+        os.close(anchor.makedirs(rel, mode))
+    except OSError as exc:
+        raise os_error(_named(exc, path)) from None
+    finally:
+        anchor.close()
+    return Path(path)
+
+
 def open_append(path: str | os.PathLike):
     """PATH opened for appending as a binary file object (a server's log): created when absent,
     never through a link at any component beneath its anchor, a regular file only."""
