@@ -235,6 +235,9 @@ def box_lock(ctx, what: str | None = None, wait: float | None = None, on: str = 
         ct = getattr(ctx, "container", None) if on == "host" else None
         if ct is not None and ct.transport.is_local:  # files here: no command per directory
             swept += [f"{ct.name}:{p}" for p in sweep(ct, CONTAINER_DIRS)]
+        from .safeio import sweep_state
+
+        swept += sweep_state()  # the control node's own: a killed run's temps in the state directory
         with _mutex:
             _held[key] = 1
         old_env = os.environ.get(HELD_ENV)

@@ -122,6 +122,19 @@ def clean_stale(directory: str | os.PathLike) -> list[str]:
     return removed
 
 
+def sweep_state() -> list[str]:
+    """Stale temps anywhere in the state directory (a killed run's, in a directory nothing may
+    write again soon: lxc-owned, backups/<host>): removed once per locked run (gpubox.boxlock)."""
+    from .state import state_root
+
+    removed: list[str] = []
+    root = state_root()
+    for dirpath, dirnames, _files in os.walk(root):  # os.walk follows no directory link
+        dirnames[:] = [d for d in dirnames if not is_tmp(d)]
+        removed += clean_stale(dirpath)
+    return removed
+
+
 def _roots() -> list[str]:
     """Directories gpubox owns on the control node: files beneath them are reached from them with
     no link followed (the state directory: backups, results, history, verdict stores)."""
