@@ -61,23 +61,30 @@ def ours(name: str, directory: str) -> bool:
     return directory.rstrip("/") == "/etc/pve/lxc" and bool(_PVE_CONF.match(name))
 
 
-def _stale(name: str, mtime: float, now: float, local: bool) -> bool:
+def _stale(name: str, mtime: float, now: float, local: bool, vmid: int | None = None) -> bool:
     """Older than STALE_S; or, on a local host, written by this machine (its node tag,
     safeio.NODE_TAG) from a pid that is gone: a pid means something only in the process table of
-    the machine that wrote it (another control node may write here over SSH right now)."""
+    the machine that wrote it (another control node may write here over SSH right now). The
+    locked box's own `<vmid>.conf.tmp.<pid>` likewise: no other gpubox writes it while we hold the
+    box lock, and Proxmox's own writer (`pct set`) runs on this host, so a pid gone here is dead."""
     if now - mtime >= STALE_S:
         return True
-    pid = written_here(name) if local else None
+    if not local:
+        return False
+    pid = written_here(name)
+    m = _PVE_CONF.match(name)
+    if pid is None and m and vmid is not None and name.startswith(f"{int(vmid)}.conf.tmp."):
+        pid = int(m.group("pid"))
     return pid is not None and pid != os.getpid() and not pid_alive(pid)
 
 
-def sweep(host, dirs, now: float | None = None) -> list[str]:
+def sweep(host, dirs, now: float | None = None, vmid: int | None = None) -> list[str]:
     """Remove stale gpubox temps in DIRS on HOST; the logical paths removed. On a local host each
     directory is opened beneath the root prefix with no link followed and each temp is removed
     with unlinkat relative to it, only when it is a regular file of ours (gpubox.safepath)."""
     now = time.time() if now is None else now
     if host.transport.is_local:
-        return [p for d in dirs for p in _sweep_local(host, d, now)]
+        return [p for d in dirs for p in _sweep_local(host, d, now, vmid)]
     removed = []
     for d in dirs:
         try:
@@ -110,7 +117,7 @@ def _open_local(host, d: str) -> int | None:
         return None
 
 
-def _sweep_local(host, d: str, now: float) -> list[str]:
+def _sweep_local(host, d: str, now: float, vmid: int | None = None) -> list[str]:
     dfd = _open_local(host, d)
     if dfd is None:
         return []
@@ -120,7 +127,7 @@ def _sweep_local(host, d: str, now: float) -> list[str]:
             if not ours(n, d):
                 continue
             st = safepath.entry(dfd, n)
-            if st is None or not stat.S_ISREG(st.st_mode) or not _stale(n, st.st_mtime, now, True):
+            if st is None or not stat.S_ISREG(st.st_mode) or not _stale(n, st.st_mtime, now, True, vmid):
                 continue
             path = f"{d.rstrip('/')}/{n}"
             try:
