@@ -156,6 +156,17 @@ def kind(box: Box, path: str) -> str:
         return f"state:{top or '.'}"
     if where == "ct" and rel == "dev":
         return "ct:staging"  # the container's /dev is LXC's mount on a real box; only /dev/shm is gpubox's
+    if rel.startswith("dev/shm/"):
+        name = rel.rsplit("/", 1)[-1]
+        for tag, k in (
+            ("gpubox-stage", "lock"),
+            (".partial", "partial"),
+            ("journal", "journal"),
+            ("manifest", "manifest"),
+        ):
+            if tag in rel:
+                return f"{where}:staging-{k}"
+        return f"{where}:staging-{'dest' if rel.count('/') == 2 else 'file'}" if name else f"{where}:staging"
     table = [
         ("run/lock", "lock"),
         ("dev/shm", "staging"),
@@ -179,13 +190,17 @@ def kind(box: Box, path: str) -> str:
     return f"{where}:other"
 
 
-def plan_plants(box: Box, written: set[str], per_kind: int, skip_kinds=()) -> list[tuple[str, str]]:
+def plan_plants(
+    box: Box, written: set[str], per_kind: int, skip_kinds=(), anchors: list[str] | None = None
+) -> list[tuple[str, str]]:
     """(kind, path) of every name to replace by a link: each written path and its parents beneath
-    the roots (not the roots themselves); sampled per kind unless FULL."""
-    roots = {str(r) for r in box.roots.values()}
+    the roots (not the roots themselves), or beneath ANCHORS when given (a command given paths by
+    the user, `stage SRC DEST`, trusts what is above the directory it was given, as a real
+    /dev/shm -> /run/shm is followed); sampled per kind unless FULL."""
+    roots = {str(r) for r in box.roots.values()} if anchors is None else set(anchors)
     names: set[str] = set()
     for p in written:
-        if kind(box, p) == "outside":
+        if kind(box, p) == "outside" or not any(p.startswith(r + "/") for r in roots):
             continue
         while p not in roots and p != "/":
             names.add(p)

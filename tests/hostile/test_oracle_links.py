@@ -11,8 +11,9 @@ the run must end cleanly: exit 0/1, or exit 2 with one line, never a traceback.
     .venv/bin/python -m pytest -q -m oracle tests/hostile        # both oracles
     GPUBOX_ORACLE_FULL=1 ...                                     # every path, not a sample
 
-Staging (provision/stage.py) is not yet on the safe-path layer: its paths are recorded and
-counted but not planted (STAGING_PENDING) until the staging engine moves onto it.
+`stage` is the local copier (`gpubox stage SRC DEST` inside the container's root): its lock,
+journal, partials, manifest and staged files are planted like every other path; `recover` stages
+through the payload runner in a child process, which the hook does not see.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.hostile import linkoracle as lo
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(900)]
 
 FIX = Path(__file__).parent.parent / "fixtures" / "history"
-STAGING_PENDING = ("staging", "staging-src")
+STAGING_PENDING: tuple[str, ...] = ()  # kinds recorded but not planted (none)
 EXPECT = {
     "tolerance": 0.10,
     "tok_s": {
@@ -60,6 +61,9 @@ class BenchBox(lo.Box):
 
 # name: (faults, argv after `-i INVENTORY`, links planted per kind in a sampled run, kinds the
 # unplanted run must have written: the oracle is only as good as what it recorded)
+# `stage SRC DEST` is given its paths: it is planted beneath the destination's parent and the
+# state directory (ANCHORS), what is above them being the user's choice.
+ANCHORS = {"stage": ["{ct}/dev/shm", "{state}"]}
 COMMANDS = {
     "recover": (
         ("seed",),
@@ -70,6 +74,18 @@ COMMANDS = {
     "lxc-fix": (("uvm_stale_major", "uvm_missing"), ["lxc", "fix", "ct200", "--yes"], 1, {"host:boot"}),
     "tune": (("mrrs_512", "numa_balancing"), ["tune", "pcie", "ct200", "--persist"], 1, {"host:unit"}),
     "schedule-install": ((), ["schedule", "install", "ct200", "--every", "6h"], 1, {"ct:unit"}),
+    "stage": (
+        ("shm_empty",),
+        ["stage", "{ct}/mnt/models/Qwen3.6-27B-sim", "{ct}/dev/shm/Qwen3.6-27B-sim"],
+        1,
+        {
+            "ct:staging-lock",
+            "ct:staging-journal",
+            "ct:staging-manifest",
+            "ct:staging-partial",
+            "ct:staging-file",
+        },
+    ),
     "schedule-run-once": (
         (),
         ["schedule", "run-once", "ct200", "--no-doctor", "--from-json", str(FIX / "run01.json"), "--json"],
@@ -80,6 +96,7 @@ COMMANDS = {
 
 
 def _run(capsys, box: lo.Box, argv: list[str]) -> tuple[int, str, str]:
+    argv = [a.replace("{ct}", str(box.roots["ct"])) for a in argv]
     return gpubox(capsys, "-i", box.sim.inventory_path, *argv)
 
 
@@ -102,7 +119,8 @@ def test_a_link_planted_at_any_path_gpubox_writes_never_reaches_its_target(
     assert lo.clean_outcome(rc, err) is None and rc in (0, 1), f"the unplanted run failed: {rc} {err}"
     written = {p for p in rec.written if lo.kind(box, p) != "outside"}
     is_dir = {p for p in written if os.path.isdir(p) and not os.path.islink(p)}
-    plants = lo.plan_plants(box, written, per_kind, skip_kinds=STAGING_PENDING)
+    anchors = [a.format(ct=box.roots["ct"], state=box.state) for a in ANCHORS.get(name, [])] or None
+    plants = lo.plan_plants(box, written, per_kind, skip_kinds=STAGING_PENDING, anchors=anchors)
     pending = {p for p in written if lo.kind(box, p).split(":")[-1] in STAGING_PENDING}
     seen = {lo.kind(box, p) for p in written}
     assert must <= seen, (
