@@ -220,3 +220,111 @@ def test_lock_directory_or_file_not_gpubox_own_is_refused(tmp_path, capsys, what
 
 def test_refusal_is_a_gpubox_error():
     assert issubclass(sp.Refused, GpuboxError)
+
+
+# -- staging on the layer --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def model(tmp_path):
+    from gpubox.simbox.model import make_model
+
+    src = tmp_path / "src" / "m"
+    make_model(src, [1 << 20, 1 << 20], seed=3)
+    return src
+
+
+def _stage(src, dest, **kw):
+    """The copier, its StageError as the GpuboxError the CLI makes of it (exit 2, one line)."""
+    from gpubox.provision import stage as st
+    from gpubox.provision.stage.errors import StageError
+
+    try:
+        return st.stage(str(src), str(dest), workers=2, **kw)
+    except StageError as exc:
+        raise GpuboxError(exc.problem, exc.fix) from None
+
+
+def test_stage_resume_partial_planted_as_a_link_next_to_a_forged_journal(model, tmp_path):
+    """A journal that claims a resumable range of a shard, and the shard's .partial a link to a
+    victim: the victim is never truncated, chmod'ed or written; the staged copy is still right."""
+    from gpubox.provision.stage.manifest import JOURNAL
+
+    dest = tmp_path / "shm" / "m"
+    dest.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"v" * 4096)
+    os.chmod(victim, 0o600)
+    shard = sorted(p.name for p in model.iterdir() if p.suffix == ".safetensors")[0]
+    info = model / shard
+    rec = {"rel": shard, "size": info.stat().st_size, "mtime_ns": info.stat().st_mtime_ns, "range": [0, 4096]}
+    (dest / JOURNAL).write_text(json_line(rec))
+    os.symlink(victim, dest / f"{shard}.partial")
+    try:
+        _stage(model, dest)
+    except GpuboxError as exc:
+        assert "\n" not in str(exc)
+    assert victim.read_bytes() == b"v" * 4096 and stat.S_IMODE(victim.stat().st_mode) == 0o600, "DAMAGE"
+
+
+def json_line(rec) -> str:
+    import json
+
+    return json.dumps(rec) + "\n"
+
+
+def test_stage_destination_reaching_into_the_source_through_a_link_is_refused(model, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    os.symlink(model, shm / "m")  # dest -> the persistent source
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir())
+    with pytest.raises(GpuboxError, match="overlap"):
+        _stage(model, shm / "m" / "sub")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir()) == before, "DAMAGE: source changed"
+
+
+@pytest.mark.parametrize("spelled", ["{shm}", "{shm}/", "/{shm}/./"])
+def test_stage_into_a_shared_directory_itself_is_refused(model, tmp_path, spelled):
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    os.chmod(shm, 0o1777)
+    (shm / "other-program").write_text("not gpubox's\n")
+    with pytest.raises(GpuboxError, match="of gpubox's own|overlap"):
+        _stage(model, spelled.format(shm=shm))
+    assert (shm / "other-program").read_text() == "not gpubox's\n"
+
+
+def test_stage_leaves_no_lock_file_in_the_shared_directory(model, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    os.chmod(shm, 0o1777)
+    _stage(model, shm / "m")
+    assert sorted(os.listdir(shm)) == ["m"], os.listdir(shm)
+
+
+def test_stage_lock_planted_as_a_link_never_truncates_its_target(model, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    os.chmod(shm, 0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    os.symlink(tmp_path, shm / ".gpubox-stage")  # the private lock directory, planted
+    with pytest.raises(GpuboxError, match="symbolic link"):
+        _stage(model, shm / "m")
+    os.unlink(shm / ".gpubox-stage")
+    os.symlink(victim, shm / ".m.gpubox-stage.lock")  # an older release's lock name, planted
+    _stage(model, shm / "m")
+    assert victim.read_text() == "keep me\n", "DAMAGE"
+
+
+@pytest.mark.parametrize("dest", ["//dev/shm", "/dev/shm/", "/dev/./shm", "/dev/shm/x/..", "//dev"])
+def test_stage_step_gate_judges_the_canonical_destination(dest):
+    """`//dev/shm` is /dev/shm: refused as a destination like the plain spelling."""
+    from types import SimpleNamespace
+
+    from gpubox.provision.stage_step import model_spec
+
+    setting = {"source": "/mnt/m", "dest": dest}
+    ctx = SimpleNamespace(box=SimpleNamespace(var=lambda name: setting if name == "gpubox_model" else None))
+    with pytest.raises(GpuboxError, match="directory of its own"):
+        model_spec(ctx, "gpubox_model")
