@@ -19,45 +19,17 @@ documents, history stores, Prometheus textfiles. One way to write them, and one 
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import secrets
 import shutil
-import socket
 import stat
 from contextlib import contextmanager
 from pathlib import Path
 
 from . import safepath
 from .errors import GpuboxError, os_error
+from .safepath import NODE_TAG, TMP_TAG, is_tmp, tmp_name, written_here  # noqa: F401 - one temp name
 
-TMP_TAG = ".gpubox.tmp."
-_TMP = re.compile(r"^\.(?P<name>.+)\.gpubox\.tmp\.(?P<pid>[0-9]+)\.[0-9a-f]+$")
-
-
-# Which machine wrote a temp: its random part starts with this tag, so a later run on the same
-# machine can tell its own dead writers (the pid no longer runs here) from another control node's
-# (an SSH writer's pid means nothing in this process table).
-NODE_TAG = hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
-
-
-def tmp_name(target: str | os.PathLike, pid: int | None = None) -> str:
-    """The temp file's basename for TARGET (same directory): recognisable, unique, hidden."""
-    base = os.path.basename(os.fspath(target))[:180]
-    return f".{base}{TMP_TAG}{pid or os.getpid()}.{NODE_TAG}{secrets.token_hex(4)}"
-
-
-def written_here(name: str) -> int | None:
-    """The writer's pid when NAME is a temp this machine wrote, else None."""
-    m = _TMP.match(os.path.basename(name))
-    if not m or not name.rsplit(".", 1)[-1].startswith(NODE_TAG):
-        return None
-    return int(m.group("pid"))
-
-
-def is_tmp(name: str) -> bool:
-    return bool(_TMP.match(os.path.basename(name)))
+_TMP = safepath.TMP_RE
 
 
 def _named(exc: OSError, path) -> OSError:

@@ -28,10 +28,13 @@ changed when it is raised.
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import hashlib
 import os
 import posixpath
+import re
+import secrets
+import socket
 import stat as _stat
 from contextlib import contextmanager
 
@@ -47,6 +50,34 @@ RESOLVE_BENEATH = 0x08
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
+TMP_TAG = ".gpubox.tmp."
+TMP_RE = re.compile(r"^\.(?P<name>.+)\.gpubox\.tmp\.(?P<pid>[0-9]+)\.[0-9a-f]+$")
+
+
+# Which machine wrote a temp: its random part starts with this tag, so a later run on the same
+# machine can tell its own dead writers (the pid no longer runs here) from another control node's
+# (an SSH writer's pid means nothing in this process table).
+NODE_TAG = hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
+
+
+def tmp_name(target: str | os.PathLike, pid: int | None = None) -> str:
+    """The temp file's basename for TARGET (same directory): recognisable, unique, hidden."""
+    base = os.path.basename(os.fspath(target))[:180]
+    return f".{base}{TMP_TAG}{pid or os.getpid()}.{NODE_TAG}{secrets.token_hex(4)}"
+
+
+def written_here(name: str) -> int | None:
+    """The writer's pid when NAME is a temp this machine wrote, else None."""
+    m = TMP_RE.match(os.path.basename(name))
+    if not m or not name.rsplit(".", 1)[-1].startswith(NODE_TAG):
+        return None
+    return int(m.group("pid"))
+
+
+def is_tmp(name: str) -> bool:
+    return bool(TMP_RE.match(os.path.basename(name)))
+
+
 class Refused(GpuboxError):
     """A path gpubox will not write through (a planted link, a foreign or shared directory)."""
 
@@ -55,17 +86,32 @@ class Refused(GpuboxError):
         self.path = path
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
 _libc = None
+_how = None
+
+
+def _open_how():
+    """struct open_how, made when first needed: a python without ctypes (a minimal container's)
+    uses the walk, which needs nothing but os."""
+    global _how
+    if _how is None:
+        import ctypes
+
+        class OpenHow(ctypes.Structure):
+            _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+        _how = OpenHow
+    return _how
+
+
 _openat2_ok: bool | None = None
 
 
 def _syscall():
     global _libc
     if _libc is None:
+        import ctypes
+
         _libc = ctypes.CDLL(None, use_errno=True)
     return _libc.syscall
 
@@ -82,13 +128,15 @@ def have_openat2() -> bool:
             _openat2_ok = True
         except OSError:  # ENOSYS (older kernel), EPERM (a seccomp filter): the walk does the same
             _openat2_ok = False
-        except (AttributeError, TypeError):  # no libc syscall() (not glibc/musl): the walk
+        except (AttributeError, TypeError, ImportError):  # no ctypes or no libc syscall(): the walk
             _openat2_ok = False
     return _openat2_ok
 
 
 def _openat2(dirfd: int, rel: str, flags: int, mode: int, close_dir: bool = False) -> int:
-    how = _OpenHow(
+    import ctypes
+
+    how = _open_how()(
         flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
     )
     try:
@@ -286,8 +334,6 @@ def write(
     fchmod'ed, fsync'ed, renamed over REL, directory fsync'ed. KEEP_MODE keeps an existing file's
     permissions (read with fstatat, never through a link). A link at REL itself is replaced, never
     followed (LINK_OK=False refuses it instead); a directory there is refused (EISDIR)."""
-    from .safeio import tmp_name
-
     with _parent(anchor, rel, create_dirs) as (dfd, name):
         old = entry(dfd, name)
         if old is not None and _stat.S_ISDIR(old.st_mode):
