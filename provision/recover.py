@@ -362,7 +362,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format, un
         StepResult(
             "bench",
             ctx.box.container.name,
-            "ok" if verdict.get("status") == "healthy" else "drift",
+            {"healthy": "ok", "degraded": "drift"}.get(verdict.get("status"), "failed"),
             detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
             seconds=time.monotonic() - t0,
             title="verification benchmark",
