@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpubox.hwtune import probe as probe_script
-from gpubox.hwtune.probe_step import probe_args
+from gpubox.hwtune.gpu_probe_step import probe_args
 from gpubox.hwtune.probe_verdict import judge, limits
 from gpubox.hwtune.topology import from_file, gpus_for_tp
 from tests.clirun import gpubox

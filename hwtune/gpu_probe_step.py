@@ -128,7 +128,7 @@ class ProbeEvidence:
     checks: list[dict] = field(default_factory=list)
 
 
-class GpuProbe(Step):
+class GpuProbeStep(Step):
     """Read-only: NVML facts and copy bandwidth against the box's limits. Nothing to apply: a slow
     link or a pending row remap needs hands on the machine, so problems end as `failed` with the
     cause and the repair, and apply mode never tries to "fix" them."""
@@ -173,4 +173,4 @@ class GpuProbe(Step):
 
 
 def steps(ctx) -> list[Step]:
-    return [GpuProbe()]
+    return [GpuProbeStep()]

@@ -63,7 +63,7 @@ def stage(
     if dest is None:
         from gpubox.pipeline import run_steps
 
-        from .stage_step import steps, summaries
+        from ..stage_step import steps, summaries
 
         c = box_context(
             ctx,
@@ -106,7 +106,7 @@ def stage(
 
 
 def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
-    from . import stage as engine
+    from .. import stage as engine
 
     progress = None
     if not as_json and not kw["dry_run"] and sys.stderr.isatty():
