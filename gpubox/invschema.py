@@ -20,9 +20,13 @@ def _int_in(lo: int, hi: int) -> Rule:
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             return f"a {type(v).__name__}, not a whole number {lo}..{hi}"
         if isinstance(v, str):
-            if not v.strip().isdigit() or not v.isascii():
+            text = v.strip()
+            if not text.isascii() or not text.isdigit():
                 return f"not a whole number {lo}..{hi}"
-            v = int(v)
+            if len(text) > 1 and text.startswith("0"):
+                # "0200" from -e or a quoted value: Ansible templates it as written (0200.conf)
+                return f"not a plain decimal number (leading zero); write {int(text)}"
+            v = int(text)
         return None if lo <= v <= hi else f"outside {lo}..{hi}"
 
     return rule
