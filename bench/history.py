@@ -32,10 +32,13 @@ from typing import Any, Iterable
 
 from gpubox.errors import GpuboxError, os_error
 from gpubox.identity import encode_name
+from gpubox.readlimit import read_fd
 from gpubox.safeio import append, write_atomic
 from gpubox.state import state_dir
 
 from .schema import HISTORY_SCHEMA, SCHEMA  # one definition (bench.schema)
+
+MAX_STORE_BYTES = 1 << 30  # a store of a line per run: years of nightly runs are a few MiB
 
 _BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
 
@@ -188,13 +191,13 @@ def _read_store(path: Path) -> str:
     """The store's text ('' when absent); never through a symlink; bytes that are not UTF-8 (a
     damaged line) are replaced, so one bad line cannot hide the others."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return ""
     except OSError as exc:
         raise os_error(exc) from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read().decode(errors="replace")
+    with os.fdopen(fd, "rb") as f:  # a FIFO or a device there: one line, never a hang
+        return read_fd(f.fileno(), MAX_STORE_BYTES, path, what="history store").decode(errors="replace")
 
 
 def _run_id_of(line: str) -> str | None:

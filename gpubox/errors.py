@@ -77,11 +77,11 @@ def not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> GpuboxError:
 
 
 def read_text_file(path, *, what: str = "file") -> str:
-    """A local text file, or a one-line GpuboxError (missing, unreadable, not UTF-8)."""
-    try:
-        data = open(path, "rb").read()
-    except OSError as exc:
-        raise os_error(exc) from None
+    """A local text file, or a one-line GpuboxError (missing, unreadable, not a regular file,
+    over 64 MiB, not UTF-8)."""
+    from .readlimit import read_regular_or_error
+
+    data = read_regular_or_error(path, 64 << 20, what=what)  # a FIFO or a device: one line
     try:
         return data.decode()
     except UnicodeDecodeError as exc:

@@ -41,26 +41,32 @@ def read_regular(path, limit: int, *, what: str = "file") -> bytes:
     "no such file" wording; FileNotFoundError in particular stays catchable."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegular(
-                f"{what} {os.fsdecode(path)} is {kind_of(st.st_mode)}, not a regular file",
-                "give a regular file",
-            )
-        if st.st_size > limit:
-            raise too_large(path, limit, what, st.st_size)
-        chunks, got = [], 0
-        while got <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        if got > limit:
-            raise too_large(path, limit, what, None)
-        return b"".join(chunks)
+        return read_fd(fd, limit, path, what=what)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, limit: int, path, *, what: str = "file") -> bytes:
+    """The bytes of an open FD (opened O_NONBLOCK by the caller), if it is a regular file of at
+    most LIMIT bytes; else NotRegular naming PATH. The caller closes FD."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(
+            f"{what} {os.fsdecode(path)} is {kind_of(st.st_mode)}, not a regular file",
+            "give a regular file",
+        )
+    if st.st_size > limit:
+        raise too_large(path, limit, what, st.st_size)
+    chunks, got = [], 0
+    while got <= limit:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if got > limit:
+        raise too_large(path, limit, what, None)
+    return b"".join(chunks)
 
 
 def too_large(path, limit: int, what: str, size: int | None) -> NotRegular:

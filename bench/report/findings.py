@@ -8,6 +8,7 @@ never a guess. Thresholds are named constants so the wording ("flat", "slower") 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,10 @@ def ref_len(run: Run) -> int | None:
     lens = [m.output_len for m in run.select("decode") if m.ok and m.output_len]
     if not lens:
         return None
-    return PREFERRED_LEN if PREFERRED_LEN in lens else max(set(lens), key=lens.count)
+    if PREFERRED_LEN in lens:
+        return PREFERRED_LEN
+    counts = Counter(lens)  # lens.count per distinct length was quadratic in the measurements
+    return max(set(lens), key=counts.__getitem__)
 
 
 def decode_ok(run: Run, tp: int, label: str, out: int | None) -> Measurement | None:
