@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from gpubox.errors import GpuboxError
 
 from .advice_evidence import (
+    ReasonIndex,
     allreduce_busbw,
     budget_reasons,
     finding_reasons,
@@ -300,6 +301,7 @@ def advise(
         notes.append(f"the probe's all-reduce figures are not used: it is of other GPUs ({why})")
         probe = None
     ref, busbw, logs = ref_len(run), allreduce_busbw(probe), logs or {}
+    reasons_of = ReasonIndex(fs)  # once per run: a point looks only at the findings it can use
     for w in points:
         if w.best is None:
             continue
@@ -311,7 +313,7 @@ def advise(
         br, bg = budget_reasons(run, w)
         w.reasons += br
         w.gaps += bg
-        w.reasons += finding_reasons(w, fs, ref)
+        w.reasons += finding_reasons(w, reasons_of, ref)
         w.reasons = list(dict.fromkeys(w.reasons))
         _noise_gaps(w)
     _contender_gaps(run, points)

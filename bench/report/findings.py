@@ -83,7 +83,13 @@ def auto_label(run: Run) -> str | None:
 
 
 def tps(run: Run, workload: str | None = None) -> list[int]:
-    return sorted({m.tp for m in run.select(workload)})
+    """The TP sizes measured (for a workload); computed once per run and workload: the findings
+    ask once per configuration, and a scan per question was quadratic in the measurements."""
+    cache = run.__dict__.setdefault("_tps_cache", {})
+    key = (workload, len(run.measurements))
+    if key not in cache:
+        cache[key] = sorted({m.tp for m in run.select(workload)})
+    return list(cache[key])
 
 
 # --- single-run findings ------------------------------------------------------------------------
