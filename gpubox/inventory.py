@@ -127,6 +127,10 @@ def _precheck(path: Path) -> None:
             raise InventoryError(
                 f"malformed YAML at {where}: {problem}", "fix the file's syntax (yamllint shows the spot)"
             ) from None
+        except ValueError as exc:  # a scalar the resolver typed but cannot convert (`0x_`, `1:_`)
+            raise InventoryError(
+                f"malformed YAML in {f}: {' '.join(str(exc).split())[:200]}", "fix the value's spelling"
+            ) from None
         in_vars_dir = any(part in ("group_vars", "host_vars") for part in f.parts)
         if data is not None and not isinstance(data, dict):
             kind = "variables file" if in_vars_dir else "inventory"

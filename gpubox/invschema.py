@@ -8,6 +8,7 @@ gpubox does not know are left to Ansible. Ranges: Proxmox accepts vmids 100..999
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Callable
 
 from .errors import InventoryError
@@ -43,9 +44,17 @@ def _str(v: Any) -> str | None:
 
 
 def _abs_path(v: Any) -> str | None:
+    """An absolute path in one spelling: `//`, `/./` and `..` components are refused with the
+    canonical form to write, so every gate after this one judges the same path the kernel
+    opens (a trailing `/` is allowed: it names the same directory)."""
     if not isinstance(v, str) or not v.startswith("/"):
         return "not an absolute path"
-    return "a path with a NUL byte" if "\0" in v else None
+    if "\0" in v:
+        return "a path with a NUL byte"
+    canon = "/" + posixpath.normpath(v).lstrip("/")
+    if v.rstrip("/") != canon.rstrip("/") and v != "/":
+        return f"not a canonical path (`//`, `.` or `..`); write {canon}"
+    return None
 
 
 def _bool(v: Any) -> str | None:

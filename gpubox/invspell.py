@@ -54,11 +54,21 @@ def _check_scalar(f, node: yaml.ScalarNode, key: str) -> None:
     text = node.value
     where = f"inventory {f}:{node.start_mark.line + 1}: {key} {text}"
     if node.tag == _INT and not _PLAIN_INT.fullmatch(text):
-        value = yaml.safe_load(text)
+        try:
+            value = yaml.safe_load(text)
+        except ValueError:  # `0x_`: resolved as an int, which int() then cannot read
+            raise InventoryError(
+                f"{where} is not a plain decimal number (YAML cannot read it at all)", "write plain digits"
+            ) from None
         reading, fix = _int_reading(text, value)
         raise InventoryError(f"{where} is not a plain decimal number (YAML would read it as {reading})", fix)
     if node.tag == _FLOAT and not _PLAIN_FLOAT.fullmatch(text):
-        value = yaml.safe_load(text)
+        try:
+            value = yaml.safe_load(text)
+        except ValueError:
+            raise InventoryError(
+                f"{where} is not a plain decimal number (YAML cannot read it at all)", "write plain digits"
+            ) from None
         raise InventoryError(
             f"{where} is not a plain decimal number (YAML would read it as {value!r})",
             f"write {value!r}" if value == value and abs(value) != float("inf") else "write a plain number",
