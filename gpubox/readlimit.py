@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import GpuboxError, os_error
+from .errors import GpuboxError, not_utf8, os_error
 
 _KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",
@@ -94,3 +94,13 @@ def _human(n: int) -> str:
 
 
 HOST_FILE_LIMIT = 64 << 20  # a config, a /proc or /sys file, a record: far below this
+
+
+def read_text_file(path, *, what: str = "file") -> str:
+    """A local text file, or a one-line GpuboxError (missing, unreadable, not a regular file,
+    over 64 MiB, not UTF-8)."""
+    data = read_regular_or_error(path, 64 << 20, what=what)  # a FIFO or a device: one line
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise not_utf8(f"{what} {path}", data, exc) from None

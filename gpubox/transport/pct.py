@@ -98,6 +98,8 @@ class PctTransport(Transport):
         head, _, body = r.stdout.partition("\n")
         kind, _, size = head.partition(" ")
         where = f"{self.name}:{path}"
+        if kind in ("N", "L"):  # a dangling link: missing, as base64 would have said
+            raise FileNotFoundError(path)
         if kind != "f":
             raise readlimit.NotRegular(
                 f"{where} is {_FIND_KINDS.get(kind, 'not a regular file')}, not a regular file",
