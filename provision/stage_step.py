@@ -44,7 +44,7 @@ _PYTHON_CHECKED: set[int] = set()  # hosts whose python answered payload.check_p
 
 
 def _gb(n: int) -> str:
-    return engine._gb(n)
+    return engine.size_text(n)
 
 
 def model_spec(ctx, var: str) -> dict | None:
@@ -124,7 +124,7 @@ def copier(host, req: dict, progress=None) -> dict:
     try:
         r = payload.run(
             host,
-            "gpubox.provision.stage",
+            "gpubox.provision.stage.__main__",
             ["--request", json.dumps({**req, "progress": "lines"})],
             timeout=REMOTE_TIMEOUT,
             on_stderr=relay,

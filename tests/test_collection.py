@@ -72,6 +72,7 @@ def test_build_holds_the_modules_and_nothing_of_the_library(installed):
     ]
     assert leaked == []
     assert "README.md" in names and "galaxy.yml" not in names  # galaxy.yml becomes MANIFEST.json
+    assert "LICENSE" in names  # Apache-2.0, declared in galaxy.yml, travels with the collection
 
 
 def test_every_module_renders_with_ansible_doc(installed):

@@ -250,3 +250,20 @@ def test_the_areas_import_from_a_checkout(how, tmp_path):
         pytest.skip("gpubox is not installed in this interpreter (./install.sh --dev)")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == str(ROOT / "bench" / "client.py")
+
+
+def test_the_license_ships_in_the_wheel_and_the_collection(wheel):
+    """Apache-2.0 is declared (pyproject, galaxy.yml): its text must travel with every artefact."""
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    z = zipfile.ZipFile(wheel)
+    (lic,) = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert z.read(lic).decode() == text
+    collection = ROOT / "playbooks/collections/ansible_collections/gpubox/gpubox/LICENSE"
+    assert collection.read_text() == text
+
+
+def test_python_dash_m_gpubox_is_the_cli():
+    p = subprocess.run([sys.executable, "-m", "gpubox", "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "Usage:" in p.stdout and "recover" in p.stdout

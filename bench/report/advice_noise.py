@@ -7,7 +7,7 @@ import math
 import statistics
 
 from .advice_model import HISTORY_RUNS, MIN_HISTORY, Noise
-from .data import Measurement, Run
+from .data import Measurement, ResultDoc
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +48,7 @@ def repeat_noise(m: Measurement) -> Noise | None:
     return Noise(sd, "repeats", detail)
 
 
-def history_noise(key: str, history: list[Run]) -> Noise | None:
+def history_noise(key: str, history: list[ResultDoc]) -> Noise | None:
     vals = []
     for r in history[-HISTORY_RUNS:]:
         if (r.verdict or {}).get("status") != "healthy":
@@ -61,7 +61,7 @@ def history_noise(key: str, history: list[Run]) -> Noise | None:
     return Noise(statistics.stdev(vals), "history", f"{len(vals)} earlier healthy runs of the box")
 
 
-def _by_key(r: Run) -> dict:
+def _by_key(r: ResultDoc) -> dict:
     """A run's measurements by key, built once per run: a lookup per measurement by scanning the
     earlier run made advise quadratic in the number of measurements."""
     index = r.__dict__.get("_advice_by_key")
@@ -73,7 +73,7 @@ def _by_key(r: Run) -> dict:
     return index[1]
 
 
-def point_noise(m: Measurement, history: list[Run]) -> Noise:
+def point_noise(m: Measurement, history: list[ResultDoc]) -> Noise:
     found = [n for n in (repeat_noise(m), history_noise(m.key, history)) if n is not None]
     if not found:
         reps = getattr(m, "repetitions", None)

@@ -320,12 +320,8 @@ def lxc_config(
         raw += PVE_USERNS_CONF.strip().split("\n")
         raw.append("lxc.mount.auto = sys:mixed")
     maps: dict[str, list[tuple[int, int, int]]] = {"u": [], "g": []}
-    if unpriv:
-        for v in custom_map or ["u 0 100000 65536", "g 0 100000 65536"]:
-            f = v.split()
-            if len(f) == 4 and f[0] in "ugb" and all(x.isdigit() for x in f[1:]):
-                for t in ("u", "g") if f[0] == "b" else (f[0],):
-                    maps[t].append((int(f[1]), int(f[2]), int(f[3])))
+    for t, first, host, count in _idmaps(entries):
+        maps[t].append((first, host, count))
     devs = []
     for key in sorted((k for k in keys if re.match(r"^dev\d+$", k)), key=lambda k: int(k[3:])):
         d = _devn(keys[key])
@@ -557,6 +553,7 @@ def _inside(job_path: str) -> int:
         subprocess.run(["umount", "-R", "/sys/fs/cgroup"], check=True)
         subprocess.run(["mount", "-t", "cgroup2", "cgroup2", "/sys/fs/cgroup"], check=True)
     _rm_cgroups(job["prefix"])
+    _grant_subids(Path(job["base"]), [main_entries(s["config"]) for s in job["specs"]])
     answers = []
     try:
         for s in job["specs"]:
@@ -565,6 +562,52 @@ def _inside(job_path: str) -> int:
         _rm_cgroups(job["prefix"])
         (Path(job["base"]) / "answers.json").write_text(json.dumps(answers))
     return 0
+
+
+def _idmaps(entries: list[tuple[str, str]]) -> list[tuple[str, int, int, int]]:
+    """(u|g, first container id, first host id, count) of every id range an unprivileged container
+    maps: its own `lxc.idmap` lines, or pve's default u/g 0 100000 65536; none when privileged."""
+    custom = [v for k, v in entries if k == "lxc.idmap"]
+    if not custom and not _truthy(dict(entries).get("unprivileged", "0")):
+        return []
+    out = []
+    for v in custom or ["u 0 100000 65536", "g 0 100000 65536"]:
+        f = v.split()
+        if len(f) == 4 and f[0] in "ugb" and all(x.isdigit() for x in f[1:]):
+            for t in ("u", "g") if f[0] == "b" else (f[0],):
+                out.append((t, int(f[1]), int(f[2]), int(f[3])))
+    return out
+
+
+def _grant_subids(base: Path, batch: list[list[tuple[str, str]]]) -> None:
+    """Give root the subordinate id ranges the batch maps, in this private mount namespace only.
+
+    Where newuidmap/newgidmap are installed (Debian's `uidmap`, one of lxc's Recommends), LXC maps
+    ids through them even as root (lxc src/lxc/conf.c lxc_map_ids), and they refuse a range that
+    /etc/subuid and /etc/subgid do not grant to root. A Proxmox host has `root:100000:65536` there
+    (pve-manager's postinst); a plain Debian machine has nothing. The lines go into a tmpfs-backed
+    overlay of /etc that exists only in this namespace: the machine's own /etc is never written."""
+    ranges = {(t, host, count) for e in batch for t, _, host, count in _idmaps(e)}
+    if not ranges or not (shutil.which("newuidmap") and shutil.which("newgidmap")):
+        return
+    layer = base / "etc-layer"
+    layer.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "gpubox-etc", str(layer)], check=True)
+    upper, work = layer / "upper", layer / "work"
+    upper.mkdir()
+    work.mkdir()
+    for t, name in (("u", "subuid"), ("g", "subgid")):
+        try:
+            have = Path("/etc", name).read_text()
+        except OSError:
+            have = ""
+        lines = [f"root:{first}:{count}" for tt, first, count in sorted(ranges) if tt == t]
+        (upper / name).write_text(
+            have + ("" if not have or have.endswith("\n") else "\n") + "\n".join(lines) + "\n"
+        )
+        os.chmod(upper / name, 0o644)
+    opts = f"lowerdir=/etc,upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "gpubox-etc", "-o", opts, "/etc"], check=True)
 
 
 def _start_one(base: Path, probe: str, s: dict) -> dict:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpubox.bench.report.advise import advise
+from gpubox.bench.report.advice import advise
 from gpubox.bench.report.data import from_doc
 
 SEED = Path(__file__).resolve().parent.parent / "fixtures" / "results" / "seed-after.json"
