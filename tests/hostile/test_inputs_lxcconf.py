@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpubox.provision.confedit import review
+from gpubox.provision.confedit import decide
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxcconf import LxcConf, odd_characters, split_lines
 from tests.lxc_fakehost import fake_host
@@ -116,12 +116,12 @@ def hd(tmp_path_factory):
 )
 def test_review_names_odd_characters(hd, odd, name):
     text = f"arch: amd64\n#note{odd}lxc.cgroup2.devices.allow: c 189:* rwm\nmemory: 512\n"
-    rev = review(LxcConf.parse(text), hd)
+    rev = decide(LxcConf.parse(text), hd)
     named = [w for w in rev.warnings if name in w]
     assert named and "line 2" in named[0], rev.warnings
     assert "lxc.cgroup2.devices.allow: c 189:* rwm" in rev.new  # the line itself is left as it is
 
 
 def test_crlf_ending_alone_is_not_named(hd):
-    rev = review(LxcConf.parse("arch: amd64\r\nmemory: 512\r\n"), hd)
+    rev = decide(LxcConf.parse("arch: amd64\r\nmemory: 512\r\n"), hd)
     assert not [w for w in rev.warnings if "carriage return" in w]
