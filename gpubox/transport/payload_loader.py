@@ -83,6 +83,10 @@ def main():
     sys.argv = [entry] + sys.argv[3:]  # runpy puts the entry's file name in argv[0]
     # The entry's answer between two markers with this run's nonce: lines an interpreter prints
     # before it (sitecustomize) or at exit (atexit, a .pth) fall outside and are not parsed.
+    # A nonce of "-" (a payload run by hand, not through payload.run) asks for no frame.
+    if nonce == "-":
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        return
     out = sys.stdout
     out.write("\n<<gpubox-payload-begin %s>>\n" % nonce)
     out.flush()
