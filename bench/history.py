@@ -24,19 +24,21 @@ import fcntl
 import json
 import os
 import re
-import stat
 import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, os_error
 from gpubox.identity import encode_name
+from gpubox.readlimit import read_fd
 from gpubox.safeio import append, makedirs, open_fd, write_atomic
 from gpubox.state import state_dir
 
 from .schema import HISTORY_SCHEMA, SCHEMA  # one definition (bench.schema)
+
+MAX_STORE_BYTES = 1 << 30  # a store of a line per run: years of nightly runs are a few MiB
 
 _BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
 
@@ -188,11 +190,10 @@ def _read_store(path: Path) -> str:
         fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return ""
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise GpuboxError(f"{path} is not a regular file", "move it away: it is a history store")
-    with os.fdopen(fd, "rb") as f:
-        return f.read().decode(errors="replace")
+    except OSError as exc:
+        raise os_error(exc) from None
+    with os.fdopen(fd, "rb") as f:  # a FIFO or a device there: one line, never a hang
+        return read_fd(f.fileno(), MAX_STORE_BYTES, path, what="history store").decode(errors="replace")
 
 
 def _run_id_of(line: str) -> str | None:

@@ -44,7 +44,10 @@ class ResultError(GpuboxError):
 # A spec is a type name, or ("list", spec), or ("map", {field: spec}), or ("enum", values);
 # a trailing "?" allows null.
 NUM = "number?"
-_PCT = ("map", {"p50": NUM, "p90": NUM, "p99": NUM, "mean": NUM})
+POS = "pos?"  # a rate or length that is divided by: > 0, and small enough that arithmetic stays finite
+NONNEG = "nonneg?"  # a duration or a fraction: >= 0, bounded the same way
+MAX_FIGURE = 1e12  # tok/s, seconds, milliseconds: far above any real figure, far below overflow
+_PCT = ("map", {"p50": NONNEG, "p90": NONNEG, "p99": NONNEG, "mean": NONNEG})
 MEASUREMENT = (
     "map",
     {
@@ -60,27 +63,27 @@ MEASUREMENT = (
         "status": ("enum", STATUSES),
         "reason": "str?",
         "repetitions": "int?",
-        "tok_s": NUM,
-        "tok_s_spread": ("list?", NUM),
-        "aggregate_tok_s": NUM,
+        "tok_s": POS,
+        "tok_s_spread": ("list?", NONNEG),
+        "aggregate_tok_s": POS,
         "ttft_s": _PCT + ("?",),
         "tpot_ms": _PCT + ("?",),
         "e2e_s": _PCT + ("?",),
-        "tokens_per_chunk": NUM,
+        "tokens_per_chunk": POS,
         "errors": "int?",
         "acceptance": (
             "map",
             {
-                "mean_length": NUM,
-                "rate": NUM,
-                "per_position": ("list?", NUM),
+                "mean_length": POS,
+                "rate": NONNEG,
+                "per_position": ("list?", NONNEG),
                 "drafts": "int?",
                 "draft_tokens": "int?",
                 "accepted": "int?",
             },
             "?",
         ),
-        "samples": ("list?", ("map", {"rep": "int?", "ttft_s": NUM, "e2e_s": NUM, "error": "str?"})),
+        "samples": ("list?", ("map", {"rep": "int?", "ttft_s": NONNEG, "e2e_s": NONNEG, "error": "str?"})),
     },
 )
 SERVER = (
@@ -96,7 +99,7 @@ SERVER = (
         "status": ("enum", STATUSES),
         "error": "str?",
         "log_tail": "any",  # a string, or the log's last lines as a list
-        "startup_s": NUM,
+        "startup_s": NONNEG,
         "max_model_len": "int?",
     },
 )
@@ -113,7 +116,7 @@ DOCUMENT = (
         "profile": "str?",
         "tool": ("map?", {"version": "str?", "git": "str?"}),
         "simulated": "bool?",
-        "sim_speed": NUM,
+        "sim_speed": POS,
         "url": "str?",
         "facts": ("map?", None),
         "servers": ("list", SERVER),
@@ -130,6 +133,8 @@ _WORDS = {
     "int": "a whole number",
     "posint": "a whole number >= 1",
     "number": "a finite number",
+    "pos": f"a number > 0 and <= {MAX_FIGURE:g}",
+    "nonneg": f"a number >= 0 and <= {MAX_FIGURE:g}",
 }
 
 
@@ -184,6 +189,15 @@ def _const(v: float) -> str:
     return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
 
 
+def _figure(v: Any) -> bool:
+    """A number from a document that arithmetic may use (checked for its range by the caller)."""
+    return (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and (not isinstance(v, float) or math.isfinite(v))
+    )
+
+
 def _check(v: Any, spec: Any, path: str) -> str | None:
     if spec is None or spec == "any":
         return None
@@ -198,9 +212,13 @@ def _check(v: Any, spec: Any, path: str) -> str | None:
             "int": isinstance(v, int) and not isinstance(v, bool),
             "posint": isinstance(v, int) and not isinstance(v, bool) and v >= 1,
             "number": isinstance(v, (int, float)) and not isinstance(v, bool),
+            "pos": _figure(v) and 0 < v <= MAX_FIGURE,
+            "nonneg": _figure(v) and 0 <= v <= MAX_FIGURE,
         }[t]
-        if ok and t == "number" and isinstance(v, float) and not math.isfinite(v):
+        if t in ("number", "pos", "nonneg") and isinstance(v, float) and not math.isfinite(v):
             return f"{_where(path)}: {_const(v)} is not a finite number"
+        if not ok and t in ("pos", "nonneg") and _figure(v):  # a number out of range: say which bound
+            return f"{_where(path)}: {_short(v)} is not {_WORDS[t]}"
         return None if ok else f"{_where(path)}: {_kind(v)} ({_short(v)}), expected {_WORDS[t]}"
     kind, inner, *rest = spec
     opt = kind.endswith("?") or (rest and rest[0] == "?")
@@ -297,19 +315,19 @@ def parse(text: str | bytes, where: str) -> Any:
 def load(path: str | Path) -> dict[str, Any]:
     """Read, parse and check one result file; ResultError naming the file and field."""
     from gpubox.errors import os_error
+    from gpubox.readlimit import NotRegular, read_regular
 
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = read_regular(p, MAX_BYTES, what="result")  # a FIFO or /dev/zero: one line, at once
+    except NotRegular as exc:
+        raise ResultError(exc.problem, "give one result document (a regular JSON file)") from None
     except IsADirectoryError:
         raise ResultError(f"{p}: is a directory", "name the result JSON file itself") from None
     except FileNotFoundError:
         raise ResultError(f"{p}: no such file", "check the path of the result JSON") from None
     except OSError as exc:
         raise os_error(exc) from None
-    if len(data) > MAX_BYTES:
-        raise ResultError(f"{p}: larger than {MAX_BYTES >> 20} MiB", "give one result document")
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:

@@ -21,6 +21,7 @@ from gpubox import areas, selection
 from gpubox.boxlock import lock_for
 from gpubox.errors import GpuboxError, Interrupted
 from gpubox.pipeline import Node, run_pipeline
+from gpubox.readlimit import NotRegular, read_regular
 from gpubox.state import state_dir
 from gpubox.steps import RunReport, Step, StepResult, evidence_dict
 
@@ -166,7 +167,7 @@ def recover(
     notes = []
     if last.exists() and not dry_run:
         try:
-            prev = json.loads(last.read_text())
+            prev = json.loads(read_regular(last, 16 << 20, what="last-run record"))
             bad = [
                 s["name"]
                 for s in prev.get("steps", [])
@@ -174,8 +175,8 @@ def recover(
             ]
             if bad:
                 notes.append(f"previous run stopped at {bad[0]}; picking up from a fresh check of every step")
-        except (ValueError, KeyError):
-            pass
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, NotRegular):
+            pass  # a damaged or planted record only costs this note
     chosen = selected(collect_steps(ctx), skip, only)
     if bench and any(s.measures for s in chosen):
         from gpubox.bench.runner import resolve_run
