@@ -18,6 +18,7 @@ AREA = Area(
         "demo": "gpubox.provision.cli_recover:demo",
         "lxc": "gpubox.provision.cli_lxc:lxc",
         "stage": "gpubox.provision.cli_stage:stage",
+        "autostart": "gpubox.provision.cli_autostart:autostart",
     },
     hooks={"doctor": "gpubox.provision.recover:doctor_dict"},  # bench's run-once exports it
 )

@@ -38,12 +38,18 @@ def doctor(ctx: click.Context, box: str, skip, only, persist: bool, as_json: boo
     c = box_context(ctx, box, as_json=as_json, persist=persist)
     try:
         report = run_doctor(c, skip, only)
+        from .cli_autostart import reboot_safe
+
+        safe, why = reboot_safe(c)  # a summary, not a step: a box without autostart is not unhealthy
     finally:
         c.close()
     if as_json:
-        print_json(report.to_dict())
+        print_json(dict(report.to_dict(), reboot_safe={"ok": safe, "detail": why}))
     else:
         render_report(report, console(), title=f"gpubox doctor {box}", show_changes=False)
+        console().print(
+            f"reboot-safe: {escape(why)}" + ("" if safe else f" (gpubox autostart install {escape(box)})")
+        )
     sys.exit(report.exit_code)
 
 

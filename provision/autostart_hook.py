@@ -1,0 +1,192 @@
+"""What the hookscript and the boot unit run: each phase is `recover` with a selection of its steps
+(the same steps, option gate and box lock as `gpubox recover`), bounded in time and logged.
+
+- boot (the host unit, before pve-guests): host-devices, container-config, pcie-mrrs,
+  numa-balancing. The container is not running yet, so a fixed config reaches this boot's start.
+- pre-start (`<script> <vmid> pre-start`, after update_lxc_config wrote /var/lib/lxc/<vmid>/config:
+  pve-container src/PVE/LXC.pm vm_start): host-devices and container-config. Rules found stale are
+  fixed in /etc/pve/lxc/<vmid>.conf, which reaches only the next start; policy `refuse` then aborts
+  this start with one line (start it again), `degrade` lets it go on and post-start applies the
+  rules to the running container (lxc-cgroup, the container step).
+- post-start: every repair step with restart never (live rules, CUDA probe, NCCL env, staging into
+  /dev/shm), then the server unit is started (only on a clean run), then one health check exactly
+  like a scheduled one (bench.runonce: history, Prometheus textfile, alert hook).
+- pre-stop / post-stop: only a chained hookscript of the user's.
+
+Every line goes to stderr (Proxmox's task log of the start; the journal for the boot unit) and to
+/var/log/gpubox/autostart-ct<vmid>.log on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from contextlib import contextmanager
+
+from gpubox.errors import GpuboxError
+
+from . import autostart as a
+
+PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
+
+
+class HookTimeout(BaseException):
+    """The phase ran past its time limit (a BaseException: no step's error handling swallows it)."""
+
+
+@contextmanager
+def time_limit(seconds: int):
+    def fire(signum, frame):
+        raise HookTimeout()
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(max(1, int(seconds)))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class Log:
+    """One line per event: `gpubox autostart ct200 pre-start: ...` on stderr and in the host's log file."""
+
+    def __init__(self, ctx, spec: a.Spec, phase: str):
+        self.ctx, self.spec, self.phase = ctx, spec, phase
+
+    def __call__(self, msg: str) -> None:
+        from gpubox.escape import terminal
+
+        line = f"gpubox autostart {self.spec.box} {self.phase}: {terminal(msg)}"
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        try:
+            host = self.ctx.host
+            old = host.read_text(self.spec.log_path, default="")
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            host.makedirs(a.LOG_DIR)
+            host.write(self.spec.log_path, (old + f"{stamp} {line}\n")[-1_000_000:], mode=0o640, backup=False)
+        except (OSError, GpuboxError):
+            pass  # the task log still has the line
+
+
+def _problems(report) -> list[str]:
+    return [f"{s.name}: {s.detail}" for s in report.steps if s.status in ("failed", "drift")]
+
+
+def _recover(ctx, only):
+    from .recover import recover
+
+    return recover(ctx, only=only, bench=False)
+
+
+def boot(ctx, spec: a.Spec) -> int:
+    log = Log(ctx, spec, "boot")
+    log(f"host side before pve-guests: {', '.join(a.HOST_STEPS)}")
+    return _bounded(log, spec.pre_timeout, lambda: _boot(ctx, log))
+
+
+def _boot(ctx, log) -> int:
+    outcome = _recover(ctx, a.HOST_STEPS)
+    for s in outcome.report.steps:
+        log(f"{s.name} {s.status}: {s.detail}")
+    return outcome.exit_code
+
+
+def _bounded(log, seconds: int, fn) -> int:
+    t0 = time.monotonic()
+    try:
+        with time_limit(seconds):
+            rc = fn()
+    except HookTimeout:
+        log(f"stopped: time limit of {seconds} s reached")
+        sys.stderr.flush()
+        os._exit(1)  # a step's threads must not keep the start waiting
+    except GpuboxError as exc:
+        log(f"could not run: {exc}")
+        return 2
+    log(f"done in {time.monotonic() - t0:.1f} s, exit {rc}")
+    return rc
+
+
+def _chain(ctx, spec: a.Spec, chain: str, vmid: str, phase: str, log) -> int:
+    """The user's own hookscript first, with the argv Proxmox gave us."""
+    host = ctx.host
+    r = host.run([host.path(chain), vmid, phase], timeout=spec.pre_timeout)
+    for line in (r.stdout + r.stderr).splitlines():
+        sys.stderr.write(line + "\n")
+    log(f"chained {chain} exited {r.rc}")
+    return r.rc
+
+
+def hook(ctx, spec: a.Spec, vmid: str, phase: str, chain: str | None = None) -> int:
+    """One hookscript call; the exit status is the hook's (non-zero in pre-start aborts the start)."""
+    log = Log(ctx, spec, phase)
+    if phase not in PHASES:
+        log(f"unknown phase {phase!r}: nothing to do")
+        return 0
+    if str(vmid) != str(spec.vmid):
+        log(f"called for CT {vmid}, but {spec.box} is CT {spec.vmid}: nothing done")
+        return 2 if phase == "pre-start" else 0
+    user_rc = _chain(ctx, spec, chain, str(vmid), phase, log) if chain else 0
+    if phase == "pre-start" and user_rc != 0:
+        log(f"start refused by the chained hookscript (exit {user_rc})")
+        return user_rc
+    if phase == "pre-start":
+        rc = _bounded(log, spec.pre_timeout, lambda: _pre_start(ctx, spec, log))
+    elif phase == "post-start":
+        rc = _bounded(log, spec.post_timeout, lambda: _post_start(ctx, spec, log))
+    else:
+        rc = 0
+    return user_rc or rc
+
+
+def _pre_start(ctx, spec: a.Spec, log) -> int:
+    outcome = _recover(ctx, a.PRE_START_STEPS)
+    cfg = next((s for s in outcome.report.steps if s.name == "container-config"), None)
+    bad = _problems(outcome.report)
+    if cfg is not None and cfg.status == "fixed":
+        why = (
+            f"NVIDIA lines were stale ({cfg.detail}); fixed in /etc/pve/lxc/{spec.vmid}.conf, which "
+            "reaches only the next start"
+        )
+        if spec.policy == "refuse":
+            log(f"start refused: {why}: start CT {spec.vmid} again")
+            return 1
+        log(f"degraded start: {why}; post-start applies the rules to the running container")
+        return 0
+    if bad:
+        if spec.policy == "refuse":
+            log(f"start refused: {bad[0]}")
+            return 1
+        log(f"degraded start: {bad[0]}")
+        return 0
+    log("device nodes and rules match the live /proc/devices")
+    return 0
+
+
+def _post_start(ctx, spec: a.Spec, log) -> int:
+    from gpubox.bench.runonce import run_once
+
+    outcome = _recover(ctx, ())
+    bad = _problems(outcome.report)
+    for p in bad:
+        log(f"not repaired: {p}")
+    staged = [s for s in outcome.report.steps if s.name in ("model-stage", "drafter-stage")]
+    log("container side: " + ", ".join(f"{s.name} {s.status}" for s in staged or outcome.report.steps[-1:]))
+    if spec.server_unit:
+        if bad:
+            log(f"{spec.server_unit} not started: the box is not right ({bad[0]})")
+        else:
+            r = ctx.container.run(["systemctl", "start", spec.server_unit], timeout=120)
+            log(
+                f"{spec.server_unit} started"
+                if r.rc == 0
+                else f"{spec.server_unit} did not start: {r.stderr.strip()}"
+            )
+    ctx.forget()
+    res = run_once(ctx, profile=spec.profile)
+    log(f"health check: {res['status']} (run {res['run_id']}, history {res['history']})")
+    return 0 if res["ok"] and not bad else 1
