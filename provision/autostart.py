@@ -223,7 +223,9 @@ def hookscript_value(line: str | None) -> str | None:
 def render_snippet(s: Spec, previous: str | None, chain: str | None) -> str:
     """The hookscript: one exec of gpubox, so every phase is the library's code (the same steps,
     option gate and box lock as `gpubox recover`), never a second implementation in shell."""
-    argv = s.gpubox_argv() + ["hook", s.box]
+    argv = s.gpubox_argv() + ["hook", s.box, "--policy", s.policy]  # install's choices travel with it
+    if s.server_unit:
+        argv += ["--server-unit", s.server_unit]
     if chain:
         argv += ["--chain", chain]
     env = f"GPUBOX_STATE_DIR={s.state_dir} " if s.state_dir else ""

@@ -130,6 +130,7 @@ def hook(ctx, spec: a.Spec, vmid: str, phase: str, chain: str | None = None) -> 
     if str(vmid) != str(spec.vmid):
         log(f"called for CT {vmid}, but {spec.box} is CT {spec.vmid}: nothing done")
         return 2 if phase == "pre-start" else 0
+    log(f"called as <script> {vmid} {phase} (policy {spec.policy})")
     user_rc = _chain(ctx, spec, chain, str(vmid), phase, log) if chain else 0
     if phase == "pre-start" and user_rc != 0:
         log(f"start refused by the chained hookscript (exit {user_rc})")

@@ -124,14 +124,16 @@ def remove(ctx, box, dry_run, as_json) -> None:
 @click.argument("vmid")
 @click.argument("phase")
 @click.option("--chain", default=None, help="The user's hookscript, run first with the same argv.")
+@click.option("--policy", type=click.Choice(["refuse", "degrade"]), default=None)
+@click.option("--server-unit", default=None)
 @click.pass_context
-def hook(ctx, box, vmid, phase, chain) -> None:
+def hook(ctx, box, vmid, phase, chain, policy, server_unit) -> None:
     """What the hookscript runs: `<script> <vmid> <phase>` (Proxmox's argv)."""
     from .autostart_hook import hook as run_hook
 
     c = box_context(ctx, box, as_json=True, restart="never", persist=True, yes=True)
     try:
-        rc = run_hook(c, _spec(c), vmid, phase, chain)
+        rc = run_hook(c, _spec(c, policy=policy, server_unit=server_unit), vmid, phase, chain)
     finally:
         c.close()
     sys.exit(rc)
