@@ -95,18 +95,20 @@ def _boot(ctx, log) -> int:
     return outcome.exit_code
 
 
-def _bounded(log, seconds: int, fn) -> int:
+def _bounded(log, seconds: int, fn, *, on_timeout: int = 1, on_error: int = 2) -> int:
+    """fn() within its time limit. A phase stopped at its limit exits `on_timeout`; one that could
+    not run (bad settings, the box lock held by another gpubox run) exits `on_error`."""
     t0 = time.monotonic()
     try:
         with time_limit(seconds):
             rc = fn()
     except HookTimeout:
-        log(f"stopped: time limit of {seconds} s reached")
+        log(f"stopped: time limit of {seconds} s reached (exit {on_timeout})")
         sys.stderr.flush()
-        os._exit(1)  # a step's threads must not keep the start waiting
+        os._exit(on_timeout)  # a step's threads must not keep the start waiting
     except GpuboxError as exc:
-        log(f"could not run: {exc}")
-        return 2
+        log(f"could not run: {exc} (exit {on_error})")
+        return on_error
     log(f"done in {time.monotonic() - t0:.1f} s, exit {rc}")
     return rc
 
@@ -136,7 +138,15 @@ def hook(ctx, spec: a.Spec, vmid: str, phase: str, chain: str | None = None) -> 
         log(f"start refused by the chained hookscript (exit {user_rc})")
         return user_rc
     if phase == "pre-start":
-        rc = _bounded(log, spec.pre_timeout, lambda: _pre_start(ctx, spec, log))
+        # Not checked (the lock is held by the gpubox run that asked for this start, say) is not
+        # "cannot be made right": the start goes on. A check that hangs follows the policy.
+        rc = _bounded(
+            log,
+            spec.pre_timeout,
+            lambda: _pre_start(ctx, spec, log),
+            on_timeout=1 if spec.policy == "refuse" else 0,
+            on_error=0,
+        )
     elif phase == "post-start":
         rc = _bounded(log, spec.post_timeout, lambda: _post_start(ctx, spec, log))
     else:

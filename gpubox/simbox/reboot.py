@@ -135,7 +135,6 @@ def _kernel(sim: SimBox) -> str:
 def _systemd(sim: SimBox) -> tuple[str, list[str]]:
     """systemd-sysctl, then the enabled host units: the MRRS unit's setpci lines, gpubox's boot unit."""
     from gpubox.hwtune import numa, pcie
-    from gpubox.provision import autostart
 
     files = []
     d = sim.hpath("/etc/sysctl.d")
@@ -172,9 +171,8 @@ def _systemd(sim: SimBox) -> tuple[str, list[str]]:
         em = re.search(r"^Environment=(\w+)=(\S+)$", text, re.M)
         if em:
             env[em.group(1)] = em.group(2)
-        limit = int(
-            (re.search(r"^TimeoutStartSec=(\d+)$", text, re.M) or [0, autostart.Spec("", 0).pre_timeout])[1]
-        )
+        m_limit = re.search(r"^TimeoutStartSec=(\d+)$", text, re.M)
+        limit = int(m_limit.group(1)) if m_limit else 90  # systemd's DefaultTimeoutStartSec
         try:
             p = subprocess.run(
                 shlex.split(m.group(1)), env=env, capture_output=True, text=True, timeout=limit

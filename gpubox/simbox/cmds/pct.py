@@ -440,7 +440,8 @@ def _start_with_hooks(sim: SimBox, vmid: int, conf: dict, rules: list, devs: lis
 
 
 def set_options(sim: SimBox, vmid: int, rest: list[str], warn: Warn) -> None:
-    """pct set: only --hookscript VOLID and --delete hookscript are simulated (write_config re-renders)."""
+    """pct set: only --hookscript VOLID and --delete hookscript are simulated (write_config re-renders).
+    hookscript is one of LXC/Config.pm's $LXC_FASTPLUG_OPTIONS: set at once on a running CT too."""
     opts, _ = _opts(rest, ("hookscript", "delete"))
     conf = load_config(sim, vmid, warn)
     _check_lock(conf)
