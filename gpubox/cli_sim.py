@@ -79,8 +79,10 @@ def reboot_(dest: str, driver_upgrade: bool, as_json: bool) -> None:
     from .output import console
 
     con = console()
-    for line in out.log:
-        con.print(f"  [dim]{escape(line)}[/]", soft_wrap=True)
+    from .escape import terminal
+
+    for line in out.log:  # the hooks' own output: escaped before it reaches the terminal
+        con.print(f"  [dim]{escape(terminal(line))}[/]", soft_wrap=True)
     for p in out.phases:
         con.print(f"{p.seconds:7.2f} s  {escape(p.name)}: {escape(p.detail)}", soft_wrap=True)
     if out.healthy_after is not None:
