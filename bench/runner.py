@@ -22,7 +22,7 @@ from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
 from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
-from .verdict import evaluate
+from .verdict import decide
 from .workloads import plan, resolve_profile
 
 
@@ -42,14 +42,26 @@ def server_identity(url: str, model: str | None) -> str:
     return f"url-{slug}-{h}"
 
 
-def _finish(doc: dict[str, Any], expect: dict | None, box, out_dir, baseline=None) -> dict[str, Any]:
-    """BOX: the inventory Box (its identity keys the history and the result file) or a name."""
+def _finish(
+    doc: dict[str, Any], expect: dict | None, box, out_dir, baseline=None, unrepaired: list[str] | None = None
+) -> dict[str, Any]:
+    """BOX: the inventory Box (its identity keys the history and the result file) or a name.
+    UNREPAIRED: the box's problems left after a repair run ('not repaired: pcie-link: ...'): each is a
+    degraded reason, so a box measured around a problem software cannot fix is never "healthy"."""
     ident = getattr(box, "id", None)
     if ident:
         doc["box_id"] = ident
     if baseline is None:
         baseline = results.history_baseline(box)
-    results.finish(doc, evaluate(doc, expect, baseline))
+    verdict = decide(doc, expect, baseline)
+    if unrepaired:
+        verdict["reasons"] += [
+            {"level": "degraded", "key": "box", "message": m, "observed": None, "expected": None}
+            for m in unrepaired
+        ]
+        if verdict["status"] == "healthy":
+            verdict["status"] = "degraded"
+    results.finish(doc, verdict)
     path = results.write(doc, out_dir)
     doc["path"] = str(path)
     results.record_history({k: v for k, v in doc.items() if k != "path"})
@@ -105,6 +117,7 @@ def run_box(
     tps: list[int] | None = None,
     methods: list[str] | None = None,
     baseline=None,
+    unrepaired: list[str] | None = None,
 ) -> dict[str, Any]:
     """Benchmark the box's server at each TP x method; returns the (written) result document.
 
@@ -119,7 +132,7 @@ def run_box(
         from .remote import run_remote
 
         doc = run_remote(ctx, name, prof, tps, methods, settings, out, progress=_progress)
-    return _finish(doc, settings.get("expect"), ctx.box, out, baseline)
+    return _finish(doc, settings.get("expect"), ctx.box, out, baseline, unrepaired)
 
 
 def allowed_tps(gpus: int) -> list[int]:

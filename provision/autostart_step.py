@@ -224,3 +224,20 @@ class RemoveStep(_SpecStep):
             plan=Plan(f"remove autostart of CT {s.vmid}", actions=actions),
             evidence=Evidence(files=present),
         )
+
+
+def reboot_safe(ctx) -> tuple[bool, str]:
+    """doctor's summary line: is a reboot handled with no command typed? (a summary, not a step:
+    a box without autostart is not unhealthy)"""
+    from gpubox.errors import GpuboxError
+    from gpubox.pipeline import run_steps
+
+    try:
+        inv = ctx.inventory.path if ctx.inventory is not None else None
+        report = run_steps(ctx, [InstallStep(a.spec_from(ctx.box, str(inv) if inv else None))], "check")
+    except GpuboxError as exc:
+        return False, f"no: {exc}"
+    s = report.steps[0]
+    if s.status == "ok":
+        return True, "yes"
+    return False, "no: staging is manual" + (f" ({s.detail.split('(', 1)[1]}" if "(" in s.detail else "")

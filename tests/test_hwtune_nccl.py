@@ -280,7 +280,7 @@ def test_tune_nccl_dry_run_writes_nothing(tmp_path):
 def test_a_fatal_value_fails_also_without_a_profile(profile):
     """`tune nccl --nccl-profile auto` on a box with no profile for its topology (or no profile set)
     must not say ok over a value NCCL refuses at start-up: failed (exit 1), the file left as it is."""
-    from gpubox.hwtune.nccl_step import NcclEnvStep, NcclFacts, NcclOptions
+    from gpubox.hwtune.nccl_env_step import NcclEnvStep, NcclFacts, NcclOptions
 
     bad = "NCCL_PROTO=LL,Simpel\n"
     opts = NcclOptions(auto=profile == "auto", profiles=[], box="ct200")
