@@ -4,13 +4,14 @@
 - boot (the host unit, before pve-guests): host-devices, container-config, pcie-mrrs,
   numa-balancing. The container is not running yet, so a fixed config reaches this boot's start.
 - pre-start (`<script> <vmid> pre-start`, after update_lxc_config wrote /var/lib/lxc/<vmid>/config:
-  pve-container src/PVE/LXC.pm vm_start): host-devices and container-config. Rules found stale are
-  fixed in /etc/pve/lxc/<vmid>.conf, which reaches only the next start; policy `refuse` then aborts
-  this start with one line (start it again), `degrade` lets it go on and post-start applies the
-  rules to the running container (lxc-cgroup, the container step).
-- post-start: every repair step with restart never (live rules, CUDA probe, NCCL env, staging into
-  /dev/shm), then the server unit is started (only on a clean run), then one health check exactly
-  like a scheduled one (bench.runonce: history, Prometheus textfile, alert hook).
+  pve-container src/PVE/LXC.pm vm_start): host-devices applied, container-config checked. The whole
+  start runs under Proxmox's config lock (src/PVE/API2/LXC/Status.pm: lock_config around vm_start),
+  so stale rules are fixed by a detached `autostart boot --after-start` that waits for the start
+  task to end (the fix reaches the next start either way); policy `refuse` aborts this start with
+  one line (start it again), `degrade` lets it go on.
+- post-start: every repair step but container-config, with restart never (live rules, CUDA probe,
+  NCCL env, staging into /dev/shm), then the server unit is started (only on a clean run), then one
+  health check exactly like a scheduled one (bench.runonce: history, Prometheus textfile, alert hook).
 - pre-stop / post-stop: only a chained hookscript of the user's.
 
 Every line goes to stderr (Proxmox's task log of the start; the journal for the boot unit) and to
@@ -76,15 +77,51 @@ def _problems(report) -> list[str]:
     return [f"{s.name}: {s.detail}" for s in report.steps if s.status in ("failed", "drift")]
 
 
-def _recover(ctx, only):
+def _recover(ctx, only=(), skip=()):
     from .recover import recover
 
-    return recover(ctx, only=only, bench=False)
+    return recover(ctx, only=only, skip=skip, bench=False)
 
 
-def boot(ctx, spec: a.Spec) -> int:
+def _check(ctx, only):
+    from .recover import doctor
+
+    return doctor(ctx, (), only)
+
+
+def defer_fix(ctx, spec: a.Spec, log) -> None:
+    """The config fix for the next start, run once this start task ends: Proxmox holds the
+    container's config lock (/run/lock/lxc/pve-config-<vmid>.lock) through the whole start, hook
+    phases included (pve-container src/PVE/API2/LXC/Status.pm vm_start -> lock_config), so a write
+    now would only time out. A detached `gpubox autostart boot BOX --after-start` waits for it."""
+    import subprocess
+
+    from gpubox.boxlock import HELD_ENV
+
+    argv = spec.gpubox_argv() + ["boot", spec.box, "--after-start"]
+    env = {k: v for k, v in os.environ.items() if k != HELD_ENV}  # it takes the box lock itself
+    if spec.state_dir:
+        env["GPUBOX_STATE_DIR"] = spec.state_dir
+    subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # outlives this hook and the start task
+    )
+    log(f"config fix deferred until the start task ends: {' '.join(argv)}")
+
+
+def boot(ctx, spec: a.Spec, after_start: bool = False) -> int:
     log = Log(ctx, spec, "boot")
-    log(f"host side before pve-guests: {', '.join(a.HOST_STEPS)}")
+    if after_start:
+        from .lxcconf import lock_path
+
+        host, limit = ctx.host, spec.pre_timeout + spec.post_timeout
+        r = host.run(["flock", "-w", str(limit), host.path(lock_path(spec.vmid)), "true"], timeout=limit + 30)
+        log(f"the start task released CT {spec.vmid}'s config (flock exit {r.rc})")
+    log(f"host side: {', '.join(a.HOST_STEPS)}")
     return _bounded(log, spec.pre_timeout, lambda: _boot(ctx, log))
 
 
@@ -155,18 +192,20 @@ def hook(ctx, spec: a.Spec, vmid: str, phase: str, chain: str | None = None) -> 
 
 
 def _pre_start(ctx, spec: a.Spec, log) -> int:
-    outcome = _recover(ctx, a.PRE_START_STEPS)
-    cfg = next((s for s in outcome.report.steps if s.name == "container-config"), None)
-    bad = _problems(outcome.report)
-    if cfg is not None and cfg.status == "fixed":
-        why = (
-            f"NVIDIA lines were stale ({cfg.detail}); fixed in /etc/pve/lxc/{spec.vmid}.conf, which "
-            "reaches only the next start"
-        )
+    """Nodes made now (no config write); the container's NVIDIA lines only checked: the start holds
+    Proxmox's config lock, and update_lxc_config already wrote this start's config anyway."""
+    nodes = _recover(ctx, ("host-devices",))
+    bad = _problems(nodes.report)
+    cfg = next(iter(_check(ctx, ("container-config",)).steps), None)
+    if cfg is not None and cfg.status in ("drift", "failed"):
+        defer_fix(ctx, spec, log)
+        why = f"NVIDIA lines are stale ({cfg.detail})"
         if spec.policy == "refuse":
-            log(f"start refused: {why}: start CT {spec.vmid} again")
+            log(f"start refused: {why}; the config is fixed once this task ends: start CT {spec.vmid} again")
             return 1
-        log(f"degraded start: {why}; post-start applies the rules to the running container")
+        log(
+            f"degraded start: {why}; post-start applies live rules where it can, the next start gets the fixed config"
+        )
         return 0
     if bad:
         if spec.policy == "refuse":
@@ -181,7 +220,9 @@ def _pre_start(ctx, spec: a.Spec, log) -> int:
 def _post_start(ctx, spec: a.Spec, log) -> int:
     from gpubox.bench.runonce import run_once
 
-    outcome = _recover(ctx, ())
+    # every repair step but the config write (the start task holds the config's lock; the boot unit
+    # and pre-start's deferred fix own it), with restart never: live rules, CUDA, NCCL env, staging
+    outcome = _recover(ctx, skip=("container-config",))
     bad = _problems(outcome.report)
     for p in bad:
         log(f"not repaired: {p}")

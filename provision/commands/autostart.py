@@ -141,14 +141,15 @@ def hook(ctx, box, vmid, phase, chain, policy, server_unit) -> None:
 
 @autostart.command(hidden=True)
 @click.argument("box")
+@click.option("--after-start", is_flag=True, help="Wait until the start task releases the config's lock.")
 @click.pass_context
-def boot(ctx, box) -> None:
+def boot(ctx, box, after_start) -> None:
     """What the boot unit runs, before pve-guests starts the onboot containers."""
     from ..autostart_hook import boot as run_boot
 
     c = box_context(ctx, box, as_json=True, restart="never", persist=True, yes=True)
     try:
-        rc = run_boot(c, _spec(c))
+        rc = run_boot(c, _spec(c), after_start)
     finally:
         c.close()
     sys.exit(rc)

@@ -26,18 +26,22 @@ proxmox/pve-guest-common 4a8f6cb (src/PVE/AbstractConfig.pm) and proxmox/pve-com
   the hookscript `<script> <vmid> pre-start` (GuestHelpers exec_hookscript with stop_on_error: a
   non-zero exit dies "hookscript error for <vmid> on pre-start: ..."), the start (from the config
   as it was read before the hook: an edit in pre-start reaches only the next start), then
-  `<script> <vmid> post-start` (an error there is only a warning). `pct set --hookscript` checks
+  `<script> <vmid> post-start` (an error there is only a warning), all of it under lock_config
+  (API2/LXC/Status.pm vm_start: a hook's own config write waits for the start to end). `pct set --hookscript` checks
   the volume exists and is executable (GuestHelpers check_hookscript).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from typing import Callable
 from urllib.parse import quote, unquote
 
@@ -454,17 +458,43 @@ def set_options(sim: SimBox, vmid: int, rest: list[str], warn: Warn) -> None:
     write_config(sim, vmid, conf)
 
 
+@contextmanager
+def lock_config(sim: SimBox, vmid: int, timeout: float = 10):
+    """AbstractConfig lock_config -> pve-common Tools.pm lock_file_full: flock(LOCK_EX) on
+    /run/lock/lxc/pve-config-<vmid>.lock, 10 s, then "can't lock file ... - got timeout". The start
+    worker holds it through vm_start, the hookscript's phases included (Status.pm vm_start)."""
+    path = sim.hpath(f"/run/lock/lxc/pve-config-{vmid}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StandinError(
+                        f"can't lock file '/run/lock/lxc/pve-config-{vmid}.lock' - got timeout", _TASK_FAIL
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def start(
     sim: SimBox, vmid: int, record_boot: bool = True, ignore_lock: bool = False, warn: Warn | None = None
 ) -> None:
     """Status.pm vm_start: 'already running' before the worker; lock, pending, devN inside it."""
     if is_running(sim, vmid):
         raise PreTaskError(f"CT {vmid} already running")
-    conf = load_config(sim, vmid, warn)
-    if not ignore_lock:
-        _check_lock(conf)
-    rules, devs = _vm_start(sim, vmid, conf)
-    _start_with_hooks(sim, vmid, conf, rules, devs, record_boot)
+    with lock_config(sim, vmid):
+        conf = load_config(sim, vmid, warn)
+        if not ignore_lock:
+            _check_lock(conf)
+        rules, devs = _vm_start(sim, vmid, conf)
+        _start_with_hooks(sim, vmid, conf, rules, devs, record_boot)
 
 
 def _do_stop(sim: SimBox, vmid: int) -> None:
@@ -487,9 +517,10 @@ def reboot(sim: SimBox, vmid: int, warn: Warn | None = None) -> None:
     if not is_running(sim, vmid):
         raise PreTaskError(f"VM {vmid} not running")
     _do_stop(sim, vmid)
-    conf = load_config(sim, vmid, warn)
-    rules, devs = _vm_start(sim, vmid, conf, hook_checks_lock=True)
-    _start_with_hooks(sim, vmid, conf, rules, devs, True)
+    with lock_config(sim, vmid):
+        conf = load_config(sim, vmid, warn)
+        rules, devs = _vm_start(sim, vmid, conf, hook_checks_lock=True)
+        _start_with_hooks(sim, vmid, conf, rules, devs, True)
 
 
 def status_current(sim: SimBox, vmid: int) -> dict:
