@@ -265,3 +265,27 @@ def test_end_to_end_reboot_needs_no_command(tmp_path):
     h = run("-i", inv, "history", "ct200", "--json")
     assert h.returncode in (0, 1), h.stderr
     assert doc["verdict"] in h.stdout and "health check: " + doc["verdict"] in log
+
+
+def test_pre_start_is_bounded_by_its_time_limit(box, capsys):
+    """A pre-start that cannot finish (here: the box lock is held and it would wait 60 s) stops at
+    its limit with the cause in the log; under degrade the start goes on."""
+    import yaml
+
+    from gpubox.boxlock import box_lock
+    from gpubox.context import Context
+    from gpubox.inventory import Inventory
+
+    inv = yaml.safe_load(box.inventory_path.read_text())
+    inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_autostart"] = {"pre_timeout": "2s"}
+    box.inventory_path.write_text(yaml.safe_dump(inv))
+    assert cli(box, capsys, "autostart", "install", "ct200", "--yes")[0] == 0
+    env = dict(_env(box), GPUBOX_LOCK_WAIT="60")
+    env.pop("GPUBOX_BOX_LOCK_HELD", None)
+    i = Inventory(box.inventory_path)
+    ctx = Context(box=i.box("ct200"), inventory=i, options={})
+    with box_lock(ctx, "test holds the box"):
+        rc, err = snippet(box, "pre-start", env)
+    ctx.close()
+    assert rc == 0, err
+    assert "stopped: time limit of 2 s reached (exit 0)" in err
