@@ -1,5 +1,5 @@
 """`gpubox sim create DIR [--fault F ...]` / `gpubox sim rm DIR`: build (and remove) a simulated box
-to try gpubox on."""
+to try gpubox on; `gpubox sim reboot DIR [--driver-upgrade]` replays a host reboot on it."""
 
 from __future__ import annotations
 
