@@ -234,6 +234,8 @@ def render_snippet(s: Spec, previous: str | None, chain: str | None) -> str:
         f"# Written by gpubox (gpubox autostart install {s.box}); remove with: gpubox autostart remove {s.box}\n"
         "# Proxmox calls it as <script> <vmid> <phase> (pve-container src/PVE/LXC.pm vm_start).\n"
         f"{RECORD}{json.dumps(previous)}\n"
+        # gpubox uninstalled must never stop the guest from starting: say so and let it start
+        f'[ -x {s.gpubox} ] || {{ echo "gpubox autostart: {s.gpubox} missing: CT $1 $2 not checked" >&2; exit 0; }}\n'
         f'exec /usr/bin/env {env}{" ".join(argv)} "$@"\n'
     )
 

@@ -54,8 +54,15 @@ class Evidence:
     files: Any = OMIT
 
 
+class HostExists(Fact):
+    @staticmethod
+    def read(host, path: str) -> bool:
+        return host.exists(path)
+
+
 @dataclass
 class Facts:
+    missing: list[str]  # gpubox or its inventory absent on the host: every hook would fail
     conf: str
     storage_cfg: str
     snippet: str  # "" when absent
@@ -71,6 +78,10 @@ def _gather(ctx, s: a.Spec) -> Facts:
     if path:
         snippet = ctx.fact(FileText, path)
     return Facts(
+        # a simulated box runs this machine's gpubox and inventory (spec_from), not paths under its root
+        missing=[]
+        if ctx.box.var("gpubox_simulated", False)
+        else [p for p in (s.gpubox, s.inventory) if not ctx.fact(HostExists, p)],
         conf=ctx.fact(ConfText, s.vmid),
         storage_cfg=storage_cfg,
         snippet=snippet,
@@ -106,6 +117,13 @@ class InstallStep(_SpecStep):
 
     def decide(self, facts: Facts, opts: Options) -> Finding:
         s = opts.spec
+        if facts.missing:
+            return Finding.failed(
+                f"{facts.missing[0]} is not on CT {s.vmid}'s Proxmox host: the boot unit and the hookscript run it there",
+                cause="autostart runs gpubox on the host",
+                repair="install gpubox there (./install.sh, or playbooks/install.yml) with an inventory naming "
+                f"{s.box} (ansible_connection: local), or set gpubox_autostart.gpubox / .inventory",
+            )
         spath = a.snippet_path(s, facts.storage_cfg)
         line = a.hookscript_line(facts.conf)
         value = a.hookscript_value(line)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +290,25 @@ def test_pre_start_is_bounded_by_its_time_limit(box, capsys):
     ctx.close()
     assert rc == 0, err
     assert "stopped: time limit of 2 s reached (exit 0)" in err
+
+
+def test_snippet_lets_the_guest_start_when_gpubox_is_gone(box, capsys):
+    assert cli(box, capsys, "autostart", "install", "ct200", "--yes")[0] == 0
+    p = box.hpath(f"{SNIPPETS}/gpubox-ct200.sh")
+    p.write_text(
+        p.read_text().replace(str(Path(sys.executable).parent / "gpubox"), str(box.dest / "no-gpubox"))
+    )
+    rc, err = snippet(box, "pre-start")
+    assert rc == 0 and "missing: CT 200 pre-start not checked" in err
+
+
+def test_install_refuses_without_gpubox_on_a_real_host(box, capsys):
+    import yaml
+
+    inv = yaml.safe_load(box.inventory_path.read_text())
+    inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_simulated"] = False
+    box.inventory_path.write_text(yaml.safe_dump(inv))
+    before = box.hpath(CONF).read_bytes()
+    rc, out, _ = cli(box, capsys, "autostart", "install", "ct200", "--yes")
+    assert rc == 1 and "/usr/local/bin/gpubox is not on CT 200's Proxmox host" in out
+    assert box.hpath(CONF).read_bytes() == before
