@@ -80,6 +80,9 @@ class State:
             from .inventory import Inventory
 
             self._inventory = Inventory(self.inventory_path)
+            from .cli_sim import load_for
+
+            load_for(self._inventory)
         return self._inventory
 
 

@@ -51,3 +51,10 @@ def faults_(as_json: bool) -> None:
     else:
         for k, v in sorted(f.items()):
             click.echo(f"{k:22} {v}")  # plain: descriptions hold "[pve:pending]", not rich markup
+
+
+def load_for(inventory) -> None:
+    """Load the simulator when the inventory names a simulated host, so that host's files follow
+    the simulated box's rules (its /etc/pve is pmxcfs: gpubox.simbox.pmxcfs)."""
+    if any(h.get("gpubox_simulated") is True for h in inventory.hosts.values()):
+        import gpubox.simbox  # noqa: F401 - registers the simulated box's file rules

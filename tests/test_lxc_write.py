@@ -100,7 +100,7 @@ def test_over_one_mib_is_refused(host):
 def _crash_before_rename(root, old_digest):
     from gpubox.inventory import HostEntry
 
-    lxcconf._rename = lambda src, dst: os._exit(9)  # the process dies at the commit point
+    lxcconf._rename = lambda ops, src, dst: os._exit(9)  # the process dies at the commit point
     h = Host(HostEntry("pve1", {"gpubox_root": root}), LocalTransport("pve1"))
     write_conf(h, 200, NEW, old_digest)
 

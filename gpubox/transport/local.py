@@ -13,12 +13,17 @@ from typing import Mapping, Sequence
 from .. import safeio
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
+from .fsops import POSIX, FileOps
 
 
 class LocalTransport(Transport):
-    def __init__(self, name: str = "localhost", become: bool = False):
+    """`ops`: the file calls every file method makes (gpubox.transport.fsops; the kernel's own
+    unless a simulated box gives its filesystem rules)."""
+
+    def __init__(self, name: str = "localhost", become: bool = False, ops: FileOps | None = None):
         self.name = name
         self.default_become = become
+        self.ops = ops or POSIX
 
     @property
     def is_local(self) -> bool:
@@ -142,39 +147,40 @@ class LocalTransport(Transport):
         return _LocalHeld(proc)
 
     def read_bytes(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        return self.ops.read_bytes(path)
 
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = os.path.dirname(path) or "."
         tmp = os.path.join(d, tmp_name or safeio.tmp_name(path))
+        ops = self.ops
         if mode is None:
             try:
-                mode = os.stat(path).st_mode & 0o7777
+                mode = ops.lstat(path).st_mode & 0o7777
             except FileNotFoundError:
                 mode = 0o644
         # A new file, never opened through what stands at that name (a planted symlink): O_EXCL.
         # A caller-given name (Proxmox's `<file>.tmp.<pid>`) left by a killed run is removed first.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(tmp, flags, mode)
+            fd = ops.open(tmp, flags, mode)
         except FileExistsError:
             if not tmp_name:
                 raise
-            os.unlink(tmp)
-            fd = os.open(tmp, flags, mode)
+            ops.unlink(tmp)
+            fd = ops.open(tmp, flags, mode)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            try:
+                write_all(ops, fd, data)
+                ops.fsync(fd)
+            finally:
+                ops.close(fd)
+            ops.replace(tmp, path)
         except BaseException as exc:
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
+                ops.unlink(tmp)
+            except OSError:  # gone, or the filesystem refuses (a read-only /etc/pve): the cause is exc
                 pass
             if isinstance(exc, OSError) and exc.filename is None:  # write(2)/fsync(2) name no file
                 raise OSError(exc.errno, exc.strerror or str(exc), path) from None
@@ -190,7 +196,7 @@ class LocalTransport(Transport):
 
     def stat(self, path: str) -> FileStat | None:
         try:
-            st = os.lstat(path)
+            st = self.ops.lstat(path)
         except FileNotFoundError:
             return None
         # Device numbers only mean something for device nodes (and 0:0 is a valid one).
@@ -199,13 +205,22 @@ class LocalTransport(Transport):
         return FileStat(path, st.st_mode, st.st_size, st.st_mtime, st.st_uid, st.st_gid, rdev)
 
     def listdir(self, path: str) -> list[str]:
-        return sorted(os.listdir(path))
+        return sorted(self.ops.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
-        os.makedirs(path, mode=mode, exist_ok=True)
+        self.ops.makedirs(path, mode)
 
     def remove(self, path: str) -> None:
-        os.unlink(path)
+        self.ops.unlink(path)
+
+
+def write_all(ops: FileOps, fd: int, data: bytes) -> None:
+    """Write every byte: a short write (a filesystem at its size limit) is followed by another,
+    whose error (EFBIG) then names the problem."""
+    view = memoryview(data)
+    while view:
+        n = ops.write(fd, view)
+        view = view[n:]
 
 
 class _LocalHeld(Held):

@@ -7,6 +7,7 @@ same directory and are renamed with posix-rename so readers never see half a fil
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import posixpath
@@ -361,14 +362,16 @@ class SSHTransport(Transport):
     ) -> None:
         d = posixpath.dirname(path) or "."
         tmp = posixpath.join(d, tmp_name or safeio.tmp_name(path))
-        if mode is None:
+        asked = mode is not None
+        if mode is None:  # keep the mode of the file replaced; a new file gets the target's own
             old = self.stat(path)
-            mode = old.perms if old else 0o644
+            mode = old.perms if old else None
         try:
             with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
                 f.write(data)
-            self.sftp.chmod(tmp, mode)
+            if mode is not None:
+                self._set_mode(tmp, mode, asked)
             self.sftp.posix_rename(tmp, path)
         except BaseException:
             try:
@@ -376,6 +379,22 @@ class SSHTransport(Transport):
             except IOError:
                 pass
             raise
+
+    def _set_mode(self, path: str, mode: int, asked: bool) -> None:
+        """chmod only where the new file's mode differs. A target that refuses chmod (Proxmox's
+        pmxcfs: EPERM, or EACCES through sftp-server; it shows 0640 whatever is asked) is
+        accepted when no mode was asked (only the replaced file's was kept), or when what the file
+        got grants nothing beyond the mode asked; else the refusal stands."""
+        have = self.sftp.lstat(path).st_mode & 0o7777
+        if have == mode & 0o7777:
+            return
+        try:
+            self.sftp.chmod(path, mode)
+        except IOError as exc:
+            if getattr(exc, "errno", None) not in (errno.EPERM, errno.EACCES):
+                raise
+            if asked and have & ~mode & 0o7777:
+                raise
 
     def stat(self, path: str) -> FileStat | None:
         try:
