@@ -394,9 +394,20 @@ def _unparsable_rule(ed: _Edit, i: int, l: Line, ours: bool, val: str) -> None:
         )
 
 
+def _mount_rank(ed: _Edit, f) -> tuple[bool, bool]:
+    """How good a mount entry is at passing its node: first, whether its source is the host's
+    device node (an absolute path the host has as a device: lxc reads a relative source against
+    its own working directory, finds nothing, and an `optional,create=file` entry then leaves an
+    empty regular file at the target); then whether it is `bind,optional`."""
+    src = f[0] if f else ""
+    rd = ed.rdev(src) if src.startswith("/") else None
+    return (bool(rd) and isinstance(rd, tuple) and rd[0] == "c", _good_mount(f))
+
+
 def _review_mounts(ed: _Edit) -> None:
     """Pass 4: NVIDIA mount entries. In devN mode they go (devN passes the node); two onto one
-    target keep the `bind,optional` one (else the first)."""
+    target keep the one whose source is the host's node, then the `bind,optional` one, else the
+    first (`_mount_rank`)."""
     by_target: dict[str, int] = {}
     for i in range(len(ed.lines)):
         l = ed.cur(i)
@@ -412,7 +423,7 @@ def _review_mounts(ed: _Edit) -> None:
         t = f[1].strip("/")
         if t in by_target:
             j = by_target[t]
-            keep_new = _good_mount(f) and not _good_mount(_mount_fields(ed.cur(j).value or ""))
+            keep_new = _mount_rank(ed, f) > _mount_rank(ed, _mount_fields(ed.cur(j).value or ""))
             loser = j if keep_new else i
             ed.issues.append(
                 Issue("conflict", f"`{ed.cur(loser).raw.strip()}` mounts onto {t} like another line")
