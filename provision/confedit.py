@@ -531,6 +531,13 @@ def _additions(ed: _Edit, model: StartModel, nodes, node_mode: str) -> tuple[lis
             if rd and not model.permitted(*rd):
                 missing_majors.setdefault(rd[0], names.get(rd[0], "nvidia"))
             continue
+        if node_mode == "devN" and not n.required and n.path not in ed.hd.at_boot:
+            ed.warnings.append(
+                f"{n.path} is left out: optional, and nothing makes the host create it at every boot, "
+                "so a devN entry for it would stop the start on a boot without it (a devN entry for it "
+                "makes host-devices persist its creation)"
+            )
+            continue
         if node_mode == "devN":
             while k in used:
                 k += 1

@@ -34,6 +34,7 @@ from .gpucheck import GpuPresence, read_presence, shortfall
 from .hostdiag import KernelModules, KernelModulesFact, driver_not_loaded
 from .lxc import (
     RESTART_POLICIES,
+    UDEV_RULE,
     ConfText,
     ContainerStatus,
     CudaProbe,
@@ -49,7 +50,7 @@ from .lxc import (
 )
 from .lxc import _control as control
 from .lxcconf import LxcConf, conf_path, digest, write_conf
-from .nodehints import devn_paths, required_missing
+from .nodehints import BOOT_RUNS, boot_created, devn_paths, required_missing
 
 
 def _gpus(ctx):
@@ -150,7 +151,8 @@ class HostDevicesStep(Step):
             problems.append(f"{path} missing: a devN entry of the container requires it (the start fails)")
             if run:
                 devn_runs.append(run)
-        want_files = persist_files(hd.gpus)
+        # an optional node a devN entry requires is created at every boot too (nodehints.BOOT_RUNS)
+        want_files = persist_files(hd.gpus, [p for p in facts.devn or {} if p in BOOT_RUNS])
         missing = (
             [p for p, text in want_files.items() if (facts.persist or {}).get(p, "") != text]
             if opts.persist
@@ -221,6 +223,7 @@ class ConfigFacts:
     devices: DeviceScan
     rdev: dict[str, tuple[str, int, int] | None] = field(default_factory=dict)  # referenced_paths
     recorded: list[int] = field(default_factory=list)  # majors gpubox recorded as NVIDIA's
+    boot_rule: str = ""  # the udev rule gpubox persists: which optional nodes every boot creates
     # in a run where host-devices has just loaded nvidia-uvm: the config text the dry run showed
     # before (ShowConfigFirst), or None when that plan wrote nothing
     shown: "ShownConfig | None" = None
@@ -337,7 +340,9 @@ class ContainerConfigStep(Step):
             return ConfigFacts(text, DeviceScan("", 0))  # not edited: nothing else is needed
         scan = ctx.fact(DeviceScanFact, _gpus(ctx))
         rdev = ctx.fact(HostRdev, tuple(referenced_paths(text, host_devices(scan))))
-        return ConfigFacts(text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors, shown)
+        return ConfigFacts(
+            text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors, shown, ctx.fact(FileText, UDEV_RULE)
+        )
 
     def decide(self, facts: ConfigFacts, opts: ConfigOptions) -> Finding:
         """The review's finding; in a run where host-devices has just loaded nvidia-uvm, also the
@@ -379,6 +384,7 @@ class ContainerConfigStep(Step):
                 evidence=ev,
             )
         hd = host_devices(facts.devices)
+        hd.at_boot = boot_created(facts.boot_rule)
         rev, predicted = self._review(conf, hd, facts, opts)
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev.warnings = rev.warnings
