@@ -3,7 +3,7 @@ provision.lxc / provision.devices, a pure `decide` each (tests/steps/<step>/*.js
 
 Every change is an action of the plan (gpubox.steps.Action), the engine runs them: besides the
 plain `Run`/`Write`, `ConfigCommit` (the config commit is Proxmox's lock + digest re-check +
-renameat2 exchange, not a plain file write), `ContainerRestart` (a start or reboot asks for
+rename() + re-read, not a plain file write), `ContainerRestart` (a start or reboot asks for
 consent and waits for the container) and `ShowConfigFirst` (before nvidia-uvm is loaded: keeps
 container-config's finding as a dry run shows it, so the commit after modprobe is proven to be it).
 """
@@ -277,10 +277,10 @@ def _exists(rdev: dict[str, Any]):
 @dataclass
 class ConfigCommit(Action):
     """The container config's new main section, committed against the digest it was read at:
-    Proxmox's lock file, a digest re-check under it, a symlink refusal and a
-    renameat2(RENAME_EXCHANGE) commit re-checked afterwards (provision.lxcconf.write_conf), which
-    a plain `Write` (tmp + rename, no lock, no re-check) would lose; it also records the NVIDIA
-    majors as gpubox's. A dry run shows its diff; it runs no command."""
+    no quorum refused before anything is written, Proxmox's lock file, a digest re-check under it,
+    a symlink refusal and a rename() re-read afterwards (provision.lxcconf.write_conf; pmxcfs has
+    no RENAME_EXCHANGE), which a plain `Write` (tmp + rename, no lock, no re-check) would lose; it
+    also records the NVIDIA majors as gpubox's. A dry run shows its diff; it runs no command."""
 
     vmid: int
     text: str
