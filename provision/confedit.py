@@ -363,7 +363,7 @@ def _review_rules(ed: _Edit) -> None:
                 ),
             )
             continue
-        if ed.mode == "devN":
+        if ed.mode == "devN" and r.major not in _kept_mount_majors(ed):
             _drop_rule(ed, i, Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
 
 
@@ -404,6 +404,30 @@ def _mount_rank(ed: _Edit, f) -> tuple[bool, bool]:
     return (bool(rd) and isinstance(rd, tuple) and rd[0] == "c", _good_mount(f))
 
 
+def _optional_left_out(ed: _Edit, target: str) -> bool:
+    """Whether a mount target is an optional node (nvidia-modeset, nvidia-caps) that no boot of the
+    host creates: converting to devN keeps its `optional` mount, since a devN entry for it would
+    stop the start on a boot without it."""
+    path = "/" + target.strip("/")
+    optional = (
+        path == "/dev/nvidia-modeset" or path == "/dev/nvidia-caps" or path.startswith("/dev/nvidia-caps/")
+    )
+    return optional and not any(p == path or p.startswith(path + "/") for p in ed.hd.at_boot)
+
+
+def _kept_mount_majors(ed: _Edit) -> set[int]:
+    """Majors of the nodes the optional mounts kept in devN mode pass (`_optional_left_out`):
+    their rules are not redundant."""
+    out: set[int] = set()
+    for l in ed.lines:
+        f = _mount_fields(l.value or "") if l.key == MOUNT else None
+        if not f or not _optional_left_out(ed, f[1]):
+            continue
+        t = "/" + f[1].strip("/")
+        out |= {n.have[0] for n in ed.hd.nodes if n.have and (n.path == t or n.path.startswith(t + "/"))}
+    return out
+
+
 def _review_mounts(ed: _Edit) -> None:
     """Pass 4: NVIDIA mount entries. In devN mode they go (devN passes the node); two onto one
     target keep the one whose source is the host's node, then the `bind,optional` one, else the
@@ -416,7 +440,12 @@ def _review_mounts(ed: _Edit) -> None:
         f = _mount_fields(l.value or "")
         if f is None:
             continue
-        if ed.mode == "devN" and _is_nvidia_path(f[0]) and _is_nvidia_target(f[1]):
+        if (
+            ed.mode == "devN"
+            and _is_nvidia_path(f[0])
+            and _is_nvidia_target(f[1])
+            and not _optional_left_out(ed, f[1])
+        ):
             ed.drop.add(i)
             ed.issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
             continue

@@ -341,7 +341,12 @@ class ContainerConfigStep(Step):
         scan = ctx.fact(DeviceScanFact, _gpus(ctx))
         rdev = ctx.fact(HostRdev, tuple(referenced_paths(text, host_devices(scan))))
         return ConfigFacts(
-            text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors, shown, ctx.fact(FileText, UDEV_RULE)
+            text,
+            scan,
+            rdev,
+            ctx.fact(OwnedRecord, vmid).majors,
+            shown=shown,
+            boot_rule=ctx.fact(FileText, UDEV_RULE),
         )
 
     def decide(self, facts: ConfigFacts, opts: ConfigOptions) -> Finding:
