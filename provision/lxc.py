@@ -19,7 +19,6 @@ in provision/lxc_step.py, with `steps()`.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,10 +71,11 @@ def recorded_majors(host: str, vmid: int) -> set[int]:
 
 
 def _write_record(host: str, vmid: int, data: dict) -> None:
-    p = _owned_file(host, vmid)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, p)
+    """Atomic, with a temp named for this process: a run killed mid-write leaves a temp the next
+    write to the directory removes (gpubox.safeio.clean_stale: dead writers only)."""
+    from gpubox.safeio import write_atomic
+
+    write_atomic(_owned_file(host, vmid), (json.dumps(data) + "\n").encode(), mode=0o600)
 
 
 def record_majors(host: str, vmid: int, majors, *, restart_due: str | None = None) -> None:

@@ -361,3 +361,22 @@ def test_lxc_fix_over_ssh_on_a_target_that_refuses_chmod(tmp_path, capsys):
         t.close()
     finally:
         srv.stop()
+
+
+def test_proxmox_own_write_fails_without_quorum_as_pct_says(tmp_path):
+    """The simulated pct writes through the same pmxcfs: `pct unlock` on a node without quorum fails
+    with pve-cluster's cfs_write_file message, and the file keeps its lock."""
+    from gpubox.simbox.cmds import pct
+    from gpubox.simbox.core import StandinError
+
+    sim = build(tmp_path / "box", ["conf_locked", "container_stopped"], gpus=2)
+    set_quorate(sim, False)
+    with pytest.raises(StandinError) as ei:
+        pct.main(sim, ["unlock", "200"])
+    assert ei.value.rc == 255
+    assert str(ei.value).startswith("unable to open file '/etc/pve/nodes/pve1/lxc/200.conf.tmp.")
+    assert str(ei.value).endswith("' - Permission denied")
+    assert "lock: backup" in sim.hpath("/etc/pve/lxc/200.conf").read_text()
+    set_quorate(sim, True)
+    pct.main(sim, ["unlock", "200"])
+    assert "lock: backup" not in sim.hpath("/etc/pve/lxc/200.conf").read_text()
