@@ -167,6 +167,7 @@ def read_conf(host, vmid: int) -> tuple[LxcConf, str]:
 # file_set_contents): `<file>.tmp.<pid>`, then rename(); gpubox re-reads the file under the lock
 # just before the rename and once more after it.
 
+PMXCFS_GID = 33  # www-data on Debian: pmxcfs shows it as every entry's group (pmxcfs.c cfs.gid)
 NO_QUORUM = "/etc/pve is read-only: this node has no quorum (pvecm status)"
 NO_QUORUM_FIX = "bring the cluster back to quorum, then re-run; nothing was written"
 
@@ -183,7 +184,7 @@ def _refuse_without_quorum(host, path: str) -> None:
     every write with EACCES (pve-cluster src/pmxcfs/cfs-plug-memdb.c tree_entry_stat): say so
     before anything is written, the backup included."""
     st = host.stat(path)
-    if st is not None and st.is_file and not st.perms & 0o200:
+    if st is not None and st.is_file and st.gid == PMXCFS_GID and not st.perms & 0o200:
         raise GpuboxError(NO_QUORUM, NO_QUORUM_FIX)
 
 
