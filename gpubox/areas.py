@@ -11,7 +11,7 @@ importlib -- like Django's INSTALLED_APPS -- and never names an area in an impor
 The pipeline's order is ONE list, PIPELINE: the modules with `steps(ctx) -> list[Step]`, in the
 order their steps run. Each area has a small `<area>/area.py` without heavy imports that defines
 `AREA = Area(...)`: its `--skip/--only` groups (a name for a set of whole step names), its CLI
-commands ("module:attr", loaded lazily by gpubox.cli so
+commands (each "gpubox.<area>.commands.<command>:<command>", loaded lazily by gpubox.cli so
 `gpubox inventory list` imports no area's code) and its hooks: named "module" or "module:attr"
 references resolved on demand (bench's scheduled run asks for provision's doctor this way, as it
 may not import the area above it).

@@ -123,3 +123,18 @@ def judge(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any
         "reasons": reasons,
         "summary": f"{doc.get('profile')}: {verdict} - " + " | ".join(reasons),
     }
+
+
+def render(gate: Mapping[str, Any], con) -> None:
+    """The gate's verdict, its rows and its reasons on a rich console (probe and tune nccl)."""
+    from rich.markup import escape
+
+    color = {"install": "green", "refuse": "red", "no-gain": "yellow"}[gate["verdict"]]
+    con.print(
+        f"[bold {color}]A/B gate: {escape(gate['profile'] or '?')}: {gate['verdict']}[/]"
+        + ("" if gate["aa_measured"] else " [dim](no A/A arm: noise floor is the minimum only)[/]")
+    )
+    for r in gate["rows"]:
+        con.print(f"  {r['verdict']:10} {escape(r['detail'])}")
+    for why in gate["reasons"]:
+        con.print(f"  [{color}]{escape(why)}[/]")

@@ -116,6 +116,23 @@ def misfit(prof: Profile, gate: dict | None, topology: str | None) -> Finding | 
     )
 
 
+def fatal_values(texts: dict[str, str | None], files: dict[str, str]) -> list[str]:
+    """'PATH: problem' for every error in the files the server reads (a value NCCL refuses at init, a
+    name it ignores, a file that cannot be parsed at all): wrong whatever profile is or is not set."""
+    out = []
+    for path, fmt in files.items():
+        text = texts.get(path)
+        if text is None:
+            continue
+        try:
+            bad = errors(validate(parse(text, fmt)))
+        except GpuboxError as exc:
+            out.append(f"{path}: {exc}")
+            continue
+        out += [f"{path}: {i}" for i in bad]
+    return out
+
+
 def file_problems(text: str, fmt: str, want: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """What a consumer of this file reads, and how it differs from the profile."""
     have = parse(text, fmt)
@@ -151,13 +168,23 @@ class NcclEnvStep(Step):
     def gather(self, ctx) -> NcclFacts:
         opts = self.options(ctx)
         facts = NcclFacts(topology_class(ctx) if needs_topology(opts) else None)
-        if chosen(opts, facts.topology) is not None:
-            facts.files = {path: ctx.fact(ContainerFile, path) for path in opts.files}
+        # read with or without a profile: a value NCCL refuses at init fails the server either way
+        facts.files = {path: ctx.fact(ContainerFile, path) for path in opts.files}
         return facts
 
     def decide(self, facts: NcclFacts, opts: NcclOptions) -> Finding:
         prof = chosen(opts, facts.topology)
         if prof is None:
+            fatal = fatal_values(facts.files, opts.files)
+            if fatal:
+                return Finding.failed(
+                    "; ".join(fatal),
+                    cause="NCCL stops at init on a bad NCCL_ALGO/NCCL_PROTO token and silently ignores a "
+                    "misspelled name; no profile is set for this box, so gpubox leaves the files as they are",
+                    repair="correct or delete the line in the file named, or set gpubox_nccl_profile "
+                    f"and run `gpubox tune nccl {opts.box}`",
+                    evidence=NcclEvidence(files=dict(facts.files)),
+                )
             if opts.auto:
                 return Finding.ok(
                     f"auto: no profile for this topology ({facts.topology}): NCCL's own tuning",

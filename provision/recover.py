@@ -176,6 +176,10 @@ def recover(
         except (ValueError, KeyError):
             pass
     chosen = selected(collect_steps(ctx), skip, only)
+    if bench and any(s.measures for s in chosen):
+        from gpubox.bench.runner import resolve_run
+
+        resolve_run(ctx, profile)  # every benchmark option checked before any repair (exit 2)
     # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
@@ -183,15 +187,55 @@ def recover(
     report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
     if bench and not dry_run and any(s.measures for s in chosen):
-        if not report.ok:
+        problems = remaining_problems(report)
+        needed = bench_needs(chosen)
+        blocking = [r.name for r in problems if r.name in needed]
+        if blocking:
             outcome.notes.append(
-                "benchmark not run: fix the problems above first (or re-run with --no-bench)"
+                f"benchmark not run: it needs {', '.join(blocking)}; fix that first (or re-run with --no-bench)"
             )
-        else:
-            _bench_and_report(ctx, outcome, profile, out_dir, report_format)
+        else:  # what is left cannot stop a measurement: measure, and the verdict names it
+            _bench_and_report(
+                ctx, outcome, profile, out_dir, report_format, unrepaired=[_problem_line(r) for r in problems]
+            )
     if not dry_run:
         last.write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
     return outcome
+
+
+# What a measurement needs besides the steps the benchmark step requires (and theirs): the weights it
+# serves and the NCCL environment its server starts with. A problem anywhere else -- a PCIe link
+# trained low, MaxReadReq refused under kernel lockdown, an ACS finding -- leaves a box that can
+# still be measured, and deserves a measured verdict (degraded, naming it) rather than none.
+BENCH_NEEDS = ("model-stage", "drafter-stage", "nccl-env")
+
+
+def bench_needs(chosen: list[Step]) -> set[str]:
+    """Names of the chosen steps the benchmark cannot run without: BENCH_NEEDS and every
+    measuring step's `requires`, with their own `requires`, transitively."""
+    by = {s.name: s for s in chosen}
+    todo = [r for s in chosen if s.measures for r in (s.requires or ())] + list(BENCH_NEEDS)
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by:
+            continue
+        seen.add(name)
+        todo += list(by[name].requires or ())
+    return seen
+
+
+def remaining_problems(report: RunReport) -> list[StepResult]:
+    """The steps that did not end ok: drift, failed, or blocked by one that did not."""
+    return [
+        r
+        for r in report.steps
+        if r.status in ("drift", "failed") or (r.status == "skipped" and r.evidence.get("blocked_by"))
+    ]
+
+
+def _problem_line(r: StepResult) -> str:
+    return f"not repaired: {r.name}: {r.detail}" + (f" ({r.cause})" if r.cause else "")
 
 
 def headline(doc: dict[str, Any]) -> str:
@@ -234,7 +278,7 @@ def _record_repairs(outcome: Outcome) -> None:
         results.write({k: v for k, v in doc.items() if k != "path"}, p.parent)  # atomic, validated
 
 
-def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
+def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format, unrepaired=()) -> None:
     from gpubox.bench import runner
     from gpubox.state import sub_dir
 
@@ -245,7 +289,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
 
     try:
         with run_lock(ctx):  # never overlap a scheduled health check of the same box
-            doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
+            doc = runner.run_box(ctx, profile=profile, out_dir=str(out), unrepaired=list(unrepaired))
     except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
         outcome.report.steps.append(
             StepResult(
@@ -284,3 +328,23 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         outcome.report_path = str(rep.main)
     except Exception as exc:  # a report problem must not hide the verdict
         outcome.notes.append(f"report not written: {exc}")
+
+
+def render_outcome(outcome: Outcome, title: str) -> None:
+    """What recover did, on the terminal: the report, its notes, the benchmark verdict and where the
+    results and report went (`gpubox recover` and `gpubox demo`)."""
+    from gpubox.output import console, render_report
+
+    con = console()
+    render_report(outcome.report, con, title=title)
+    for n in outcome.notes:
+        con.print(f"[yellow]note:[/] {escape(n)}")
+    if outcome.bench is not None:
+        v = outcome.bench.get("verdict", {})
+        colour = {"healthy": "green", "degraded": "yellow"}.get(v.get("status"), "red")
+        con.print(f"benchmark verdict: [{colour}]{v.get('status')}[/]")
+        for r in v.get("reasons", []):
+            con.print(f"  - {escape(r.get('message', ''))}")
+        con.print(f"results: {outcome.bench_path}")
+        if outcome.report_path:
+            con.print(f"report:  {outcome.report_path}")

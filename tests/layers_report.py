@@ -24,7 +24,7 @@ ALLOWED = {
 }
 # The only product modules that may import the simulator, and only inside a function (the CLI
 # commands that build a simulated box: `gpubox sim`, `gpubox demo`).
-SIM_ENTRIES = {"gpubox.cli_sim", "gpubox.provision.cli_recover"}
+SIM_ENTRIES = {"gpubox.commands.sim", "gpubox.provision.commands.demo"}
 
 
 def module_files(repo: Path = REPO) -> dict[str, Path]:

@@ -216,7 +216,7 @@ def test_arms_rotate_and_every_child_keeps_nvlink_multicast_off():
 
 
 def test_ablation_finds_the_variable_that_costs_and_writes_table_and_plot(tmp_path):
-    from gpubox.hwtune.cli_ablate import table_md
+    from gpubox.hwtune.ablate import table_md
 
     prof = load_profile("pcie-2numa")
     res = ablate.run(

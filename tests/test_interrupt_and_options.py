@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from gpubox.simbox import build
 from tests.clirun import AT_A_TERMINAL, gpubox
 
@@ -106,3 +108,21 @@ def test_nccl_profile_has_its_own_name_and_the_old_spelling_says_so(tmp_path, ca
     assert rc == 1 and "NCCL_PROTO=LL" in out
     rc, out, err = gpubox(capsys, "nccl", "export", "--profile", "pcie-2numa")
     assert rc == 2 and "--nccl-profile" in err
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"]])
+def test_a_bad_benchmark_profile_is_refused_before_any_repair(tmp_path, capsys, monkeypatch, extra):
+    """`recover --profile ful` did every repair, then failed at the benchmark with exit 1: the value
+    is checked first (exit 2, one line), and the box is left exactly as it was."""
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    sim = build(tmp_path / "box", ["uvm_stale_major", "numa_balancing", "mrrs_512"], gpus=2)
+    conf = sim.hpath("/etc/pve/lxc/200.conf").read_text()
+    numa = sim.hpath("/proc/sys/kernel/numa_balancing").read_text()
+    rc, out, err = gpubox(
+        capsys, "-i", sim.inventory_path, "recover", "ct200", "--yes", "--profile", "ful", *extra
+    )
+    assert rc == 2 and len(err.strip().splitlines()) == 1, (rc, err)
+    assert "'ful'" in err and "health" in err
+    assert sim.hpath("/etc/pve/lxc/200.conf").read_text() == conf
+    assert sim.hpath("/proc/sys/kernel/numa_balancing").read_text() == numa
+    assert sim.calls() == []  # no stand-in (setpci, pct, nvidia-modprobe...) ran

@@ -17,7 +17,7 @@ def lxc() -> None:
 
 
 def _run(click_ctx, box: str, mode: str, **options) -> None:
-    from .lxc_step import steps
+    from ..lxc_step import steps
 
     # No checks of its own: bad API settings, gpubox_device_mode and --restart are the steps'
     # options, checked by the engine before anything runs (exit 2), as for recover and Ansible.

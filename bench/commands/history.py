@@ -24,7 +24,7 @@ def _series_key(key: str) -> tuple:
 
 def table_data(docs: list[dict[str, Any]], workload: str | None) -> tuple[list[str], list[dict[str, Any]]]:
     """(column keys, one row per run) for the measurements of WORKLOAD (None: all)."""
-    from .history import headline_field
+    from ..history import headline_field
 
     keys: set[str] = set()
     rows = []
@@ -120,7 +120,7 @@ def _history_key(ctx, box: str):
     Never both: `history ct200` shows one box's runs."""
     from gpubox.errors import InventoryError
 
-    from . import history as store
+    from .. import history as store
 
     try:
         entry = ctx.find_root().obj.inventory.box(box)
@@ -154,12 +154,12 @@ def _history_key(ctx, box: str):
 @click.pass_context
 def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
     """Show BOX's recorded benchmark runs: tok/s per TP and method over time, with each verdict."""
-    from . import history as store
+    from .. import history as store
 
     if on_box:
         from gpubox.clihelp import box_context
 
-        from .schedule import spec_from
+        from ..schedule import spec_from
 
         c = box_context(ctx, box, as_json=True)
         try:

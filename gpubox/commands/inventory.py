@@ -6,8 +6,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .clihelp import json_option, state
-from .output import console, plain, print_json
+from ..clihelp import json_option, state
+from ..output import console, plain, print_json
 
 
 @click.group()

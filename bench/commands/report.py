@@ -63,7 +63,7 @@ def report(
     """
     from gpubox.output import console, print_json
 
-    from .report import make_report
+    from ..report import make_report
 
     out = make_report(results, fmt=fmt, outdir=outdir, pdf=pdf, compare=compare, names=names, title=title)
     if as_json:

@@ -47,8 +47,8 @@ def schedule() -> None:
 @click.pass_context
 def install(ctx, box, every, on_calendar, profile, timeout, on, mechanism, dry_run, as_json) -> None:
     """Write and enable the service + timer (or cron line) that runs the health check of BOX."""
-    from .schedule import check_calendar, desired_files, spec_from, target
-    from .schedule_step import ScheduleStep
+    from ..schedule import check_calendar, desired_files, spec_from, target
+    from ..schedule_step import ScheduleStep
 
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
@@ -98,8 +98,8 @@ def _print_dry_run(report, box: str) -> None:
 @click.pass_context
 def remove(ctx, box, on, mechanism, dry_run, as_json) -> None:
     """Disable and delete BOX's scheduled health check."""
-    from .schedule import spec_from
-    from .schedule_step import RemoveStep
+    from ..schedule import spec_from
+    from ..schedule_step import RemoveStep
 
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
@@ -118,8 +118,8 @@ def remove(ctx, box, on, mechanism, dry_run, as_json) -> None:
 @click.pass_context
 def status(ctx, box, on, mechanism, as_json) -> None:
     """Is the check installed, enabled and active, and how did the last run go? (exit 1: not running)"""
-    from .schedule import spec_from
-    from .schedule import status as get_status
+    from ..schedule import spec_from
+    from ..schedule import status as get_status
 
     c = box_context(ctx, box, as_json=as_json)
     try:
@@ -183,7 +183,7 @@ def status(ctx, box, on, mechanism, as_json) -> None:
 @click.pass_context
 def run_once(ctx, box, profile, from_json, doctor, prom_dir, no_prom, as_json) -> None:
     """Run one health check now (what the timer runs); exit 0 healthy, 1 degraded/failed, 2 could not run."""
-    from .runonce import run_once as do_run
+    from ..runonce import run_once as do_run
 
     c = box_context(ctx, box, as_json=as_json)
     try:

@@ -14,9 +14,9 @@ from gpubox.clihelp import box_context, json_option, state
 from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json, render_report
 
-from . import probe as probe_script
-from .probe_step import _int, box_limits, run_remote
-from .probe_verdict import limits, parse, report
+from .. import probe as probe_script
+from ..probe_step import _int, box_limits, run_remote
+from ..probe_verdict import limits, parse, report
 
 
 @click.command("probe")
@@ -112,7 +112,9 @@ def probe(
         )
     if not (box or local or input_path):
         raise GpuboxError("nothing to probe", "give a BOX, --local, or --input FILE")
-    sets_arg, pairs_arg = _parse_sets(allreduce_sets), _parse_pairs(p2p_pairs)
+    from ..nccl_compare import parse_gpu_sets
+
+    sets_arg, pairs_arg = parse_gpu_sets(allreduce_sets), _parse_pairs(p2p_pairs)
     if compare_profile or sizes:
         if not local or not compare_profile:
             raise GpuboxError(
@@ -216,20 +218,6 @@ def _gpu_table(con, rows) -> None:
     con.print(t)
 
 
-def _parse_sets(text: str | None):
-    if text is None:
-        return None
-    try:
-        sets = probe_script.parse_sets(text)
-    except ValueError:
-        sets = None
-    if sets is None or any(not s or min(s) < 0 for s in sets):
-        raise GpuboxError(
-            f"--allreduce-sets {text!r} is not a list of GPU index sets", "e.g. '0,1,2,3;4,5,6,7'"
-        )
-    return sets
-
-
 def _parse_pairs(text: str | None):
     if text is None:
         return None
@@ -252,7 +240,7 @@ def _is_compare(text: str) -> bool:
 
 def _gate_file(text: str, path: str, as_json: bool) -> None:
     """`--input` of a recorded comparison: the A/B gate's verdict, the same as at measuring time."""
-    from . import nccl_compare, nccl_gate
+    from .. import nccl_compare, nccl_gate
 
     doc = json.loads(text)
     gate = nccl_gate.judge(doc)
@@ -261,22 +249,8 @@ def _gate_file(text: str, path: str, as_json: bool) -> None:
     else:
         con = console()
         nccl_compare.render(doc, con)
-        render_gate(gate, con)
+        nccl_gate.render(gate, con)
     sys.exit(0 if gate["verdict"] != nccl_gate.REFUSE else 1)
-
-
-def render_gate(gate: dict, con) -> None:
-    from rich.markup import escape
-
-    color = {"install": "green", "refuse": "red", "no-gain": "yellow"}[gate["verdict"]]
-    con.print(
-        f"[bold {color}]A/B gate: {escape(gate['profile'] or '?')}: {gate['verdict']}[/]"
-        + ("" if gate["aa_measured"] else " [dim](no A/A arm: noise floor is the minimum only)[/]")
-    )
-    for r in gate["rows"]:
-        con.print(f"  {r['verdict']:10} {escape(r['detail'])}")
-    for why in gate["reasons"]:
-        con.print(f"  [{color}]{escape(why)}[/]")
 
 
 def _compare(
@@ -291,10 +265,10 @@ def _compare(
     aa: bool = True,
 ) -> None:
     """`--local --nccl-compare PROFILE`: see hwtune/nccl_compare.py."""
-    from . import nccl_compare, nccl_gate
-    from .links import classify_topology
-    from .nccl import load_profile
-    from .topology import discover_local
+    from .. import nccl_compare, nccl_gate
+    from ..links import classify_topology
+    from ..nccl import load_profile
+    from ..topology import discover_local
 
     try:
         size_list = probe_script.parse_bytes(sizes) if sizes else None
@@ -343,7 +317,7 @@ def _compare(
         print_json(result)
     else:
         nccl_compare.render(result, console())
-        render_gate(result["gate"], console())
+        nccl_gate.render(result["gate"], console())
     code = nccl_compare.exit_code(result)
     sys.exit(code if code else (1 if result["gate"]["verdict"] == nccl_gate.REFUSE else 0))
 

@@ -99,7 +99,7 @@ def render(doc: dict, con=None) -> None:
 
 
 def _emit(doc: dict, as_json: bool) -> None:
-    from .verdict import exit_code
+    from ..verdict import exit_code
 
     if as_json:
         print_json(doc)
@@ -141,8 +141,8 @@ def bench() -> None:
 @click.pass_context
 def bench_box(ctx, box_name, profile, tp, methods, out, as_json):
     """Launch the server at each TP x method on BOX, measure, verdict."""
-    from .runner import run_box
-    from .runonce import run_lock
+    from ..runner import run_box
+    from ..runonce import run_lock
 
     c = box_context(ctx, box_name, as_json=as_json)
     try:
@@ -207,7 +207,7 @@ def bench_run(
     """Measure an already running server (no launch, no teardown).
 
     Without --box the run's history is this server's own (URL + model id)."""
-    from .runner import run_url
+    from ..runner import run_url
 
     settings, expect, name = {}, None, None
     if box_name:

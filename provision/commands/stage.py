@@ -63,7 +63,7 @@ def stage(
     if dest is None:
         from gpubox.pipeline import run_steps
 
-        from .stage_step import steps, summaries
+        from ..stage_step import steps, summaries
 
         c = box_context(
             ctx,
@@ -106,7 +106,7 @@ def stage(
 
 
 def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
-    from . import stage as engine
+    from .. import stage as engine
 
     progress = None
     if not as_json and not kw["dry_run"] and sys.stderr.isatty():
@@ -128,7 +128,7 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
     if kw["dry_run"]:
         con.print(
             f"would copy {len(out['would_copy'])} of {out['files']} file(s), "
-            f"{engine._gb(out['would_copy_bytes'])} of {engine._gb(out['bytes'])}, into {out['dest']}"
+            f"{engine.size_text(out['would_copy_bytes'])} of {engine.size_text(out['bytes'])}, into {out['dest']}"
         )
         for rel in out["would_copy"]:
             con.print(f"  + {rel}  ({out['reasons'][rel]})")
@@ -149,7 +149,7 @@ def _local(src: str, dest: str, *, as_json: bool, **kw) -> None:
             str(out["copied"]),
             str(out["skipped"]),
             str(out["verified"]),
-            engine._gb(out["copied_bytes"]),
+            engine.size_text(out["copied_bytes"]),
             f"{out['seconds']:.2f}",
             f"{out['gb_s']:.2f}",
         )

@@ -76,9 +76,9 @@ def advise(
     from gpubox.errors import GpuboxError
     from gpubox.output import print_json
 
-    from .report.advise import advise_all
-    from .report.advise_io import history_docs, load_probe, server_logs
-    from .report.data import load_runs
+    from ..report.advise import advise_all
+    from ..report.advise_io import history_docs, load_probe, server_logs
+    from ..report.data import load_runs
 
     if out_file and fmt == "text" and not as_json:
         raise GpuboxError(
@@ -95,7 +95,7 @@ def advise(
     if fmt == "text":
         _print(advices)
         sys.exit(rc)
-    from .report.advice_render import render
+    from ..report.advice_render import render
 
     boxes = ", ".join(dict.fromkeys(r.box for r in runs))
     text = render(advices, fmt, f"Advice: {boxes}")
