@@ -255,8 +255,15 @@ def test_no_quorum_is_named_before_any_backup_and_nothing_is_written(fresh, tmp_
     cc = {s["name"]: s for s in doc["steps"]}["container-config"]
     assert rc != 0 and cc["status"] == "failed" and NO_QUORUM in cc["detail"]
     assert fresh.hpath("/etc/pve/lxc/200.conf").read_bytes() == before
-    backups = tmp_path / "gpubox-state" / "backups"
-    assert not any(".conf." in p.name and "etc__pve" in p.name for p in backups.rglob("*"))
+    from gpubox.state import state_dir
+
+    def conf_backups():
+        return [p for p in state_dir().rglob("*") if p.name.startswith("etc__pve__lxc__200.conf.")]
+
+    assert conf_backups() == []
+    set_quorate(fresh, True)  # the same run with quorum does write its backup there
+    rc, out, err = gpubox(capsys, "-i", fresh.inventory_path, "lxc", "fix", "ct200", "--yes", "--json")
+    assert len(conf_backups()) == 1 and conf_backups()[0].read_bytes() == before
 
 
 def test_write_conf_without_quorum_is_one_line(fresh):
