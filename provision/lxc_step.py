@@ -49,7 +49,7 @@ from .lxc import (
     referenced_paths,
 )
 from .lxc import _control as control
-from .lxcconf import LxcConf, conf_path, digest, write_conf
+from .lxcconf import NO_QUORUM, LxcConf, conf_path, digest, no_quorum, write_conf
 from .nodehints import BOOT_RUNS, boot_created, devn_paths, required_missing
 
 
@@ -224,6 +224,7 @@ class ConfigFacts:
     rdev: dict[str, tuple[str, int, int] | None] = field(default_factory=dict)  # referenced_paths
     recorded: list[int] = field(default_factory=list)  # majors gpubox recorded as NVIDIA's
     boot_rule: str = ""  # the udev rule gpubox persists: which optional nodes every boot creates
+    read_only: bool = False  # the file shows as pmxcfs shows it without quorum (lxcconf.no_quorum)
     # in a run where host-devices has just loaded nvidia-uvm: the config text the dry run showed
     # before (ShowConfigFirst), or None when that plan wrote nothing
     shown: "ShownConfig | None" = None
@@ -347,6 +348,7 @@ class ContainerConfigStep(Step):
             ctx.fact(OwnedRecord, vmid).majors,
             shown=shown,
             boot_rule=ctx.fact(FileText, UDEV_RULE),
+            read_only=no_quorum(ctx.host.stat(conf_path(vmid))),
         )
 
     def decide(self, facts: ConfigFacts, opts: ConfigOptions) -> Finding:
@@ -400,6 +402,15 @@ class ContainerConfigStep(Step):
             note += (
                 f" (nvidia-uvm is loaded by host-devices first: its rule is written with the major "
                 f"read then, predicted {predicted})"
+            )
+        if rev.changed and facts.read_only:
+            # pmxcfs without quorum refuses every write (EACCES): said now, in doctor and dry runs
+            # too, not first met by the commit (which refuses it as well, before any backup)
+            return Finding.failed(
+                f"{'; '.join(i.text for i in rev.issues)}{note}; {NO_QUORUM}",
+                cause="this node has no quorum: pmxcfs refuses every write to /etc/pve (EACCES)",
+                repair=f"bring the cluster back to quorum (pvecm status), then gpubox lxc fix {opts.box}",
+                evidence=ev,
             )
         refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
         if refused and rev.changed:

@@ -183,9 +183,14 @@ def _refuse_without_quorum(host, path: str) -> None:
     """pmxcfs shows every file 0440 (directories 0555) while the node has no quorum, and refuses
     every write with EACCES (pve-cluster src/pmxcfs/cfs-plug-memdb.c tree_entry_stat): say so
     before anything is written, the backup included."""
-    st = host.stat(path)
-    if st is not None and st.is_file and st.gid == PMXCFS_GID and not st.perms & 0o200:
+    if no_quorum(host.stat(path)):
         raise GpuboxError(NO_QUORUM, NO_QUORUM_FIX)
+
+
+def no_quorum(st) -> bool:
+    """Whether a file under /etc/pve (its FileStat) shows as pmxcfs shows files while the node has
+    no quorum: root:www-data without the owner's write bit (0440)."""
+    return st is not None and st.is_file and st.gid == PMXCFS_GID and not st.perms & 0o200
 
 
 def _save_backup(host, path: str, old: bytes) -> str:

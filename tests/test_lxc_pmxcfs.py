@@ -387,3 +387,17 @@ def test_proxmox_own_write_fails_without_quorum_as_pct_says(tmp_path):
     set_quorate(sim, True)
     pct.main(sim, ["unlock", "200"])
     assert "lock: backup" not in sim.hpath("/etc/pve/lxc/200.conf").read_text()
+
+
+def test_doctor_and_dry_run_name_the_missing_quorum_before_apply(fresh, capsys):
+    set_quorate(fresh, False)
+    before = fresh.hpath("/etc/pve/lxc/200.conf").read_bytes()
+    for args in (("check",), ("fix", "--dry-run")):
+        rc, out, err = gpubox(capsys, "-i", fresh.inventory_path, "lxc", *args, "ct200", "--json")
+        cc = {s["name"]: s for s in json.loads(out)["steps"]}["container-config"]
+        assert rc == 1 and cc["status"] == "failed" and cc["detail"].endswith(NO_QUORUM), cc
+        assert "508" in cc["detail"] and "pvecm status" in cc["repair"]
+    assert fresh.hpath("/etc/pve/lxc/200.conf").read_bytes() == before
+    set_quorate(fresh, True)  # with quorum the same drift is a plan again
+    rc, out, err = gpubox(capsys, "-i", fresh.inventory_path, "lxc", "check", "ct200", "--json")
+    assert {s["name"]: s for s in json.loads(out)["steps"]}["container-config"]["status"] == "drift"
