@@ -22,7 +22,7 @@ from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
 from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
-from .verdict import evaluate
+from .verdict import decide
 from .workloads import plan, resolve_profile
 
 
@@ -53,7 +53,7 @@ def _finish(
         doc["box_id"] = ident
     if baseline is None:
         baseline = results.history_baseline(box)
-    verdict = evaluate(doc, expect, baseline)
+    verdict = decide(doc, expect, baseline)
     if unrepaired:
         verdict["reasons"] += [
             {"level": "degraded", "key": "box", "message": m, "observed": None, "expected": None}

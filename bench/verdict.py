@@ -31,7 +31,7 @@ def _reason(level: str, key: str | None, message: str, observed=None, expected=N
     return {"level": level, "key": key, "message": message, "observed": observed, "expected": expected}
 
 
-def evaluate(
+def decide(
     doc: dict[str, Any],
     expect: dict[str, Any] | None = None,
     baseline: Callable[[str], float | None] | None = None,

@@ -15,7 +15,7 @@ Formats and the rules of their readers:
            starting with '#', splits at the first '=', and takes both sides literally (no trimming).
 - json:    {"NCCL_X": "value"}.
 
-The nccl-env step (hwtune/nccl_step.py) decides over the facts defined at the end of this module:
+The nccl-env step (hwtune/nccl_env_step.py) decides over the facts defined at the end of this module:
 the container's NCCL files and the topology class NVML sees in the container.
 """
 

@@ -13,7 +13,7 @@ restart ("auto" | "never" | "always"), persist, confirm (callable(question) -> b
 
 This module holds the facts these steps read (what is on the host, the container's config and
 state, the in-container probe) and the pure helpers they decide with; the steps themselves live
-in provision/lxc_step.py, with `steps()`.
+in provision/host_devices_step.py, container_config_step.py, container_step.py and cuda_step.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox.facts import Fact, FileText  # noqa: F401 - FileText: lxc_step reads it from here
+from gpubox.facts import Fact, FileText  # noqa: F401 - FileText: the LXC steps read it from here
 
 from . import cuda_probe
 from .devices import HostDevices
@@ -40,19 +40,22 @@ def _control(ctx):
     return control_for(ctx)
 
 
+def gpus_wanted(ctx):
+    """The inventory's gpubox_gpus for the box (None when unset): how many GPUs it should have."""
+    return ctx.box.var("gpubox_gpus")
+
+
 def _owned_file(host: str, vmid: int):
     """State file of the NVIDIA majors gpubox saw when it wrote CT <vmid>'s config on <host> (the
     host name is reduced to safe characters plus a hash, so it can never leave the directory)."""
     import hashlib
     import re
 
-    from gpubox.state import state_dir
+    from gpubox.state import sub_dir
 
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:64].lstrip(".") or "host"
     tag = hashlib.sha1(host.encode()).hexdigest()[:8]
-    d = state_dir() / "lxc-owned"
-    d.mkdir(parents=True, exist_ok=True)
-    return d / f"{safe}-{tag}-{int(vmid)}.json"
+    return sub_dir("lxc-owned") / f"{safe}-{tag}-{int(vmid)}.json"  # made with no link followed
 
 
 def _read_record(host: str, vmid: int) -> dict:
@@ -71,11 +74,9 @@ def recorded_majors(host: str, vmid: int) -> set[int]:
 
 
 def _write_record(host: str, vmid: int, data: dict) -> None:
-    """Atomic, with a temp named for this process: a run killed mid-write leaves a temp the next
-    write to the directory removes (gpubox.safeio.clean_stale: dead writers only)."""
-    from gpubox.safeio import write_atomic
+    from gpubox.safeio import write_text
 
-    write_atomic(_owned_file(host, vmid), (json.dumps(data) + "\n").encode(), mode=0o600)
+    write_text(_owned_file(host, vmid), json.dumps(data) + "\n")  # a new temp renamed in, no link followed
 
 
 def record_majors(host: str, vmid: int, majors, *, restart_due: str | None = None) -> None:

@@ -280,7 +280,7 @@ def test_tune_nccl_dry_run_writes_nothing(tmp_path):
 def test_a_fatal_value_fails_also_without_a_profile(profile):
     """`tune nccl --nccl-profile auto` on a box with no profile for its topology (or no profile set)
     must not say ok over a value NCCL refuses at start-up: failed (exit 1), the file left as it is."""
-    from gpubox.hwtune.nccl_step import NcclEnvStep, NcclFacts, NcclOptions
+    from gpubox.hwtune.nccl_env_step import NcclEnvStep, NcclFacts, NcclOptions
 
     bad = "NCCL_PROTO=LL,Simpel\n"
     opts = NcclOptions(auto=profile == "auto", profiles=[], box="ct200")
@@ -299,3 +299,22 @@ def test_a_value_starting_with_equals_is_quoted(fmt):
     text = nccl.render({"NCCL_SOCKET_IFNAME": "=eth0"}, fmt)
     assert "NCCL_SOCKET_IFNAME='=eth0'" in text and "==" not in text
     assert nccl.parse(text, fmt) == {"NCCL_SOCKET_IFNAME": "=eth0"}
+
+
+@pytest.mark.parametrize(
+    "rows,fits,want",
+    [
+        ([], None, "nothing was measured"),
+        ([{"verdict": "unmeasured"}], None, "nothing was measured"),
+        ([{"verdict": "slower"}, {"verdict": "unmeasured"}], None, "slower"),
+        ([{"verdict": "same"}], False, "another topology"),
+        ([{"verdict": "same"}, {"verdict": "unmeasured"}], None, "gains nothing"),
+    ],
+)
+def test_a_refusal_names_what_the_gate_saw(rows, fits, want):
+    """`tune nccl --measure` said "slower" when nothing was measured: the cause follows the rows."""
+    from gpubox.hwtune.nccl_env_step import gate_cause
+
+    cause, repair = gate_cause({"profile": "p", "rows": rows, "fits_topology": fits})
+    assert want in cause and "gpubox_nccl_profile" in repair
+    assert ("slower" in cause) == (want == "slower")

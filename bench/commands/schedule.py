@@ -99,12 +99,12 @@ def _print_dry_run(report, box: str) -> None:
 def remove(ctx, box, on, mechanism, dry_run, as_json) -> None:
     """Disable and delete BOX's scheduled health check."""
     from ..schedule import spec_from
-    from ..schedule_step import RemoveStep
+    from ..schedule_remove_step import ScheduleRemoveStep
 
     c = box_context(ctx, box, as_json=as_json, dry_run=dry_run)
     try:
         spec = spec_from(c.box, on=on, mechanism=mechanism)
-        report = run_steps(c, [RemoveStep(spec)], "plan" if dry_run else "apply")
+        report = run_steps(c, [ScheduleRemoveStep(spec)], "plan" if dry_run else "apply")
     finally:
         c.close()
     emit(report, as_json, title=f"gpubox schedule remove {box}" + (" (dry run)" if dry_run else ""))

@@ -74,7 +74,7 @@ class Measurement:
 
 
 @dataclass
-class Run:
+class ResultDoc:
     """One result document plus the short name the report calls it by."""
 
     doc: dict
@@ -143,7 +143,7 @@ def _fail(
     return GpuboxError(f"{path}: {problem}", fix)
 
 
-def load_run(path: str | Path, name: str | None = None) -> Run:
+def load_run(path: str | Path, name: str | None = None) -> ResultDoc:
     """Read and check one result file."""
     from ..schema import load
 
@@ -151,7 +151,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     return from_doc(load(p), str(p), name)  # strict JSON + bench.schema: one error naming file and field
 
 
-def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Run:
+def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> ResultDoc:
     if not isinstance(doc, dict):
         raise _fail(path, "top level is not a JSON object")
     schema = doc.get("schema")
@@ -180,10 +180,10 @@ def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Run:
             raise _fail(path, f"'{k}' is not an object")
     if doc.get("servers") is not None and not isinstance(doc["servers"], list):
         raise _fail(path, "'servers' is not a list")
-    return Run(doc=doc, path=path, name=name or Path(path).stem, measurements=out)
+    return ResultDoc(doc=doc, path=path, name=name or Path(path).stem, measurements=out)
 
 
-def load_runs(paths: Iterable[str | Path], names: Iterable[str] = ()) -> list[Run]:
+def load_runs(paths: Iterable[str | Path], names: Iterable[str] = ()) -> list[ResultDoc]:
     paths, names = list(paths), list(names)
     if not paths:
         raise GpuboxError("no result file given", "name one or more result JSON files")

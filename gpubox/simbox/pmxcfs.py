@@ -65,6 +65,9 @@ class PmxcfsOps(FileOps):
         p = os.path.abspath(os.fspath(path))
         return p == self.mount or p.startswith(self.mount + "/")
 
+    def claims(self, path) -> bool:
+        return self.inside(path)
+
     def rel(self, path: str | os.PathLike) -> str:
         """The path inside pmxcfs with the links resolved (`lxc/200.conf` -> `nodes/pve1/lxc/200.conf`)."""
         p = os.path.abspath(os.fspath(path))

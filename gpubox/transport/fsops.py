@@ -22,6 +22,11 @@ _AT_FDCWD = -100
 class FileOps:
     """The kernel's file calls, unchanged (see the module docstring)."""
 
+    def claims(self, path: str) -> bool:
+        """Whether PATH lies on a filesystem with rules of its own, so a transport makes its calls
+        for PATH through this object by path (else its own safe-path layer: gpubox.safepath)."""
+        return False
+
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         return os.open(path, flags, mode)
 

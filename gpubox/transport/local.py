@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat as _stat
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from typing import Mapping, Sequence
 
-from .. import safeio
+from .. import safepath
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 from .fsops import POSIX, FileOps
@@ -152,8 +154,35 @@ class LocalTransport(Transport):
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
+        """Through gpubox.safepath, anchored at the host's root prefix: no link followed beneath
+        it, a new temp renamed over the target in the same directory fd, the old file's mode kept
+        (read without following a link) when MODE is None. A caller-given temp name (Proxmox's
+        `<file>.tmp.<pid>`) left by a killed run is removed first (unlinkat, ours only)."""
+        if self.ops.claims(path):  # a filesystem with rules of its own (fsops): its calls, by path
+            return self._write_via_ops(path, data, mode, tmp_name)
+        with self._anchored(path, create=True) as (anchor, rel):
+            safepath.write(anchor, rel, data, mode, tmp=tmp_name, keep_mode=mode is None)
+
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        """A regular file of at most LIMIT bytes, no link followed beneath the root prefix; a FIFO
+        or device is refused without blocking."""
+        with self._anchored(path) as (anchor, rel):
+            return safepath.read(anchor, rel, limit)
+
+    @contextmanager
+    def _anchored(self, path: str, create: bool = False):
+        """(Anchor, relative path): the root prefix when PATH lies beneath it, else its parent.
+        CREATE makes a missing root prefix (configuration, like the inventory that names it)."""
+        a, rel = safepath.system_anchor(path, self.root) or safepath.anchor_of(path, [self.root])
+        create = create and a == safepath.canonical(self.root)
+        with safepath.Anchor(a, create=create) as anchor:
+            yield anchor, rel
+
+    def _write_via_ops(self, path: str, data: bytes, mode: int | None, tmp_name: str | None) -> None:
+        """write_bytes_atomic through `self.ops` (a simulated box's pmxcfs): a new temp, written
+        whole, fsync'ed and renamed over the target; no chmod."""
         d = os.path.dirname(path) or "."
-        tmp = os.path.join(d, tmp_name or safeio.tmp_name(path))
+        tmp = os.path.join(d, tmp_name or safepath.tmp_name(path))
         ops = self.ops
         if mode is None:
             try:
@@ -208,10 +237,24 @@ class LocalTransport(Transport):
         return sorted(self.ops.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
-        self.ops.makedirs(path, mode)
+        """mkdirat one component at a time beneath the root prefix, no link followed."""
+        if self.ops.claims(path):
+            self.ops.makedirs(path, mode)
+            return
+        if safepath.canonical(path) == safepath.canonical(self.root):
+            os.makedirs(path, mode=mode, exist_ok=True)
+            return
+        with self._anchored(path, create=True) as (anchor, rel):
+            os.close(anchor.makedirs(rel, mode))
 
     def remove(self, path: str) -> None:
-        self.ops.unlink(path)
+        """unlinkat relative to the parent's fd, only a file (or link: never its target) of ours."""
+        if self.ops.claims(path):
+            self.ops.unlink(path)
+            return
+        with self._anchored(path) as (anchor, rel):
+            if not safepath.remove(anchor, rel):
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
 
 
 def write_all(ops: FileOps, fd: int, data: bytes) -> None:

@@ -361,17 +361,18 @@ class SSHTransport(Transport):
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = posixpath.dirname(path) or "."
+        self.refuse_links(d)  # no link on the way (the directories gpubox writes are root's)
         tmp = posixpath.join(d, tmp_name or safeio.tmp_name(path))
         asked = mode is not None
         if mode is None:  # keep the mode of the file replaced; a new file gets the target's own
             old = self.stat(path)
-            mode = old.perms if old else None
+            mode = old.perms if old and old.is_file else None
         try:
             with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
                 f.write(data)
-            if mode is not None:
-                self._set_mode(tmp, mode, asked)
+                if mode is not None:
+                    self._set_mode(f, mode, asked)  # fsetstat on our handle, never by name
             self.sftp.posix_rename(tmp, path)
         except BaseException:
             try:
@@ -380,16 +381,17 @@ class SSHTransport(Transport):
                 pass
             raise
 
-    def _set_mode(self, path: str, mode: int, asked: bool) -> None:
-        """chmod only where the new file's mode differs. A target that refuses chmod (Proxmox's
-        pmxcfs: EPERM, or EACCES through sftp-server; it shows 0640 whatever is asked) is
-        accepted when no mode was asked (only the replaced file's was kept), or when what the file
-        got grants nothing beyond the mode asked; else the refusal stands."""
-        have = self.sftp.lstat(path).st_mode & 0o7777
+    @staticmethod
+    def _set_mode(f, mode: int, asked: bool) -> None:
+        """chmod (fsetstat on our own handle) only where the new file's mode differs. A target that
+        refuses it (Proxmox's pmxcfs: EPERM, or EACCES through sftp-server; it shows 0640 whatever
+        is asked) is accepted when no mode was asked (only the replaced file's was kept), or when
+        what the file got grants nothing beyond the mode asked; else the refusal stands."""
+        have = f.stat().st_mode & 0o7777
         if have == mode & 0o7777:
             return
         try:
-            self.sftp.chmod(path, mode)
+            f.chmod(mode)
         except IOError as exc:
             if getattr(exc, "errno", None) not in (errno.EPERM, errno.EACCES):
                 raise
@@ -418,9 +420,12 @@ class SSHTransport(Transport):
         return sorted(self.sftp.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
-        self.run(["mkdir", "-p", "-m", oct(mode)[2:], path]).check()
+        self.refuse_links(path)
+        self.run(["mkdir", "-p", "-m", oct(mode)[2:], "--", path]).check()
 
     def remove(self, path: str) -> None:
+        """SFTP remove is unlink(2): a link is removed, never its target; no link on the way."""
+        self.refuse_links(posixpath.dirname(path) or "/")
         self.sftp.remove(path)
 
 

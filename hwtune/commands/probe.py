@@ -15,7 +15,7 @@ from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json, render_report
 
 from .. import probe as probe_script
-from ..probe_step import _int, box_limits, run_remote
+from ..gpu_probe_step import _int, box_limits, run_remote
 from ..probe_verdict import limits, parse, report
 
 
@@ -243,7 +243,7 @@ def _gate_file(text: str, path: str, as_json: bool) -> None:
     from .. import nccl_compare, nccl_gate
 
     doc = json.loads(text)
-    gate = nccl_gate.judge(doc)
+    gate = nccl_gate.decide(doc)
     if as_json:
         print_json(gate)
     else:
@@ -312,7 +312,7 @@ def _compare(
     result["notes"].insert(0, topo_note)
     result["topology_class"] = classify_topology(topo)
     result["profile_topologies"] = list(profile.topologies)
-    result["gate"] = nccl_gate.judge(result)
+    result["gate"] = nccl_gate.decide(result)
     if as_json:
         print_json(result)
     else:

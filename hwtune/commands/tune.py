@@ -169,7 +169,7 @@ def _measure_gate(ctx, box, profile, as_json) -> dict:
     result = nccl_compare.run(prof, nccl_compare.tp_sets(topo), rounds=2, quick=True, aa=True, timeout=120.0)
     result["topology_class"] = classify_topology(topo)
     result["profile_topologies"] = list(prof.topologies)
-    gate = nccl_gate.judge(result)
+    gate = nccl_gate.decide(result)
     if not as_json:
         nccl_gate.render(gate, console(stderr=True))
     return gate
@@ -260,8 +260,10 @@ def tune_ablate(
         timeout=child_timeout,
         leave_one_out=not no_leave_one_out,
     )
-    (out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "ablation.md").write_text(ablate.table_md(result))
+    from gpubox.safeio import write_text
+
+    write_text(out / "ablation.json", json.dumps(result, indent=1) + "\n")
+    write_text(out / "ablation.md", ablate.table_md(result))
     ablate.plot(result, str(out / "ablation.png"))
     if as_json:
         print_json(result)

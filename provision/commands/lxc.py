@@ -16,8 +16,16 @@ def lxc() -> None:
     """GPU access of the LXC container: host device nodes, container config, CUDA inside."""
 
 
+def steps(ctx) -> list:
+    """The `lxc` group's steps (host-devices, container-config, container, cuda), in pipeline order."""
+    from .. import container_config_step, container_step, cuda_step, host_devices_step
+
+    return [
+        s for m in (host_devices_step, container_config_step, container_step, cuda_step) for s in m.steps(ctx)
+    ]
+
+
 def _run(click_ctx, box: str, mode: str, **options) -> None:
-    from ..lxc_step import steps
 
     # No checks of its own: bad API settings, gpubox_device_mode and --restart are the steps'
     # options, checked by the engine before anything runs (exit 2), as for recover and Ansible.

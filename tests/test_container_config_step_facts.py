@@ -1,15 +1,20 @@
 """The container-config step decides from gathered facts, not from live stat() calls: the host
 paths it gathers (provision.lxc.referenced_paths) must be every path the start model asks about,
-so the decision from facts equals review() with a live stat of the host, on every real config."""
+so the decision from facts equals decide() with a live stat of the host, on every real config."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpubox.provision.confedit import review
+from gpubox.provision.confedit import decide
+from gpubox.provision.container_config_step import (
+    ConfigFacts,
+    ConfigOptions,
+    ContainerConfigStep,
+    config_commit,
+)
 from gpubox.provision.devices import DeviceScanFact, host_devices
 from gpubox.provision.lxc import HostRdev, referenced_paths
-from gpubox.provision.lxc_step import ConfigFacts, ConfigOptions, ContainerConfigStep, config_commit
 from gpubox.provision.lxcconf import LxcConf
 from gpubox.provision.lxcmodel import host_rdev_under
 from gpubox.simbox.lxc import mknod
@@ -43,7 +48,7 @@ def test_decision_from_facts_equals_live_review(path, mode, host):
     hd = host_devices(scan)
     facts = ConfigFacts(text, scan, HostRdev.read(host, tuple(referenced_paths(text, hd))), [])
     f = ContainerConfigStep().decide(facts, ConfigOptions(200, mode, "ct200"))
-    live = review(LxcConf.parse(text), hd, mode, host_rdev_under(host.path("/")))
+    live = decide(LxcConf.parse(text), hd, mode, host_rdev_under(host.path("/")))
     if LxcConf.parse(text).lock:
         assert f.status == "failed" and "locked" in f.detail
         return

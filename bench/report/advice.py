@@ -50,19 +50,19 @@ from .advice_model import (
     UNKNOWN,
     WITHIN,
     Advice,
+    Candidate,
     Config,
     Gap,
     Noise,
     PlanRow,
-    Point,
     WorkloadAdvice,
     order_key,
 )
 from .advice_noise import d2, point_noise
 from .advice_plan import plan
-from .data import Measurement, Run, from_doc, method_order
-from .findings import ctx_name, ref_len
-from .findings import findings as run_findings
+from .data import Measurement, ResultDoc, from_doc, method_order
+from .observations import ctx_name, ref_len
+from .observations import observations as run_observations
 
 __all__ = [
     "CLEAR",
@@ -77,7 +77,7 @@ __all__ = [
     "Gap",
     "Noise",
     "PlanRow",
-    "Point",
+    "Candidate",
     "WorkloadAdvice",
     "advise",
     "advise_all",
@@ -104,7 +104,7 @@ def config_of(m: Measurement) -> Config:
     return Config(m.tp, str(m.label), m.method, m.budget)
 
 
-def _titles(run: Run, pid: str, m: Measurement) -> tuple[str, str, str]:
+def _titles(run: ResultDoc, pid: str, m: Measurement) -> tuple[str, str, str]:
     """(title, 'at ...' phrase, unit) of a workload point."""
     w = m.workload
     if w == "decode":
@@ -162,7 +162,7 @@ def _decide(w: WorkloadAdvice) -> None:
     w.decision = CLEAR if w.margin > NOISE_K * w.noise_sd else WITHIN
 
 
-def workload_points(run: Run, history: list[Run]) -> list[WorkloadAdvice]:
+def workload_points(run: ResultDoc, history: list[ResultDoc]) -> list[WorkloadAdvice]:
     groups: dict[str, list[Measurement]] = {}
     for m in run.measurements:
         groups.setdefault(point_id(m), []).append(m)
@@ -172,7 +172,7 @@ def workload_points(run: Run, history: list[Run]) -> list[WorkloadAdvice]:
         title, where, unit = _titles(run, pid, first)
         ok = [m for m in ms if m.value is not None]
         ranking = sorted(
-            (Point(config_of(m), m.key, m.value, point_noise(m, history), m.accept_len) for m in ok),
+            (Candidate(config_of(m), m.key, m.value, point_noise(m, history), m.accept_len) for m in ok),
             key=lambda p: (
                 -p.value,
                 p.config.tp,
@@ -197,7 +197,7 @@ def workload_points(run: Run, history: list[Run]) -> list[WorkloadAdvice]:
     return sorted(out, key=order_key)
 
 
-def _contender_gaps(run: Run, points: list[WorkloadAdvice]) -> None:
+def _contender_gaps(run: ResultDoc, points: list[WorkloadAdvice]) -> None:
     """Each point: the configurations that win elsewhere but were not tried here. Winners count
     from points that compared TP sizes (a TP1-only point says nothing about TP4), or from every
     point when none did."""
@@ -239,10 +239,10 @@ def _noise_gaps(w: WorkloadAdvice) -> None:
         )
 
 
-def _as_run(h: dict | Run) -> Run | None:
-    """A history entry as a Run; a damaged one is left out (it may cost the noise estimate, never
+def _as_run(h: dict | ResultDoc) -> ResultDoc | None:
+    """A history entry as a ResultDoc; a damaged one is left out (it may cost the noise estimate, never
     the advice)."""
-    if isinstance(h, Run):
+    if isinstance(h, ResultDoc):
         return h
     try:
         return from_doc(h, "<history>", "history")
@@ -251,8 +251,8 @@ def _as_run(h: dict | Run) -> Run | None:
 
 
 def advise(
-    run: Run,
-    history: Iterable[dict | Run] = (),
+    run: ResultDoc,
+    history: Iterable[dict | ResultDoc] = (),
     probe: Mapping[str, Any] | None = None,
     logs: Mapping[tuple[int, str], str] | None = None,
 ) -> Advice:
@@ -262,7 +262,7 @@ def advise(
         h for h in map(_as_run, history) if h is not None and h.doc.get("run_id") != run.doc.get("run_id")
     ]
     points = workload_points(run, hist)
-    fs = run_findings([run])
+    fs = run_observations([run])
     notes = []
     if probe is not None and (why := probe_mismatch(run, probe)):
         notes.append(f"the probe's all-reduce figures are not used: it is of other GPUs ({why})")
@@ -303,7 +303,7 @@ def advise(
 
 
 def advise_all(
-    runs: list[Run],
+    runs: list[ResultDoc],
     history: Mapping[str, list[dict]] | None = None,
     probe: Mapping[str, Any] | None = None,
     logs: Mapping[str, Mapping[tuple[int, str], str]] | None = None,

@@ -1,6 +1,6 @@
 """Findings: short sentences with the numbers in them, each made only where the data shows it.
 
-Each function looks at one run (or a pair, for before/after) and returns zero or more Finding.
+Each function looks at one run (or a pair, for before/after) and returns zero or more Observation.
 A finding needs every measurement it quotes to be `ok`; a failed or missing point means no finding,
 never a guess. Thresholds are named constants so the wording ("flat", "slower") is checkable.
 """
@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data import Measurement, Run, method_name, method_order
+from .data import Measurement, ResultDoc, method_name, method_order
 
 FLAT_PCT = 5.0  # auto within this spread across TP is "flat"
 TP_DIFF_PCT = 2.0  # a larger TP this much slower/faster than a smaller one is worth saying
@@ -21,7 +21,7 @@ PREFERRED_LEN = 1024  # the seed compared methods and TPs at 1024 output tokens
 
 
 @dataclass
-class Finding:
+class Observation:
     id: str
     level: str  # good | info | warn
     text: str
@@ -54,7 +54,7 @@ def pct(a: float, b: float) -> float:
     return (b - a) / a * 100.0
 
 
-def ref_len(run: Run) -> int | None:
+def ref_len(run: ResultDoc) -> int | None:
     """The output length to compare methods and TPs at: 1024 when measured, else the most common."""
     lens = [m.output_len for m in run.select("decode") if m.ok and m.output_len]
     if not lens:
@@ -62,30 +62,30 @@ def ref_len(run: Run) -> int | None:
     return PREFERRED_LEN if PREFERRED_LEN in lens else max(set(lens), key=lens.count)
 
 
-def decode_ok(run: Run, tp: int, label: str, out: int | None) -> Measurement | None:
+def decode_ok(run: ResultDoc, tp: int, label: str, out: int | None) -> Measurement | None:
     m = run.get("decode", tp=tp, label=label, output_len=out)
     return m if m is not None and m.value is not None else None
 
 
-def spec_labels(run: Run, workload: str = "decode") -> list[tuple[str, str | None, int | None]]:
+def spec_labels(run: ResultDoc, workload: str = "decode") -> list[tuple[str, str | None, int | None]]:
     return [t for t in run.labels(workload) if str(t[1]).lower() not in ("auto", "ar", "autoregressive")]
 
 
-def auto_label(run: Run) -> str | None:
+def auto_label(run: ResultDoc) -> str | None:
     for lab, meth, _ in run.labels("decode"):
         if str(meth).lower() in ("auto", "ar", "autoregressive"):
             return lab
     return None
 
 
-def tps(run: Run, workload: str | None = None) -> list[int]:
+def tps(run: ResultDoc, workload: str | None = None) -> list[int]:
     return sorted({m.tp for m in run.select(workload)})
 
 
 # --- single-run findings ------------------------------------------------------------------------
 
 
-def spec_speedup(run: Run) -> list[Finding]:
+def spec_speedup(run: ResultDoc) -> list[Observation]:
     """Speculative decoding over auto at TP1 (where one GPU isolates the method's own gain)."""
     L, auto = ref_len(run), auto_label(run)
     base = decode_ok(run, 1, auto, L) if auto else None
@@ -109,7 +109,7 @@ def spec_speedup(run: Run) -> list[Finding]:
         f"({f1(base.value)} tok/s) at {L}-token outputs" + (f"; {others}" if others else "")
     )
     return [
-        Finding(
+        Observation(
             "spec_speedup_tp1",
             "good" if x > 1 else "warn",
             text,
@@ -125,7 +125,7 @@ def spec_speedup(run: Run) -> list[Finding]:
     ]
 
 
-def _numa_nodes(run: Run, tp: int, label: str) -> set[int] | None:
+def _numa_nodes(run: ResultDoc, tp: int, label: str) -> set[int] | None:
     srv = run.server_for(tp, label)
     gpus = srv.get("gpus") if srv else None
     if not isinstance(gpus, list) or len(gpus) != tp:
@@ -135,14 +135,14 @@ def _numa_nodes(run: Run, tp: int, label: str) -> set[int] | None:
     return None if None in nodes or not nodes else nodes
 
 
-def _over_pcie(run: Run) -> bool:
+def _over_pcie(run: ResultDoc) -> bool:
     """True when the facts show PCIe links and no NVLink (the seed box: RTX PRO 6000, PCIe only)."""
     gpus = [g for g in run.facts.get("gpus") or [] if isinstance(g, dict)]
     links = " ".join(str(g.get("link") or "") for g in gpus).lower()
     return bool(gpus) and "gen" in links and "nvlink" not in links
 
 
-def tp_scaling(run: Run) -> list[Finding]:
+def tp_scaling(run: ResultDoc) -> list[Observation]:
     """A larger TP slower than a smaller multi-GPU TP, and why when the facts say (NUMA span)."""
     L, out = ref_len(run), []
     for lab, meth, bud in sorted(spec_labels(run), key=lambda t: method_order(*t)):
@@ -171,7 +171,7 @@ def tp_scaling(run: Run) -> list[Finding]:
                     )
                     nums["numa_nodes_large"] = sorted(nb)
                 out.append(
-                    Finding(
+                    Observation(
                         "tp_larger_slower",
                         "warn",
                         f"TP{b} is {abs(d):.1f}% slower than TP{a} for {name} "
@@ -182,7 +182,7 @@ def tp_scaling(run: Run) -> list[Finding]:
                 )
             elif d >= TP_DIFF_PCT:
                 out.append(
-                    Finding(
+                    Observation(
                         "tp_larger_faster",
                         "info",
                         f"TP{b} is {d:.1f}% faster than TP{a} for {name} "
@@ -193,7 +193,7 @@ def tp_scaling(run: Run) -> list[Finding]:
                 )
             else:
                 out.append(
-                    Finding(
+                    Observation(
                         "tp_larger_same",
                         "info",
                         f"TP{b} gains nothing over TP{a} for {name} "
@@ -205,7 +205,7 @@ def tp_scaling(run: Run) -> list[Finding]:
     return out
 
 
-def auto_flat(run: Run) -> list[Finding]:
+def auto_flat(run: ResultDoc) -> list[Observation]:
     """Autoregressive decode across TP: flat means batch-1 decode is memory-bandwidth-bound."""
     L, auto = ref_len(run), auto_label(run)
     if not auto:
@@ -221,7 +221,7 @@ def auto_flat(run: Run) -> list[Finding]:
     nums = {"tok_s": vals, "tp": [tp for tp, _ in pts], "spread_pct": round(spread, 1)}
     if spread <= FLAT_PCT:
         return [
-            Finding(
+            Observation(
                 "auto_flat",
                 "info",
                 f"auto is flat across TP ({series} tok/s at {at}): memory-bandwidth-bound at "
@@ -231,7 +231,7 @@ def auto_flat(run: Run) -> list[Finding]:
             )
         ]
     return [
-        Finding(
+        Observation(
             "auto_varies",
             "info",
             f"auto varies {spread:.1f}% across TP ({series} tok/s at {at})",
@@ -241,7 +241,7 @@ def auto_flat(run: Run) -> list[Finding]:
     ]
 
 
-def long_context(run: Run) -> list[Finding]:
+def long_context(run: ResultDoc) -> list[Observation]:
     """Largest-TP vs next TP at the longest context both measured."""
     out = []
     for lab, meth, bud in spec_labels(run, "long_context") + [
@@ -270,7 +270,7 @@ def long_context(run: Run) -> list[Finding]:
         }
         if x >= LONG_CTX_X:
             out.append(
-                Finding(
+                Observation(
                     "long_context_large_tp_wins",
                     "info",
                     f"at {ctx_name(ctx)} context TP{b} beats TP{a} {x:.1f}x for {ma.method_name} "
@@ -281,7 +281,7 @@ def long_context(run: Run) -> list[Finding]:
             )
         elif x <= 1 / LONG_CTX_X:
             out.append(
-                Finding(
+                Observation(
                     "long_context_small_tp_wins",
                     "info",
                     f"at {ctx_name(ctx)} context TP{a} beats TP{b} {1 / x:.1f}x for "
@@ -293,7 +293,7 @@ def long_context(run: Run) -> list[Finding]:
     return out
 
 
-def concurrency(run: Run) -> list[Finding]:
+def concurrency(run: ResultDoc) -> list[Observation]:
     """Aggregate tok/s gain from the lowest to the highest concurrency, per method, across TPs."""
     out = []
     for lab, meth, bud in run.labels("concurrency"):
@@ -327,11 +327,11 @@ def concurrency(run: Run) -> list[Finding]:
             ranked = sorted(top.items(), key=lambda t: -t[1][1])
             (tb, (c, vb)), (tw, (_, vw)) = ranked[0], ranked[-1]
             text += f"; at C={c} TP{tb} delivers {vb / vw:.2f}x TP{tw}'s aggregate"
-        out.append(Finding("concurrency_gain", "good", text, run.name, nums))
+        out.append(Observation("concurrency_gain", "good", text, run.name, nums))
     return out
 
 
-def acceptance(run: Run) -> list[Finding]:
+def acceptance(run: ResultDoc) -> list[Observation]:
     """Mean acceptance length should not depend on TP (docs/facts.md "Serving benchmarks")."""
     L, out = ref_len(run), []
     for lab, meth, bud in spec_labels(run):
@@ -353,7 +353,7 @@ def acceptance(run: Run) -> list[Finding]:
         name = method_name(meth, bud)
         if spread > DRIFT_PCT:
             out.append(
-                Finding(
+                Observation(
                     "acceptance_drift",
                     "warn",
                     f"acceptance length of {name} drifts {spread:.1f}% across TP ({series} at {at}): "
@@ -365,7 +365,7 @@ def acceptance(run: Run) -> list[Finding]:
             )
         else:
             out.append(
-                Finding(
+                Observation(
                     "acceptance_stable",
                     "info",
                     f"acceptance length of {name} is stable across TP ({series} at {at})",
@@ -376,7 +376,7 @@ def acceptance(run: Run) -> list[Finding]:
     return out
 
 
-def not_measured(run: Run) -> list[Finding]:
+def not_measured(run: ResultDoc) -> list[Observation]:
     bad = [m for m in run.measurements if not m.ok]
     if not bad:
         return []
@@ -386,7 +386,7 @@ def not_measured(run: Run) -> list[Finding]:
     shown = "; ".join(f"{m.key} {m.status}: {m.reason or 'no reason given'}" for m in bad[:3])
     more = f"; {len(bad) - 3} more in the table" if len(bad) > 3 else ""
     return [
-        Finding(
+        Observation(
             "not_measured",
             "warn",
             f"{head} of {len(run.measurements)} measurements: {shown}{more}",
@@ -414,7 +414,7 @@ def describe(m: Measurement) -> str:
     return f"TP{m.tp} {m.method_name} {what}"
 
 
-def deltas(base: Run, new: Run) -> list[tuple[Measurement, Measurement, float]]:
+def deltas(base: ResultDoc, new: ResultDoc) -> list[tuple[Measurement, Measurement, float]]:
     """Both-ok measurements with the same key, and the change in percent (base → new)."""
     old = {m.key: m for m in base.measurements if m.value is not None}
     out = []
@@ -425,7 +425,7 @@ def deltas(base: Run, new: Run) -> list[tuple[Measurement, Measurement, float]]:
     return out
 
 
-def fact_changes(base: Run, new: Run) -> list[str]:
+def fact_changes(base: ResultDoc, new: ResultDoc) -> list[str]:
     """The tuning knobs that differ between the two runs' facts."""
     fa, fb, out = base.facts, new.facts, []
     if (
@@ -454,7 +454,7 @@ def fact_changes(base: Run, new: Run) -> list[str]:
     return out
 
 
-def before_after(base: Run, new: Run, top: int = 3) -> list[Finding]:
+def before_after(base: ResultDoc, new: ResultDoc, top: int = 3) -> list[Observation]:
     ds = deltas(base, new)
     if not ds:
         return []
@@ -474,7 +474,7 @@ def before_after(base: Run, new: Run, top: int = 3) -> list[Finding]:
     )
     level = "good" if med > 0 else ("warn" if med < -TP_DIFF_PCT else "info")
     return [
-        Finding(
+        Observation(
             "before_after",
             level,
             text,
@@ -491,14 +491,14 @@ def before_after(base: Run, new: Run, top: int = 3) -> list[Finding]:
     ]
 
 
-def simulated(run: Run) -> list[Finding]:
+def simulated(run: ResultDoc) -> list[Observation]:
     """Say first when the figures are the simulator's, so nobody reads them as a GPU's."""
     if not run.doc.get("simulated"):
         return []
     k = run.doc.get("sim_speed")
     pace = f" paced at {f1(float(k))}x the seed box's real-time rates" if k else ""
     return [
-        Finding(
+        Observation(
             "simulated",
             "warn",
             f"figures come from gpubox's server simulator{pace}, not from GPUs: "
@@ -509,9 +509,9 @@ def simulated(run: Run) -> list[Finding]:
     ]
 
 
-def findings(runs: list[Run], compare: bool = False) -> list[Finding]:
+def observations(runs: list[ResultDoc], compare: bool = False) -> list[Observation]:
     """All findings: before/after first when comparing, then each run's own."""
-    out: list[Finding] = [f for r in runs for f in simulated(r)]
+    out: list[Observation] = [f for r in runs for f in simulated(r)]
     if compare and len(runs) >= 2:
         for r in runs[1:]:
             out += before_after(runs[0], r)

@@ -1,10 +1,9 @@
-"""The pcie-mrrs and pcie-link steps: pure decisions over the facts of hwtune/pcie.py.
+"""The pcie-mrrs step: a pure decision over the facts of hwtune/pcie.py.
 
-pcie-mrrs plans one masked setpci write per function whose MaxReadReq is off target; the write's
+It plans one masked setpci write per function whose MaxReadReq is off target; the write's
 read-back (only bits 14:12 may have moved, docs/facts.md "PCIe Device Control") is the `after=` check of
 its Run action, so it reads and never writes. With --persist the boot unit is a Write plus
-`systemctl daemon-reload` / `enable` Run actions. pcie-link only reports: a link trained below its
-width needs hands on the machine.
+`systemctl daemon-reload` / `enable` Run actions.
 """
 
 from __future__ import annotations
@@ -24,16 +23,14 @@ from .pcie import (
     UNREADABLE_FIX,
     DeviceRegs,
     Lockdown,
-    PciFunctions,
     UnitEnabled,
     UnitFile,
     check_write,
     decode_devctl,
-    device_regs,
+    gather_devices,
     masked_write,
     mrrs_bytes,
     parse_mrrs,
-    pick_functions,
     unit_bdfs,
     unit_text,
 )
@@ -44,18 +41,6 @@ def _target(ctx) -> int:
     if v is None:
         v = ctx.box.var("gpubox_pcie_mrrs", 4096)
     return parse_mrrs(v)
-
-
-def _include(ctx) -> tuple[str, ...]:
-    inc = ctx.opt("include") or ()
-    items = (inc,) if isinstance(inc, str) else tuple(inc)
-    return tuple(p for i in items for p in i.split(","))
-
-
-def gather_devices(ctx) -> list[DeviceRegs]:
-    """The selected functions (GPUs, plus --include) with their registers, read through ctx.fact."""
-    funcs = pick_functions(ctx.fact(PciFunctions), _include(ctx), ctx.host.name)
-    return [device_regs(ctx.fact, f) for f in funcs]
 
 
 @dataclass
@@ -231,57 +216,3 @@ def _plan(todo, code: int, unit: str | None, old_unit: str) -> Plan:
         ]
         desc = (desc + "; " if desc else "") + f"install and enable {UNIT}"
     return Plan(desc, actions=actions)
-
-
-@dataclass
-class LinkFacts:
-    devices: list[DeviceRegs] = field(default_factory=list)
-
-
-@dataclass
-class LinkOptions:
-    """Nothing to choose: the link is what it trained to."""
-
-
-@dataclass
-class LinkEvidence:
-    slow: Any = OMIT  # ok: functions below max speed now (normal at idle)
-    links: dict = field(default_factory=dict)
-
-
-class PcieLinkStep(Step):
-    """A GPU trained below its capability is a health finding: nothing to tune, reseat/reboot."""
-
-    name = "pcie-link"
-    title = "PCIe link speed/width of GPU functions"
-    where = "host"
-
-    def options(self, ctx) -> LinkOptions:
-        return LinkOptions()
-
-    def gather(self, ctx) -> LinkFacts:
-        return LinkFacts(gather_devices(ctx))
-
-    def decide(self, facts: LinkFacts, opts: LinkOptions) -> Finding:
-        states = [s for s in (d.state() for d in facts.devices) if s.devctl is not None]
-        links = {s.bdf: s.link for s in states}
-        narrow = [s for s in states if s.link["width"] < s.link["cap_width"]]
-        slow = [s for s in states if s.link["gen"] < s.link["cap_gen"] and s not in narrow]
-        if narrow:
-            return Finding.failed(
-                "; ".join(f"{s.bdf} trained at {s.link['now']}, capable of {s.link['cap']}" for s in narrow),
-                cause="link trained below its width (riser/slot/cable, bifurcation setting)",
-                repair="reseat or move the GPU, check BIOS slot width/bifurcation, then reboot; not tunable",
-                evidence=LinkEvidence(links=links),
-            )
-        detail = f"{len(states)} link(s) at full width"
-        if states and len({s.link["now"] for s in states}) == 1:
-            detail += f" ({states[0].link['now']})"
-        if slow:
-            # GPUs drop link speed at idle to save power; only width is conclusive without load.
-            detail += (
-                "; below max speed now: "
-                + ", ".join(f"{s.bdf} {s.link['now']} (max {s.link['cap']})" for s in slow)
-                + " -- normal at idle, re-check under load"
-            )
-        return Finding.ok(detail, evidence=LinkEvidence([s.bdf for s in slow], links))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.bench.report.advise import (
+from gpubox.bench.report.advice import (
     CLEAR,
     NOISE_K,
     UNKNOWN,
@@ -22,7 +22,7 @@ from gpubox.bench.report.advise import (
     d2,
     kv_cache,
 )
-from gpubox.bench.report.advise_io import server_logs
+from gpubox.bench.report.advice_io import server_logs
 from gpubox.bench.report.data import from_doc, load_run
 from tests.clirun import gpubox
 

@@ -3,7 +3,8 @@ probe script in a box's container.
 
 The probe script (hwtune/probe.py) runs as a payload (gpubox.transport.payload) with the
 container's interpreter, so it needs no gpubox install there: only the server's venv, which has torch.
-Its report is the step's one fact (`ProbeReport`); the verdict (hwtune/probe_verdict.py) is pure.
+Its document is the step's one fact (`ProbeReport`, read as probe_doc.ProbeDoc); the verdict
+(hwtune/probe_verdict.py) is pure.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Step
 from gpubox.transport import payload
 
 from . import probe as probe_script
-from .probe_verdict import gpu_table, judge, limits, parse, summarize, tp_sets
+from .probe_doc import ProbeDoc, parse
+from .probe_verdict import decide, gpu_table, limits, summarize, tp_sets
 
 
 def box_limits(box) -> dict[str, Any]:
@@ -74,7 +76,7 @@ class ProbeReport(Fact):
         return ProbeAnswer(host.name, r.rc, r.stdout, r.stderr)
 
     @staticmethod
-    def parse(raw: ProbeAnswer, python: str, args: tuple[str, ...] = (), timeout: float = 600) -> dict:
+    def parse(raw: ProbeAnswer, python: str, args: tuple[str, ...] = (), timeout: float = 600) -> ProbeDoc:
         if raw.rc == 127:
             raise GpuboxError(
                 f"{python} not found on {raw.host}",
@@ -101,9 +103,10 @@ def _report_args(
 def run_remote(
     host, lim: dict[str, Any], *, quick: bool, bandwidth: bool, p2p: bool = True, p2p_pairs=None
 ) -> dict:
-    """Run the probe on `host` (a gpubox Host, normally the container) and return its document."""
+    """Run the probe on `host` (a gpubox Host, normally the container) and return its document as
+    JSON (checked against probe_doc.ProbeDoc on the way), as the CLI prints it."""
     args = _report_args(lim, quick=quick, bandwidth=bandwidth, p2p=p2p, p2p_pairs=p2p_pairs)
-    return ProbeReport.parse(ProbeReport.read(host, *args), *args)
+    return ProbeReport.parse(ProbeReport.read(host, *args), *args).to_json()
 
 
 @dataclass
@@ -117,18 +120,18 @@ class ProbeOptions:
 
 @dataclass
 class ProbeFacts:
-    doc: dict[str, Any] = field(default_factory=dict)  # the probe's gpubox.probe/1 document
+    doc: ProbeDoc = field(default_factory=ProbeDoc)  # the probe's gpubox.probe/1 document
 
 
 @dataclass
 class ProbeEvidence:
-    problems: Any = OMIT  # failed/drift: the checks that are not ok
-    skipped: Any = OMIT  # ok: the checks that had nothing to measure
-    gpus: list[dict] = field(default_factory=list)
-    checks: list[dict] = field(default_factory=list)
+    problems: list[str] = OMIT  # failed/drift: the checks that are not ok
+    skipped: list[str] = OMIT  # ok: the checks that had nothing to measure
+    gpus: list[dict[str, object]] = field(default_factory=list)  # probe_verdict.gpu_table's rows
+    checks: list[dict[str, str]] = field(default_factory=list)  # name, status, detail of each check
 
 
-class GpuProbe(Step):
+class GpuProbeStep(Step):
     """Read-only: NVML facts and copy bandwidth against the box's limits. Nothing to apply: a slow
     link or a pending row remap needs hands on the machine, so problems end as `failed` with the
     cause and the repair, and apply mode never tries to "fix" them."""
@@ -154,7 +157,7 @@ class GpuProbe(Step):
 
     def decide(self, facts: ProbeFacts, opts: ProbeOptions) -> Finding:
         lim = {**limits(), **opts.limits}
-        checks = judge(facts.doc, lim, expect_gpus=opts.expect_gpus)
+        checks = decide(facts.doc, lim, expect_gpus=opts.expect_gpus)
         status, detail, summary = summarize(checks)
         ev = ProbeEvidence(
             summary.get("problems", OMIT),
@@ -173,4 +176,4 @@ class GpuProbe(Step):
 
 
 def steps(ctx) -> list[Step]:
-    return [GpuProbe()]
+    return [GpuProbeStep()]

@@ -1,5 +1,5 @@
 """What advice needs besides the result files, read from disk: a probe document, the servers' own
-logs, the box's history. Kept out of advise.py so the decision logic stays pure (results in,
+logs, the box's history. Kept out of advice.py so the decision logic stays pure (results in,
 advice out) and the same reading serves `gpubox advise` and `gpubox report`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from gpubox.errors import GpuboxError
 
-from .data import Run
+from .data import ResultDoc
 
 PROBE_SCHEMA = "gpubox.probe/1"
 LOG_TAIL_BYTES = 256 * 1024  # vLLM logs its KV cache size at start; the tail of a long log may miss it
@@ -52,7 +52,7 @@ def _tail(path: Path) -> str:
         return f.read().decode("utf-8", "replace")
 
 
-def server_logs(run: Run) -> dict[tuple[int, str], str]:
+def server_logs(run: ResultDoc) -> dict[tuple[int, str], str]:
     """(tp, label) -> what the run kept of each server's log: its log_tail, and the log file it
     names when that is a readable regular file on this machine (results fetched from a box carry
     the path of the local copy). A missing or unreadable log only means less evidence."""
