@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from gpubox.provision.confedit import review
+from gpubox.provision.confedit import decide
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxc import UDEV_RULE, persist_files
 from gpubox.provision.lxcconf import LxcConf
@@ -47,7 +47,7 @@ def hd(tmp_path):
 
 
 def test_a_healthy_devn_config_without_modeset_is_ok_and_says_it_is_left_out(hd):
-    rev = review(LxcConf.parse(DEVN), hd)
+    rev = decide(LxcConf.parse(DEVN), hd)
     assert not rev.changed and rev.issues == []
     assert any(w.startswith("/dev/nvidia-modeset is left out") for w in rev.warnings)
 
@@ -58,7 +58,7 @@ def test_modeset_becomes_devn_only_where_every_boot_creates_it(hd):
     assert boot_created(persist_files(2)[UDEV_RULE]) == frozenset()
     assert boot_created('# RUN+="/usr/bin/nvidia-modprobe -m"\n') == frozenset()  # a comment
     hd.at_boot = boot_created(rule)
-    rev = review(LxcConf.parse(DEVN), hd)
+    rev = decide(LxcConf.parse(DEVN), hd)
     assert "dev5: /dev/nvidia-modeset,mode=0666\n" in rev.new
     assert [i.kind for i in rev.issues] == ["missing-devN"]
 

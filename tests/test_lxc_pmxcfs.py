@@ -276,16 +276,16 @@ def test_write_conf_without_quorum_is_one_line(fresh):
 
 
 def test_a_full_backup_directory_leaves_the_config_unchanged(fresh, monkeypatch):
-    from gpubox import safeio
+    from gpubox import safepath
 
     host = _host(fresh)
     conf, dig = read_conf(host, 200)
     before = fresh.hpath("/etc/pve/lxc/200.conf").read_bytes()
 
-    def enospc(fd, data):
+    def enospc(*args, **kw):  # the state directory's file system is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(safeio, "_write_all", enospc)
+    monkeypatch.setattr(safepath, "write", enospc)
     with pytest.raises(GpuboxError, match="not changed: its backup could not be written") as ei:
         write_conf(host, 200, conf.render().replace("508", "511"), dig)
     assert "No space left" in str(ei.value) and len(str(ei.value).splitlines()) == 1
@@ -338,13 +338,15 @@ def test_a_run_killed_at_the_commit_leaves_its_temp_and_the_next_removes_only_it
 
 
 def test_lxc_fix_over_ssh_on_a_target_that_refuses_chmod(tmp_path, capsys):
-    """sftp-server refusing SETSTAT (chmod) and creating files 0640, as pmxcfs shows them: the
-    config is written without a chmod and committed by the remote flock + rename + re-read."""
+    """sftp-server refusing SETSTAT (chmod) everywhere, creating files 0600 (a mode pmxcfs gives:
+    its priv/ files; umask 077 so gpubox's own 0600 lock file needs no chmod either, since a real
+    host refuses chmod only under /etc/pve): the config's temp keeps the mode it got, and the
+    commit is the remote flock + rename + re-read."""
     import tests.sshd as sshd_mod
 
     if not os.path.exists(sshd_mod.SSHD):
         pytest.skip("openssh-server is not installed")
-    srv = sshd_mod.start_sshd(tmp_path / "sshd", sftp_opts="-u 027 -P setstat,fsetstat")
+    srv = sshd_mod.start_sshd(tmp_path / "sshd", sftp_opts="-u 077 -P setstat,fsetstat")
     try:
         sim = build(tmp_path / "box", ["uvm_stale_major"], gpus=2)
         inv = yaml.safe_load(sim.inventory_path.read_text())

@@ -170,7 +170,7 @@ def test_two_mounts_onto_one_target_keep_the_one_whose_source_is_the_hosts_node(
     absolute = "lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file\n"
     swapped = text.replace(rel, "@@").replace(absolute, rel).replace("@@", absolute)
     for t in (text, swapped):
-        rev = review(LxcConf.parse(t), hd, None, rdev)
+        rev = decide(LxcConf.parse(t), hd, None, rdev)
         assert absolute in rev.new and rel not in rev.new, rev.new
         assert any(
             i.kind == "conflict" and "dev/nvidia-modeset dev/nvidia-modeset" in i.text for i in rev.issues

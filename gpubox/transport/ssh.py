@@ -386,7 +386,8 @@ class SSHTransport(Transport):
         """chmod (fsetstat on our own handle) only where the new file's mode differs. A target that
         refuses it (Proxmox's pmxcfs: EPERM, or EACCES through sftp-server; it shows 0640 whatever
         is asked) is accepted when no mode was asked (only the replaced file's was kept), or when
-        what the file got grants nothing beyond the mode asked; else the refusal stands."""
+        the file got a mode pmxcfs gives (0640, 0600 under priv/: pve-cluster src/pmxcfs/pmxcfs.c
+        cfs_fuse_chmod) that grants nothing beyond the mode asked; else the refusal stands."""
         have = f.stat().st_mode & 0o7777
         if have == mode & 0o7777:
             return
@@ -395,7 +396,7 @@ class SSHTransport(Transport):
         except IOError as exc:
             if getattr(exc, "errno", None) not in (errno.EPERM, errno.EACCES):
                 raise
-            if asked and have & ~mode & 0o7777:
+            if asked and (have not in (0o640, 0o600) or have & ~mode & 0o7777):
                 raise
 
     def stat(self, path: str) -> FileStat | None:
