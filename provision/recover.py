@@ -18,6 +18,7 @@ from typing import Any
 from rich.markup import escape
 
 from gpubox import areas, selection
+from gpubox.boxlock import lock_for
 from gpubox.errors import GpuboxError, Interrupted
 from gpubox.pipeline import Node, run_pipeline
 from gpubox.state import state_dir
@@ -183,12 +184,13 @@ def recover(
     # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
-    if not dry_run:
-        refused = _consent_first(ctx, nodes)
+    start, done = _progress(ctx)
+    # The plan asked about is the plan applied: one hold of the box lock covers both (reentrant).
+    with lock_for(ctx, "plan" if dry_run else "apply"):
+        refused = None if dry_run else _consent_first(ctx, nodes)
         if refused is not None:
             return Outcome(refused, notes=notes + ["nothing was changed: the plan above was not accepted"])
-    start, done = _progress(ctx)
-    report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
+        report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
     if bench and not dry_run and any(s.measures for s in chosen):
         problems = remaining_problems(report)
@@ -360,7 +362,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format, un
         StepResult(
             "bench",
             ctx.box.container.name,
-            "ok" if verdict.get("status") == "healthy" else "drift",
+            {"healthy": "ok", "degraded": "drift"}.get(verdict.get("status"), "failed"),
             detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
             seconds=time.monotonic() - t0,
             title="verification benchmark",
