@@ -103,3 +103,10 @@ def reboot_(dest: str, driver_upgrade: bool, as_json: bool) -> None:
         con.print(
             "no health check ran: nothing is automatic (gpubox autostart install BOX); run gpubox doctor"
         )
+
+
+def load_for(inventory) -> None:
+    """Load the simulator when the inventory names a simulated host, so that host's files follow
+    the simulated box's rules (its /etc/pve is pmxcfs: gpubox.simbox.pmxcfs)."""
+    if any(h.get("gpubox_simulated") is True for h in inventory.hosts.values()):
+        import gpubox.simbox  # noqa: F401 - registers the simulated box's file rules

@@ -168,13 +168,24 @@ def load_config(sim: SimBox, vmid: int, warn: Warn | None = None) -> dict:
 
 
 def write_config(sim: SimBox, vmid: int, conf: dict) -> None:
-    """cfs_write_file -> PVE::File::file_set_contents: `<file>.tmp.<pid>`, then rename()."""
-    path = _conf_file(sim, vmid)
+    """cfs_write_file (pve-cluster src/PVE/Cluster.pm): `<file>.tmp.<pid>`, then rename(), through
+    the simulated pmxcfs: without quorum the open fails, "unable to open file '<tmp>' - Permission
+    denied", exit 255."""
+    from ..pmxcfs import PmxcfsOps
+
+    ops = PmxcfsOps(sim.host_root)
+    path = str(_conf_file(sim, vmid))
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(render_config(conf))
-    os.chmod(tmp, 0o640)  # pmxcfs shows every file as 0640
-    os.replace(tmp, path)
+    shown = f"/etc/pve/nodes/{sim.host}/lxc/{vmid}.conf.tmp.{os.getpid()}"
+    try:
+        fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    except OSError as exc:
+        raise StandinError(f"unable to open file '{shown}' - {exc.strerror}", 255) from None
+    try:
+        ops.write(fd, render_config(conf).encode())
+    finally:
+        ops.close(fd)
+    ops.replace(tmp, path)
 
 
 def current_config(conf: dict) -> dict:
