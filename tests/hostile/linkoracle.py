@@ -140,6 +140,34 @@ class Box:
         return {"host": self.work / self.sim.host, "ct": self.work / self.sim.box, "state": self.state}
 
 
+# The seed's reference figures, as a scheduled box's inventory would expect them.
+EXPECT = {
+    "tolerance": 0.10,
+    "tok_s": {
+        "tp1": {"auto": 26.6, "ddtree:15": 173.4},
+        "tp4": {"auto": 37.8, "ddtree:15": 281.1},
+        "tp8": {"auto": 37.6, "ddtree:15": 263.9},
+    },
+}
+
+
+class ScheduledBox(Box):
+    """A box set up as a scheduled one is: gpubox and its inventory inside the container."""
+
+    def extra(self) -> None:
+        extra = self.sim.inventory_extra["container"]
+        extra["gpubox_bench"] = {
+            "expect": EXPECT,
+            "regress": {"window": 5, "tolerance": 0.10, "sustained": 3},
+        }
+        self.sim.write_inventory()
+        exe = self.sim.cpath("/usr/local/bin/gpubox")
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text("#!/bin/sh\nexit 0\n")
+        exe.chmod(0o755)
+        shutil.copy(self.sim.inventory_path, self.sim.cpath("/etc/gpubox/inventory.yml"))
+
+
 def kind(box: Box, path: str) -> str:
     """What a path is, by where it lies: the unit of sampling."""
     for where, root in box.roots.items():

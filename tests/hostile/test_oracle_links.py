@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -31,31 +30,6 @@ from tests.hostile import linkoracle as lo
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(900)]
 
 FIX = Path(__file__).parent.parent / "fixtures" / "history"
-EXPECT = {
-    "tolerance": 0.10,
-    "tok_s": {
-        "tp1": {"auto": 26.6, "ddtree:15": 173.4},
-        "tp4": {"auto": 37.8, "ddtree:15": 281.1},
-        "tp8": {"auto": 37.6, "ddtree:15": 263.9},
-    },
-}
-
-
-class BenchBox(lo.Box):
-    """A box set up as a scheduled one is: gpubox and its inventory inside the container."""
-
-    def extra(self) -> None:
-        extra = self.sim.inventory_extra["container"]
-        extra["gpubox_bench"] = {
-            "expect": EXPECT,
-            "regress": {"window": 5, "tolerance": 0.10, "sustained": 3},
-        }
-        self.sim.write_inventory()
-        exe = self.sim.cpath("/usr/local/bin/gpubox")
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        exe.write_text("#!/bin/sh\nexit 0\n")
-        exe.chmod(0o755)
-        shutil.copy(self.sim.inventory_path, self.sim.cpath("/etc/gpubox/inventory.yml"))
 
 
 # name: (faults, argv after `-i INVENTORY`, links planted per kind in a sampled run, kinds the
@@ -104,7 +78,7 @@ def test_a_link_planted_at_any_path_gpubox_writes_never_reaches_its_target(
     name, tmp_path, capsys, monkeypatch
 ):
     faults, argv, per_kind, must = COMMANDS[name]
-    box = BenchBox(tmp_path / "b", faults)
+    box = lo.ScheduledBox(tmp_path / "b", faults)
     monkeypatch.setenv("GPUBOX_STATE_DIR", str(box.state))
     monkeypatch.setenv("GPUBOX_LOCK_WAIT", "0")
     rec = lo.Recorder.get()
