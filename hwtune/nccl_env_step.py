@@ -94,13 +94,38 @@ def topology_class(ctx) -> str:
     return str(cls)
 
 
+def gate_cause(gate: dict) -> tuple[str, str]:
+    """(cause, repair) of a refusal, from what the gate saw: a profile that was not measured is not
+    "slower" -- nothing shows it helps here, which is reason enough to keep NCCL's own tuning."""
+    verdicts = {r.get("verdict") for r in gate.get("rows") or []}
+    keep = "keep NCCL's defaults (unset gpubox_nccl_profile)"
+    if "slower" in verdicts:
+        return (
+            "the profile is slower than NCCL's own tuning on this box",
+            f"{keep} or measure another profile",
+        )
+    if gate.get("fits_topology") is False:
+        return (
+            "the profile is written for another topology class",
+            f"{keep} or use a profile for this topology",
+        )
+    if not verdicts or verdicts <= {"unmeasured"}:
+        return (
+            "nothing was measured (no TP size with more than one GPU, or the runs failed): no measurement "
+            "shows the profile helps here",
+            f"{keep}, or measure where NCCL runs: `gpubox probe --local --nccl-compare {gate.get('profile')}`",
+        )
+    return "the profile gains nothing measurable over NCCL's own tuning", keep
+
+
 def misfit(prof: Profile, gate: dict | None, topology: str | None) -> Finding | None:
     """Refused: by the A/B gate of `tune nccl --measure`, or written for another topology class."""
     if gate_refuses(gate):
+        cause, repair = gate_cause(gate)
         return Finding.failed(
             f"profile {prof.name} refused by the A/B gate: " + " | ".join(gate["reasons"]),
-            cause="the profile is slower than NCCL's own tuning on this box, or gains nothing",
-            repair="keep NCCL's defaults (unset gpubox_nccl_profile) or measure another profile",
+            cause=cause,
+            repair=repair,
             evidence=NcclEvidence(refused=True, gate=gate),
         )
     if not prof.topologies or "any" in prof.topologies:

@@ -18,7 +18,8 @@ from typing import Any
 from rich.markup import escape
 
 from gpubox import areas, selection
-from gpubox.errors import GpuboxError
+from gpubox.boxlock import lock_for
+from gpubox.errors import GpuboxError, Interrupted
 from gpubox.pipeline import Node, run_pipeline
 from gpubox.state import state_dir
 from gpubox.steps import RunReport, Step, StepResult, evidence_dict
@@ -184,7 +185,12 @@ def recover(
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
     start, done = _progress(ctx)
-    report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
+    # The plan asked about is the plan applied: one hold of the box lock covers both (reentrant).
+    with lock_for(ctx, "plan" if dry_run else "apply"):
+        refused = None if dry_run else _consent_first(ctx, nodes)
+        if refused is not None:
+            return Outcome(refused, notes=notes + ["nothing was changed: the plan above was not accepted"])
+        report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
     if bench and not dry_run and any(s.measures for s in chosen):
         problems = remaining_problems(report)
@@ -195,14 +201,56 @@ def recover(
                 f"benchmark not run: it needs {', '.join(blocking)}; fix that first (or re-run with --no-bench)"
             )
         else:  # what is left cannot stop a measurement: measure, and the verdict names it
-            _bench_and_report(
-                ctx, outcome, profile, out_dir, report_format, unrepaired=[_problem_line(r) for r in problems]
-            )
+            try:
+                _bench_and_report(
+                    ctx,
+                    outcome,
+                    profile,
+                    out_dir,
+                    report_format,
+                    unrepaired=[_problem_line(r) for r in problems],
+                )
+            except KeyboardInterrupt as exc:  # Ctrl-C in the benchmark: say what the repairs changed
+                if isinstance(exc, Interrupted):
+                    raise
+                raise Interrupted(report.steps, ["bench (the verification benchmark)"]) from exc
     if not dry_run:
         from gpubox.safeio import write_text
 
         write_text(last, json.dumps(outcome.to_dict(), indent=2, default=str))
     return outcome
+
+
+def _consent_first(ctx, nodes: list[Node]) -> RunReport | None:
+    """Consent is decided before anything changes. Without --yes the plan is read first (check and
+    plan only); when it restarts the container: at a terminal the whole plan is asked about once
+    (a yes covers every step of this run); with no terminal to ask, GpuboxError (exit 2) with
+    nothing changed, instead of repairing the host and then stopping at the restart.
+    The plan-mode report when the answer was no; None to go on."""
+    if ctx.opt("yes") or ctx.opt("restart", "auto") != "auto":
+        return None
+    preview = run_pipeline(ctx, nodes, "plan")
+    ctx.forget()  # apply reads every fact again
+    ctx.memo.clear()
+    restart = [r for r in preview.steps if r.name == "container" and r.evidence.get("need") == "reboot"]
+    if not restart:
+        return None
+    changes = [r for r in preview.steps if r.status == "drift" and (r.commands or r.diff)]
+    confirm = ctx.opt("confirm")
+    if not callable(confirm):
+        raise GpuboxError(
+            f"recover {ctx.box.name} would change {len(changes)} step(s) and restart the container "
+            "(a reboot interrupts what runs in it); there is no terminal to ask: nothing was changed",
+            f"re-run with --yes, or --restart never to repair the rest, or `recover {ctx.box.name} --dry-run` to see the plan",
+        )
+    if ctx.console is not None:
+        ctx.console.print(f"[bold]gpubox recover {ctx.box.name}[/] will:")
+        for r in changes:
+            ctx.console.print(f"  {r.name}: {escape(r.detail)}")
+    if confirm(f"Apply these {len(changes)} change(s) to {ctx.box.name}, restarting its container?"):
+        ctx.options["yes"] = True  # the one answer covers the restart too
+        return None
+    return preview
 
 
 # What a measurement needs besides the steps the benchmark step requires (and theirs): the weights it

@@ -299,3 +299,22 @@ def test_a_value_starting_with_equals_is_quoted(fmt):
     text = nccl.render({"NCCL_SOCKET_IFNAME": "=eth0"}, fmt)
     assert "NCCL_SOCKET_IFNAME='=eth0'" in text and "==" not in text
     assert nccl.parse(text, fmt) == {"NCCL_SOCKET_IFNAME": "=eth0"}
+
+
+@pytest.mark.parametrize(
+    "rows,fits,want",
+    [
+        ([], None, "nothing was measured"),
+        ([{"verdict": "unmeasured"}], None, "nothing was measured"),
+        ([{"verdict": "slower"}, {"verdict": "unmeasured"}], None, "slower"),
+        ([{"verdict": "same"}], False, "another topology"),
+        ([{"verdict": "same"}, {"verdict": "unmeasured"}], None, "gains nothing"),
+    ],
+)
+def test_a_refusal_names_what_the_gate_saw(rows, fits, want):
+    """`tune nccl --measure` said "slower" when nothing was measured: the cause follows the rows."""
+    from gpubox.hwtune.nccl_env_step import gate_cause
+
+    cause, repair = gate_cause({"profile": "p", "rows": rows, "fits_topology": fits})
+    assert want in cause and "gpubox_nccl_profile" in repair
+    assert ("slower" in cause) == (want == "slower")

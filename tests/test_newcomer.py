@@ -139,3 +139,26 @@ def test_repair_hints_repeat_the_inventory_the_user_gave(tmp_path, capsys):
     assert rc == 1 and hints
     want = f"gpubox -i {shlex.quote(str(sim.inventory_path))} "
     assert all(want in h for h in hints), hints
+
+
+def test_ctrl_c_in_the_benchmark_says_what_the_repairs_changed(tmp_path, monkeypatch):
+    from gpubox.bench import runner
+    from gpubox.context import Context
+    from gpubox.errors import Interrupted
+    from gpubox.inventory import Inventory
+    from gpubox.provision.recover import recover
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box", ["numa_balancing"], gpus=2)
+
+    def ctrl_c(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_box", ctrl_c)
+    inv = Inventory(sim.inventory_path)
+    ctx = Context(box=inv.box("ct200"), inventory=inv, options={"yes": True, "persist": True})
+    with pytest.raises(Interrupted) as ei:
+        recover(ctx, out_dir=str(tmp_path / "out"))
+    lines = ei.value.summary()
+    assert any(l.startswith("already changed: numa-balancing") for l in lines), lines
+    assert lines[-1] == "interrupted while running: bench (the verification benchmark)"

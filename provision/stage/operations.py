@@ -14,7 +14,7 @@ from gpubox.safepath import canonical
 
 from . import sizes
 from .copier import Copier
-from .destination import assess
+from .destination import decide
 from .errors import StageError
 from .hashing import algorithm
 from .lock import Lock
@@ -51,7 +51,7 @@ def check(
     """Is dest a complete, current copy of src? Reads only (stat, headers; hashes with verify)."""
     t0 = time.monotonic()
     files = scan(src, follow_links=follow_links)
-    a = assess(files, dest, verify=verify, workers=workers)
+    a = decide(files, dest, verify=verify, workers=workers)
     problems = []
     if not a["manifest"]:
         problems.append(
@@ -237,7 +237,7 @@ def _finished(summary: dict, t0: float, **kw) -> dict:
 def _dry_run(files: dict, dest: str, verify: bool, workers: int, room_kw: dict) -> dict:
     """What a run would do, without the lock and without writing: the files to copy and why, and
     whether the room check would refuse (reported, not raised: a dry run shows what apply meets)."""
-    a = assess(files, dest, verify=verify, workers=workers)
+    a = decide(files, dest, verify=verify, workers=workers)
     todo = a["todo"]
     need = sum(files[r]["size"] for r in todo)
     try:
@@ -260,11 +260,11 @@ def _dry_run(files: dict, dest: str, verify: bool, workers: int, room_kw: dict) 
 
 
 def _plan(files: dict, dest: str, *, verify: bool, workers: int, algo: str) -> tuple[dict, dict]:
-    """What the destination holds (assess) and which ranges of an interrupted run's partials can be
+    """What the destination holds (decide) and which ranges of an interrupted run's partials can be
     resumed (each is re-hashed before it is kept). Under the lock, so no other stager changes it
     between this and the copy. Every other leftover partial is removed here: it is nobody's work
     any more and holds tmpfs memory."""
-    a = assess(files, dest, verify=verify, workers=workers)
+    a = decide(files, dest, verify=verify, workers=workers)
     ranges = resumable(dest, a["todo"], files, algo)
     for rel in partials(dest):
         if rel[: -len(PARTIAL)] not in ranges:
