@@ -218,6 +218,12 @@ def kind(box: Box, path: str) -> str:
     return f"{where}:other"
 
 
+# The container's /dev and /dev/shm are mounts LXC makes at start (root's, mode 0755 and 1777):
+# nobody but root can put a link there, and a real /dev/shm -> /run/shm is followed on purpose
+# (the destination's parent is named, see gpubox.provision.stage.lock). Not planted.
+SYSTEM_DIRS = ("dev", "dev/shm")
+
+
 def plan_plants(
     box: Box, written: set[str], per_kind: int, skip_kinds=(), anchors: list[str] | None = None
 ) -> list[tuple[str, str]]:
@@ -233,6 +239,8 @@ def plan_plants(
         while p not in roots and p != "/":
             names.add(p)
             p = os.path.dirname(p)
+    ct = str(box.roots["ct"])
+    names -= {f"{ct}/{d}" for d in SYSTEM_DIRS}
     by_kind: dict[str, list[str]] = {}
     for p in sorted(names):
         k = kind(box, p)
