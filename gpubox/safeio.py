@@ -73,7 +73,7 @@ def clean_stale(directory: str | os.PathLike) -> list[str]:
     if not stale:
         return removed
     try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return removed
     try:

@@ -374,15 +374,20 @@ def _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
     import fcntl
     import time
 
+    from gpubox import safepath
     from gpubox.transport.fsops import POSIX
     from gpubox.transport.local import write_all
 
     from . import confjournal
 
     ops = getattr(host.transport, "ops", POSIX)
-    lock_real = host.path(lock_path(vmid))
-    os.makedirs(os.path.dirname(lock_real), exist_ok=True)
-    with open(lock_real, "a") as lk:
+    # /run/lock is mode 1777: the lock's directory and file are reached beneath the root prefix with
+    # no link followed (gpubox.safepath), so a planted /run/lock/lxc link cannot make us create there
+    with safepath.Anchor(host.path("/")) as root:
+        rel = lock_path(vmid).lstrip("/")
+        os.close(root.makedirs(os.path.dirname(rel)))
+        lfd = root.open(rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    with os.fdopen(lfd, "a") as lk:
         deadline = time.monotonic() + lock_timeout
         while True:
             try:

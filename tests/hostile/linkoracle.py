@@ -140,6 +140,34 @@ class Box:
         return {"host": self.work / self.sim.host, "ct": self.work / self.sim.box, "state": self.state}
 
 
+# The seed's reference figures, as a scheduled box's inventory would expect them.
+EXPECT = {
+    "tolerance": 0.10,
+    "tok_s": {
+        "tp1": {"auto": 26.6, "ddtree:15": 173.4},
+        "tp4": {"auto": 37.8, "ddtree:15": 281.1},
+        "tp8": {"auto": 37.6, "ddtree:15": 263.9},
+    },
+}
+
+
+class ScheduledBox(Box):
+    """A box set up as a scheduled one is: gpubox and its inventory inside the container."""
+
+    def extra(self) -> None:
+        extra = self.sim.inventory_extra["container"]
+        extra["gpubox_bench"] = {
+            "expect": EXPECT,
+            "regress": {"window": 5, "tolerance": 0.10, "sustained": 3},
+        }
+        self.sim.write_inventory()
+        exe = self.sim.cpath("/usr/local/bin/gpubox")
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text("#!/bin/sh\nexit 0\n")
+        exe.chmod(0o755)
+        shutil.copy(self.sim.inventory_path, self.sim.cpath("/etc/gpubox/inventory.yml"))
+
+
 def kind(box: Box, path: str) -> str:
     """What a path is, by where it lies: the unit of sampling."""
     for where, root in box.roots.items():
@@ -190,6 +218,12 @@ def kind(box: Box, path: str) -> str:
     return f"{where}:other"
 
 
+# The container's /dev and /dev/shm are mounts LXC makes at start (root's, mode 0755 and 1777):
+# nobody but root can put a link there, and a real /dev/shm -> /run/shm is followed on purpose
+# (the destination's parent is named, see gpubox.provision.stage.lock). Not planted.
+SYSTEM_DIRS = ("dev", "dev/shm")
+
+
 def plan_plants(
     box: Box, written: set[str], per_kind: int, skip_kinds=(), anchors: list[str] | None = None
 ) -> list[tuple[str, str]]:
@@ -205,6 +239,8 @@ def plan_plants(
         while p not in roots and p != "/":
             names.add(p)
             p = os.path.dirname(p)
+    ct = str(box.roots["ct"])
+    names -= {f"{ct}/{d}" for d in SYSTEM_DIRS}
     by_kind: dict[str, list[str]] = {}
     for p in sorted(names):
         k = kind(box, p)

@@ -91,7 +91,7 @@ def _points(n: int) -> list[int]:
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_a_run_killed_at_any_commit_point_converges_when_run_again(name, tmp_path):
     faults, argv = COMMANDS[name]
-    box = lo.Box(tmp_path / "b", faults)
+    box = lo.ScheduledBox(tmp_path / "b", faults)
     count = tmp_path / "count"
     box.reset()
     r = _run(box, argv, 0, count)
