@@ -35,7 +35,7 @@ from gpubox.identity import encode_name
 from gpubox.safeio import append, write_atomic
 from gpubox.state import state_dir
 
-from .schema import HISTORY_SCHEMA, SCHEMA  # one definition (bench.schema)
+from .schema import SCHEMA  # one definition (bench.schema)
 
 _BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
 
@@ -163,11 +163,9 @@ def record(doc: dict[str, Any], base: Path | None = None) -> None:
     """Store one run (replacing an earlier record of the same run_id). Idempotent."""
     validate(doc)
     path = key_path(doc_key(doc), base)
-    line = json.dumps(
-        {"history": HISTORY_SCHEMA, "recorded_at": _utc_now(), "doc": _trim(doc)},
-        separators=(",", ":"),
-        sort_keys=False,
-    )
+    from .result_model import BenchResult, HistoryRecord
+
+    line = HistoryRecord.new(BenchResult.from_dict(_trim(doc)), _utc_now()).to_json()
     with _locked(path):
         raw = _read_store(path)
         existing = raw.splitlines()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -150,7 +149,9 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
     path = d / result_file_name(doc, d)
     from gpubox.safeio import write_atomic
 
-    write_atomic(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    from .result_model import BenchResult
+
+    write_atomic(path, BenchResult.from_dict(doc).to_json().encode())  # the model writes what it reads
     return path
 
 
