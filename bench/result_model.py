@@ -11,13 +11,12 @@ their shape is documented and read through the typed views (`Facts.gpu_list`, `r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gpubox.docmodel import Model, Problem, bounded, short, spec
 
-from .schema import (
+from .result_read import (
     HISTORY_SCHEMA,
     MAX_DEPTH,
     MAX_INT,
@@ -28,6 +27,8 @@ from .schema import (
     VERDICTS,
     WORKLOADS,
     ResultError,
+    parse,
+    read_text,
 )
 
 NUM = "number?"
@@ -41,7 +42,7 @@ class _Part(Model):
 
 @dataclass
 class Percentiles(_Part):
-    TITLE: ClassVar[str] = "percentiles (`ttft_s`, `tpot_ms`, `e2e_s`)"
+    TITLE: ClassVar[str] = "percentiles: `ttft_s`, `tpot_ms`, `e2e_s`"
     p50: float | None = spec(NUM, "median")
     p90: float | None = spec(NUM, "90th percentile")
     p99: float | None = spec(NUM, "99th percentile")
@@ -102,11 +103,11 @@ class Measurement(_Part):
     method: str | None = spec("str?", "`auto` | `linear` | `ddtree` (or `custom` for `--url`)")
     budget: int | None = spec("int?", "speculative budget; null for auto")
     label: str = spec("str", "`auto`, `linear:<B>`, `ddtree:<B>`", default="")
-    workload: str = spec(("enum", WORKLOADS), " | ".join(WORKLOADS), default="decode")
+    workload: str = spec(("enum", WORKLOADS), "what was measured (keys below)", default="decode")
     output_len: int | None = spec("int?", "tokens generated per request")
     concurrency: int | None = spec("int?", "requests in flight")
     context_tokens: int | None = spec("int?", "prompt tokens for long_context / agentic")
-    status: str = spec(("enum", STATUSES), " | ".join(STATUSES), default="ok")
+    status: str = spec(("enum", STATUSES), "whether it ran; failed/skipped say why", default="ok")
     reason: str | None = spec("str?", "why failed/skipped, one line")
     repetitions: int | None = spec("int?", "repetitions measured")
     tok_s: float | None = spec(NUM, "median over reps of per-request decode tok/s (null unless ok)")
@@ -146,11 +147,13 @@ class Server(_Part):
     gpus: list[int] | None = spec(("list?", "int"), "GPU indices the server ran on")
     command: list[str] | None = spec(("list?", "str"), "the server's argv")
     env: dict[str, str] | None = spec(
-        ("map?", None), "environment set for the server", shape="object (str -> str)?"
+        ("map?", None), "environment set for the server", shape="object (string -> string), or null"
     )
-    status: str = spec(("enum", STATUSES), " | ".join(STATUSES), default="ok")
+    status: str = spec(("enum", STATUSES), "whether it ran; failed/skipped say why", default="ok")
     error: str | None = spec("str?", "why the server failed, one line")
-    log_tail: str | list[str] | None = spec("any", "the log's last lines", shape="str | list of str | null")
+    log_tail: str | list[str] | None = spec(
+        "any", "the log's last lines", shape="string, list of string, or null"
+    )
     startup_s: float | None = spec(NUM, "seconds until the server answered")
     max_model_len: int | None = spec("int?", "context length the server reports")
     log: str | None = spec("any", "the server's log file", shape="str?")
@@ -160,7 +163,7 @@ class Server(_Part):
         "any",
         "what the client learned about this server: `prompt_sizing` (server /tokenize, local tokenizer or "
         "calibration), `prompt_sizing_tried`, `sampling_extras_accepted` (ignore_eos/min_tokens), `notes`",
-        shape="object?",
+        shape=("map?", None),
     )
 
 
@@ -171,11 +174,13 @@ class Reason(_Part):
     key: str | None = spec("str?", "the measurement key (or `tp<N>/<label>` for a server)")
     kind: str | None = spec("str?", "`measurement` | `history` | `expectation` (history verdicts)")
     message: str = spec("str", "one line for people", default="")
-    observed: float | None = spec("any", "the figure seen", shape="number | null")
-    expected: float | None = spec("any", "the figure expected", shape="number | null")
+    observed: float | None = spec("any", "the figure seen", shape="number?")
+    expected: float | None = spec("any", "the figure expected", shape="number?")
     field: str | None = spec("any", "the figure compared: `tok_s` | `aggregate_tok_s`", shape="str?")
     baseline: float | None = spec("any", "history: median of the last healthy runs", shape="number?")
-    baseline_runs: list[str] | None = spec("any", "history: the run_ids of that median", shape="list of str?")
+    baseline_runs: list[str] | None = spec(
+        "any", "history: the run_ids of that median", shape=("list?", "str")
+    )
     drop: float | None = spec("any", "fraction below the baseline or expectation", shape="number?")
     pattern: str | None = spec("any", "history: `sustained` | `one-off`", shape="str?")
     runs_below: int | None = spec("any", "history: runs in a row below the threshold", shape="int?")
@@ -186,7 +191,7 @@ class Verdict(_Part):
     """The health verdict (bench.verdict.evaluate, bench.regress.judge): worst level wins."""
 
     TITLE: ClassVar[str] = "verdict"
-    status: str = spec(("enum", VERDICTS), " | ".join(VERDICTS), default="failed")
+    status: str = spec(("enum", VERDICTS), "the worst level among the reasons", default="failed")
     reasons: list[Reason] | None = spec(("list?", ("model", Reason)), "one per finding, in order")
 
 
@@ -213,14 +218,16 @@ class Facts(_Part):
     """What the report appendix needs about the box as measured (bench.measure.box_facts)."""
 
     TITLE: ClassVar[str] = "facts: the box as it was measured"
-    gpus: list[dict[str, Any]] | None = spec("any", "the GPUs (facts.gpus[] below)", shape="list of object")
+    gpus: list[dict[str, Any]] | None = spec(
+        "any", "the GPUs (facts.gpus[] below)", shape=("list", ("model", Gpu))
+    )
     driver: str | None = spec("any", "NVIDIA driver version", shape="str?")
     nccl_env: dict[str, str] | None = spec(
-        "any", "NCCL_* variables the box sets", shape="object (str -> str)"
+        "any", "NCCL_* variables the box sets", shape="object (string -> string)"
     )
     nccl_profile: str | None = spec("any", "the inventory's NCCL profile", shape="str?")
     pcie_mrrs: dict[str, int] | None = spec(
-        "any", "bus id -> PCIe MaxReadReq bytes", shape="object (str -> int)"
+        "any", "bus id -> PCIe MaxReadReq bytes", shape="object (string -> integer)"
     )
     numa_balancing: int | None = spec("any", "/proc/sys/kernel/numa_balancing", shape="int?")
     engine: str | None = spec("any", "`vllm` | `sglang` | `custom`", shape="str?")
@@ -244,7 +251,7 @@ class Repair(_Part):
     host: str | None = spec("any", "where it changed", shape="str")
     detail: str | None = spec("any", "what it saw and set (before -> after)", shape="str")
     commands: list[list[str]] | None = spec(
-        "any", "the commands it ran (argv lists)", shape="list of list of str"
+        "any", "the commands it ran (argv lists)", shape=("list", ("list", "str"))
     )
 
 
@@ -278,7 +285,9 @@ class BenchResult(_Part):
     )
     verdict: Verdict | None = spec(("model", Verdict), "the health verdict")
     repairs: list[dict[str, Any]] | None = spec(
-        "any", "what `gpubox recover` changed before this run (written by recover)", shape="list of repair?"
+        "any",
+        "what `gpubox recover` changed before this run (written by recover)",
+        shape=("list?", ("model", Repair)),
     )
 
     @classmethod
@@ -322,15 +331,11 @@ class BenchResult(_Part):
 
     @classmethod
     def from_json(cls, text: str | bytes, where_: str = "result") -> BenchResult:
-        from .schema import parse
-
         return cls.check(parse(text, where_), where_)
 
     @classmethod
     def load(cls, path: Any) -> BenchResult:
         """One result file, parsed strictly and checked (ResultError naming the file and field)."""
-        from .schema import read_text
-
         return cls.from_json(read_text(path), str(path))
 
     def repair_list(self) -> list[Repair]:
@@ -352,10 +357,13 @@ class HistoryRecord(_Part):
     INDENT: ClassVar[int | None] = None
     SEPARATORS: ClassVar[tuple[str, str] | None] = (",", ":")
     NEWLINE: ClassVar[str] = ""
-    history: str | None = spec("any", f"`{HISTORY_SCHEMA}`", shape="str")
+    history: str | None = spec("any", f"`{HISTORY_SCHEMA}`", shape="str", checked=True)
     recorded_at: str | None = spec("any", "when it was recorded (UTC, ISO 8601)", shape="str")
     doc: BenchResult | None = spec(
-        "any", "the result document, without `measurements[].samples`", shape="the document"
+        "any",
+        "the result document, without `measurements[].samples`",
+        shape=("model", BenchResult),
+        checked=True,
     )
 
     @classmethod
@@ -372,8 +380,6 @@ class HistoryRecord(_Part):
     @classmethod
     def from_line(cls, line: str, where_: str) -> HistoryRecord:
         """One store line, checked; ResultError naming WHERE_ (file:line)."""
-        from .schema import parse
-
         v = parse(line, where_)
         try:
             return cls.from_dict(v)
@@ -388,6 +394,3 @@ class HistoryRecord(_Part):
     @classmethod
     def new(cls, doc: BenchResult, recorded_at: str) -> HistoryRecord:
         return cls(history=HISTORY_SCHEMA, recorded_at=recorded_at, doc=doc)
-
-
-del json

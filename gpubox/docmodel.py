@@ -36,10 +36,11 @@ class Problem(ValueError):
     """The first way a value breaks its model: `<field path>: <what is wrong>`."""
 
 
-def spec(kind: Any, doc: str = "", *, shape: str | None = None, default: Any = None) -> Any:
+def spec(kind: Any, doc: str = "", *, shape: Any = None, default: Any = None, checked: bool = False) -> Any:
     """A model field: KIND checked on read, DOC and SHAPE (the type as the docs say it, where the
-    check is looser than the shape, e.g. free-form facts) documented; absent reads as DEFAULT."""
-    meta = {"spec": kind, "doc": doc, "shape": shape}
+    check is looser than the shape, e.g. free-form facts) documented; absent reads as DEFAULT.
+    CHECKED: an `any` field that the model's own from_dict checks (documented as checked)."""
+    meta = {"spec": kind, "doc": doc, "shape": shape, "checked": checked or kind != "any"}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

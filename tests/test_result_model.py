@@ -107,3 +107,13 @@ def test_the_writer_writes_what_the_model_reads(tmp_path):
     text = (TESTS / "data" / "bench_result_sim.json").read_text()
     path = results.write(json.loads(text), tmp_path)
     assert path.read_text() == BenchResult.from_json(text).to_json()
+
+
+def test_the_schema_page_is_what_the_models_generate():
+    from gpubox.bench import schema_doc
+
+    page = TESTS.parent / "docs" / "result-schema.md"
+    assert page.read_text(encoding="utf-8") == schema_doc.render(), "run `python -m gpubox.bench.schema_doc`"
+    assert schema_doc.main(["--check"]) == 0
+    for field in ("`repairs`", "`topology_source`", "`prompt_tokens`", "`clock`", "`box_id`"):
+        assert field in page.read_text(encoding="utf-8")
