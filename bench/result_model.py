@@ -32,6 +32,30 @@ from .result_read import (
 )
 
 NUM = "number?"
+
+# method -> how people name it (the seed report's words). Unknown methods print as given.
+METHOD_NAMES = {
+    "auto": "auto",
+    "ar": "auto",
+    "autoregressive": "auto",
+    "dflash": "DFlash",
+    "linear": "DFlash",
+    "ddtree": "DDTree",
+}
+
+
+def method_name(method: str | None, budget: int | None) -> str:
+    """'ddtree', 15 -> 'DDTree b15'; 'auto' -> 'auto'."""
+    name = METHOD_NAMES.get(str(method).lower(), str(method))
+    return name if budget is None else f"{name} b{budget}"
+
+
+def method_order(label: str, method: str | None, budget: int | None) -> tuple:
+    """Sort auto first, then DFlash, then DDTree, each by budget."""
+    rank = {"auto": 0, "DFlash": 1, "DDTree": 2}.get(METHOD_NAMES.get(str(method).lower(), ""), 3)
+    return (rank, budget if budget is not None else -1, label)
+
+
 FIX = "give a result written by `gpubox bench` (docs/result-schema.md)"
 
 
@@ -135,6 +159,27 @@ class Measurement(_Part):
     def headline_field(self) -> str:
         """The figure a measurement is judged by: aggregate tok/s under concurrency, else tok/s."""
         return "aggregate_tok_s" if self.workload == "concurrency" else "tok_s"
+
+    @property
+    def value(self) -> float | None:
+        """The headline figure when the measurement ran: aggregate tok/s for concurrency, decode
+        tok/s otherwise."""
+        if not self.ok:
+            return None
+        v = getattr(self, self.headline_field)
+        return float(v) if isinstance(v, (int, float)) else None
+
+    @property
+    def accept_len(self) -> float | None:
+        """Mean acceptance length when the measurement ran and the server counted drafts."""
+        acc = self.acceptance
+        if self.ok and acc is not None and isinstance(acc.mean_length, (int, float)):
+            return float(acc.mean_length)
+        return None
+
+    @property
+    def method_name(self) -> str:
+        return method_name(self.method, self.budget)
 
 
 @dataclass
@@ -328,6 +373,12 @@ class BenchResult(_Part):
                             f"measurements[{i}].{k}: set on a {m.status} measurement (must be null)"
                         )
         return doc
+
+    @classmethod
+    def view(cls, v: Any) -> BenchResult:
+        """The typed fields of V without the document-level rules (schema string, required keys,
+        bounds, unique keys): for a document already checked, or a partial one a test builds."""
+        return Model.from_dict.__func__(cls, v)  # type: ignore[attr-defined]
 
     @classmethod
     def from_json(cls, text: str | bytes, where_: str = "result") -> BenchResult:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .data import method_name
+from ..result_model import method_name
 from .findings import f1
 
 NOISE_K = 2.0

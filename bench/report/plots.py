@@ -14,7 +14,8 @@ matplotlib.use("Agg")  # before pyplot: reports are made on headless boxes and i
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from .data import Run, method_name  # noqa: E402
+from ..result_model import method_name  # noqa: E402
+from .data import Run  # noqa: E402
 from .findings import ctx_name, deltas, describe, ref_len  # noqa: E402
 
 STYLES = ["-", "--", ":", "-."]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .data import Measurement, Run, method_name
+from ..result_model import method_name
+from .data import Measurement, Run
 from .findings import ctx_name, deltas, describe, ref_len
 
 MISSING_TEXT = "--"  # renderers turn this into an en dash
