@@ -191,6 +191,14 @@ class Model:
         obj._extra = {k: x for k, x in v.items() if k not in names}
         return obj
 
+    @classmethod
+    def build(cls: type[M], **fields: Any) -> M:
+        """A new object that writes exactly FIELDS, in the order given (two writers of one model
+        may write different keys, e.g. the benchmark's and the history's verdict reasons)."""
+        obj = cls(**fields)
+        obj._keys = tuple(fields)
+        return obj
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: the keys as read, in their order (declared fields from this object,
         the others as read), then declared fields set since; built in code: every declared field."""
