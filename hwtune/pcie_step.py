@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from gpubox.context import PERSIST_DEFAULT
-from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
 from .pcie import (
     LOCKDOWN,
@@ -79,10 +79,10 @@ class MrrsEvidence:
     """The record: `lockdown` (refused by kernel lockdown) or `refused` (drift: functions left
     alone) first, as the record always had them, then the target and every function."""
 
-    lockdown: Any = OMIT
-    refused: Any = OMIT
+    lockdown: str | Omit = OMIT  # the kernel lockdown mode that refused the writes
+    refused: list[str] | Omit = OMIT  # bus ids left alone
     target: int = 0
-    devices: list[dict] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)
 
 
 class PcieMrrsStep(Step):
@@ -245,8 +245,8 @@ class LinkOptions:
 
 @dataclass
 class LinkEvidence:
-    slow: Any = OMIT  # ok: functions below max speed now (normal at idle)
-    links: dict = field(default_factory=dict)
+    slow: list[str] | Omit = OMIT  # ok: functions below max speed now (normal at idle)
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class PcieLinkStep(Step):

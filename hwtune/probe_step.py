@@ -13,7 +13,7 @@ from typing import Any
 
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
-from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Step
+from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Omit, Step
 from gpubox.transport import payload
 
 from . import probe as probe_script
@@ -122,10 +122,10 @@ class ProbeFacts:
 
 @dataclass
 class ProbeEvidence:
-    problems: Any = OMIT  # failed/drift: the checks that are not ok
-    skipped: Any = OMIT  # ok: the checks that had nothing to measure
-    gpus: list[dict] = field(default_factory=list)
-    checks: list[dict] = field(default_factory=list)
+    problems: list[str] | Omit = OMIT  # failed/drift: the checks that are not ok
+    skipped: list[str] | Omit = OMIT  # ok: the checks that had nothing to measure
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[dict[str, str]] = field(default_factory=list)
 
 
 class GpuProbe(Step):

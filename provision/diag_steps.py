@@ -9,7 +9,6 @@ Position 35: after staging (30), so /dev/shm is judged as the server will find i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpubox.steps import FAILED, OK, SKIPPED, Finding, Step
 
@@ -32,7 +31,7 @@ class ToolkitOptions:
 @dataclass
 class ToolkitEvidence:
     config: str
-    no_cgroups: Any = None
+    no_cgroups: bool | None = None
     cli: bool = False
 
 
@@ -63,10 +62,10 @@ class ShmOptions:
 
 @dataclass
 class ShmEvidence:
-    size: Any = None
-    free: Any = None
-    mem_max: Any = None
-    mem_current: Any = None
+    size: int | None = None
+    free: int | None = None
+    mem_max: int | None = None
+    mem_current: int | None = None
     need: int = 0
 
 

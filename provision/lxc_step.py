@@ -16,7 +16,7 @@ from typing import Any
 
 from gpubox.context import PERSIST_DEFAULT
 from gpubox.errors import GpuboxError
-from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Refuse, Run, Step, Write
+from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Refuse, Run, Step, Write
 
 from . import cuda_probe
 from .confedit import MODES, review
@@ -83,10 +83,12 @@ class HostDevicesEvidence:
     majors: dict[str, int]
     gpus: int
     nodes: dict[str, str]
-    persist_missing: Any = OMIT
-    expected: Any = OMIT  # gpubox_gpus, when the count falls short
-    missing_gpus: Any = OMIT  # bus id -> where it is missing
-    kernel: Any = OMIT  # running kernel and its NVIDIA modules, when nvidia.ko is not loaded
+    persist_missing: list[str] | Omit = OMIT
+    expected: int | Omit = OMIT  # gpubox_gpus, when the count falls short
+    missing_gpus: dict[str, str] | Omit = OMIT  # bus id -> where it is missing
+    kernel: dict[str, Any] | Omit = (
+        OMIT  # running kernel and its NVIDIA modules, when nvidia.ko is not loaded
+    )
 
 
 class HostDevicesStep(Step):
@@ -244,9 +246,9 @@ class ConfigEvidence:
     digest: str
     mode: str
     snapshots: list[str]
-    pending: Any = OMIT
-    issues: Any = OMIT
-    warnings: Any = OMIT
+    pending: list[str] | Omit = OMIT
+    issues: list[dict[str, str]] | Omit = OMIT
+    warnings: list[str] | Omit = OMIT
 
 
 def _lookup(rdev: dict[str, Any]):
@@ -495,12 +497,12 @@ class ContainerOptions:
 
 @dataclass
 class ContainerEvidence:  # field order = the record's key order
-    need: Any = OMIT  # start | live | reboot
-    majors: Any = OMIT  # live: the majors to allow
+    need: str | Omit = OMIT  # start | live | reboot
+    majors: list[int] | Omit = OMIT  # live: the majors to allow
     status: str = ""
     control: str = ""
     lock: str | None = None
-    nodes: Any = OMIT  # path -> ok | errno name, from the probe
+    nodes: dict[str, str] | Omit = OMIT  # path -> ok | errno name, from the probe
 
 
 class ContainerStep(Step):
@@ -678,15 +680,16 @@ class CudaOptions:
 
 @dataclass
 class CudaEvidence:
-    nodes: Any = OMIT
-    cuinit: Any = OMIT
-    cuinit_name: Any = OMIT
-    nvml: Any = OMIT
-    kernel_driver: Any = OMIT
-    user_driver: Any = OMIT
-    simulated: Any = OMIT
-    error: Any = OMIT
-    causes: Any = OMIT
+    # the in-container probe's answer (provision/cuda_probe), None where it reported nothing
+    nodes: dict[str, str] | None | Omit = OMIT  # path -> ok | errno name
+    cuinit: int | None | Omit = OMIT  # cuInit's CUresult
+    cuinit_name: str | None | Omit = OMIT
+    nvml: dict[str, Any] | None | Omit = OMIT  # NVML's answer (count, driver, error)
+    kernel_driver: str | None | Omit = OMIT
+    user_driver: str | None | Omit = OMIT
+    simulated: bool | None | Omit = OMIT
+    error: str | None | Omit = OMIT
+    causes: list[dict[str, str]] | Omit = OMIT  # {code, cause, repair} per diagnosed cause
 
 
 _PROBE_KEYS = ("nodes", "cuinit", "cuinit_name", "nvml", "kernel_driver", "user_driver", "simulated", "error")
