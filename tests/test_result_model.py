@@ -117,3 +117,63 @@ def test_the_schema_page_is_what_the_models_generate():
     assert schema_doc.main(["--check"]) == 0
     for field in ("`repairs`", "`topology_source`", "`prompt_tokens`", "`clock`", "`box_id`"):
         assert field in page.read_text(encoding="utf-8")
+
+
+def _advice_text(path):
+    from gpubox.bench.report.advise import advise_all
+    from gpubox.bench.report.data import load_run
+
+    advices = advise_all([load_run(path)])
+    rc = max(a.exit_code for a in advices)
+    # what `gpubox advise --json` prints (gpubox.output.print_json)
+    return advices, json.dumps({"advice": [a.to_dict() for a in advices], "exit_code": rc}, indent=2) + "\n"
+
+
+@pytest.mark.parametrize("name", ["seed-before.json", "seed-after.json", "partial.json"])
+def test_advice_document_round_trips_and_is_what_advise_prints(name):
+    from gpubox.bench.report.advice_doc import AdviceDocument
+
+    advices, text = _advice_text(TESTS / "fixtures" / "results" / name)
+    assert AdviceDocument(advices).to_json() == text
+    doc = AdviceDocument.from_json(text, name)
+    assert doc.to_json() == text
+    assert [a.run for a in doc.advice] == [a.run for a in advices]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["advice"][0].update(exit_code=7), "advice[0].exit_code: 7 does not follow"),
+        (
+            lambda d: d["advice"][0]["workloads"][0].update(decision="maybe"),
+            "advice[0].workloads[0].decision:",
+        ),
+        (
+            lambda d: d["advice"][0]["workloads"][0]["ranking"][0].pop("key"),
+            "advice[0].workloads[0].ranking[0].key: missing",
+        ),
+        (
+            lambda d: d["advice"][0]["workloads"][0]["ranking"][0]["config"].update(tp="8"),
+            "ranking[0].config.tp: a string",
+        ),
+    ],
+)
+def test_a_bad_advice_document_is_one_line_naming_the_field(edit, message):
+    from gpubox.bench.report.advice_doc import AdviceDocument, AdviceError
+
+    _, text = _advice_text(TESTS / "fixtures" / "results" / "seed-before.json")
+    d = json.loads(text)
+    edit(d)
+    with pytest.raises(AdviceError) as exc:
+        AdviceDocument.from_json(json.dumps(d), "a.json")
+    assert exc.value.problem.startswith("a.json: ") and message in exc.value.problem
+    assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
+
+
+def test_verdict_reads_and_writes_on_its_own():
+    d = json.loads((TESTS / "fixtures" / "history" / "run01.json").read_text())
+    text = json.dumps(d["verdict"], indent=1) + "\n"
+    v = Verdict.from_json(text, "verdict.json")
+    assert v.to_json() == text and v.status == d["verdict"]["status"]
+    with pytest.raises(ResultError, match=r"^verdict.json: status: 'fine' is not one of"):
+        Verdict.from_json('{"status": "fine", "reasons": []}', "verdict.json")
