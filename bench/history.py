@@ -23,7 +23,6 @@ import copy
 import fcntl
 import json
 import os
-import re
 import statistics
 import time
 from contextlib import contextmanager
@@ -35,9 +34,8 @@ from gpubox.identity import encode_name
 from gpubox.safeio import append, write_atomic
 from gpubox.state import state_dir
 
-from .schema import SCHEMA  # one definition (bench.schema)
-
-_BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
+from .result_model import BOX_ID_RE as _BOX_KEY  # one definition
+from .result_read import SCHEMA  # noqa: F401 - history.SCHEMA, for the writers of failed runs
 
 
 def history_dir(base: Path | None = None) -> Path:
@@ -113,27 +111,11 @@ def _trim(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(doc: Any, where: str = "result document") -> None:
-    """Refuse anything that is not a gpubox.bench/1 document naming its box and run (bench.schema)."""
-    from . import schema
+    """Refuse anything that is not a gpubox.bench/1 document naming its box and run
+    (bench.result_model.record_check)."""
+    from .result_model import record_check
 
-    schema.check(doc, where)
-    if not isinstance(doc, dict):
-        raise GpuboxError("a benchmark result must be a JSON object", "pass a gpubox.bench/1 document")
-    if doc.get("schema") != SCHEMA:
-        raise GpuboxError(
-            f"result schema is {doc.get('schema')!r}, not {SCHEMA!r}",
-            "record documents written by `gpubox bench` (docs/result-schema.md)",
-        )
-    for k in ("box", "run_id", "started_at"):
-        if not doc.get(k):
-            raise GpuboxError(f"result document has no {k!r}", "it must name box, run_id and started_at")
-    bid = doc.get("box_id")
-    if bid is not None and not (isinstance(bid, str) and _BOX_KEY.match(bid)):
-        raise GpuboxError(
-            f"result document's box_id {bid!r} is not a box identity", "see docs/result-schema.md"
-        )
-    if not isinstance(doc.get("measurements", []), list):
-        raise GpuboxError("result document's 'measurements' is not a list", "see docs/result-schema.md")
+    record_check(doc, where)
 
 
 def parse_lines(text: str, where: str = "history", problems: list[str] | None = None) -> list[dict[str, Any]]:
