@@ -47,24 +47,25 @@ def new_document(
     facts: dict[str, Any] | None = None,
     url: str | None = None,
 ) -> dict[str, Any]:
+    from .result_model import BenchResult, Facts, Tool, Verdict
+
     started = utc_now()
-    doc = {
-        "schema": SCHEMA,
-        "box": box,
-        "run_id": f"{box}-{started.replace('-', '').replace(':', '')}",
-        "started_at": started,
-        "finished_at": None,
-        "profile": profile,
-        "tool": tool_info(),
-        "simulated": bool(simulated),
-        "sim_speed": sim_speed,
-        "url": url,
-        "facts": facts or {},
-        "servers": [],
-        "measurements": [],
-        "verdict": {"status": "failed", "reasons": []},
-    }
-    return doc
+    return BenchResult.build(
+        schema=SCHEMA,
+        box=box,
+        run_id=f"{box}-{started.replace('-', '').replace(':', '')}",
+        started_at=started,
+        finished_at=None,
+        profile=profile,
+        tool=Tool.build(**tool_info()),
+        simulated=bool(simulated),
+        sim_speed=sim_speed,
+        url=url,
+        facts=Facts.from_dict(facts or {}),
+        servers=[],
+        measurements=[],
+        verdict=Verdict.build(status="failed", reasons=[]),
+    ).to_dict()  # a dict the runner fills in; results.write checks and writes it through the model
 
 
 def finish(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
