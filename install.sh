@@ -38,7 +38,19 @@ if ! "$py" -c 'import ensurepip, venv' 2>/dev/null; then
     echo "install.sh: $py has no venv module; apt-get install python3-venv" >&2
     exit 2
 fi
-[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+# An existing venv is reused only when it runs and was made by this same interpreter: one made by
+# another python (a pyenv build, an older Debian's python3 after an upgrade) fails with "bad
+# interpreter" or installs for the wrong version. Anything else is made anew (--clear: the venv is
+# ours, at the path this script chose).
+made_by() { "$venv/bin/python" -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null; }
+if [ -x "$venv/bin/python" ] && [ "$(made_by)" = "$("$py" -c 'import os, sys; print(os.path.realpath(sys.executable))')" ]; then
+    :
+elif [ -e "$venv" ]; then
+    echo "install.sh: $venv was made by another interpreter; making it anew with $py"
+    "$py" -m venv --clear "$venv"
+else
+    "$py" -m venv "$venv"
+fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@"
 [ -x "$venv/bin/gpubox" ] || { echo "install.sh: pip did not install $venv/bin/gpubox" >&2; exit 2; }
@@ -55,6 +67,18 @@ if [ -n "$bindir" ]; then
     ln -sfn "$venv/bin/gpubox" "$link"
     [ "$(readlink "$link")" = "$venv/bin/gpubox" ] || { echo "install.sh: could not link $link" >&2; exit 2; }
     echo "gpubox installed in $venv, linked as $link"
+    # The playbooks run with the ansible-core gpubox depends on: link its commands too, but never
+    # over an Ansible the machine already has (a file, or a link that is not into our venv).
+    for tool in ansible-playbook ansible-galaxy ansible-inventory; do
+        t=$bindir/$tool
+        [ -x "$venv/bin/$tool" ] || continue
+        case "$(readlink "$t" 2>/dev/null)" in
+            "$venv"/*) ;;
+            "") if [ -e "$t" ] || [ -L "$t" ]; then continue; fi ;;
+            *) continue ;;
+        esac
+        ln -sfn "$venv/bin/$tool" "$t" && echo "  $tool linked as $t"
+    done
 else
     echo "gpubox (editable, with test tools) installed in $venv; run: $venv/bin/python -m pytest -q"
 fi

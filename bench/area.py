@@ -9,10 +9,10 @@ AREA = Area(
     # after the repairs)
     groups={"bench": ("bench",)},
     commands={
-        "bench": "gpubox.bench.cli:bench",
-        "report": "gpubox.bench.cli_report:report",
-        "advise": "gpubox.bench.cli_advise:advise",
-        "history": "gpubox.bench.cli_history:history",
-        "schedule": "gpubox.bench.cli_schedule:schedule",
+        "bench": "gpubox.bench.commands.bench:bench",
+        "report": "gpubox.bench.commands.report:report",
+        "advise": "gpubox.bench.commands.advise:advise",
+        "history": "gpubox.bench.commands.history:history",
+        "schedule": "gpubox.bench.commands.schedule:schedule",
     },
 )

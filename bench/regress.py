@@ -125,7 +125,7 @@ def _streak(prior: list[dict[str, Any]], key: str, field: str, threshold: float)
     return n
 
 
-def evaluate(
+def decide(
     doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (), settings: Settings | None = None
 ) -> dict[str, Any]:
     """The history/expectation verdict of DOC against earlier RUNS (schema's `verdict` shape)."""
@@ -236,10 +236,10 @@ def _round(v):
     return round(float(v), 1) if isinstance(v, (int, float)) else v
 
 
-def judge(
+def with_verdict(
     doc: dict[str, Any], runs: Iterable[dict[str, Any]] = (), settings: Settings | None = None
 ) -> dict[str, Any]:
     """DOC with its verdict merged with the history/expectation verdict (a copy)."""
     out = copy.deepcopy(doc)
-    out["verdict"] = merge(doc.get("verdict"), evaluate(doc, runs, settings))
+    out["verdict"] = merge(doc.get("verdict"), decide(doc, runs, settings))
     return out

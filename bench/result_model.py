@@ -235,7 +235,7 @@ class Reason(_Part):
 
 @dataclass
 class Verdict(_Part):
-    """The health verdict (bench.verdict.evaluate, bench.regress.judge): worst level wins."""
+    """The health verdict (bench.verdict.decide, bench.regress): worst level wins."""
 
     TITLE: ClassVar[str] = "verdict"
     status: str = spec(("enum", VERDICTS), "the worst level among the reasons", default="failed")

@@ -22,7 +22,7 @@ from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
 from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
-from .verdict import evaluate
+from .verdict import decide
 from .workloads import plan, resolve_profile
 
 
@@ -42,14 +42,26 @@ def server_identity(url: str, model: str | None) -> str:
     return f"url-{slug}-{h}"
 
 
-def _finish(doc: dict[str, Any], expect: dict | None, box, out_dir, baseline=None) -> dict[str, Any]:
-    """BOX: the inventory Box (its identity keys the history and the result file) or a name."""
+def _finish(
+    doc: dict[str, Any], expect: dict | None, box, out_dir, baseline=None, unrepaired: list[str] | None = None
+) -> dict[str, Any]:
+    """BOX: the inventory Box (its identity keys the history and the result file) or a name.
+    UNREPAIRED: the box's problems left after a repair run ('not repaired: pcie-link: ...'): each is a
+    degraded reason, so a box measured around a problem software cannot fix is never "healthy"."""
     ident = getattr(box, "id", None)
     if ident:
         doc["box_id"] = ident
     if baseline is None:
         baseline = results.history_baseline(box)
-    results.finish(doc, evaluate(doc, expect, baseline))
+    verdict = decide(doc, expect, baseline)
+    if unrepaired:
+        verdict["reasons"] += [
+            {"level": "degraded", "key": "box", "message": m, "observed": None, "expected": None}
+            for m in unrepaired
+        ]
+        if verdict["status"] == "healthy":
+            verdict["status"] = "degraded"
+    results.finish(doc, verdict)
     path = results.write(doc, out_dir)
     doc["path"] = str(path)
     results.record_history({k: v for k, v in doc.items() if k != "path"})
@@ -66,20 +78,12 @@ def bounded_tps(profile_tps: list, box_tps: list | None) -> list[int]:
     return [t for t in want if t in allowed] or sorted(allowed)
 
 
-def run_box(
-    ctx,
-    profile: str | None = None,
-    out_dir: str | Path | None = None,
-    *,
-    tps: list[int] | None = None,
-    methods: list[str] | None = None,
-    baseline=None,
-) -> dict[str, Any]:
-    """Benchmark the box's server at each TP x method; returns the (written) result document.
-
-    With the container reached locally the measuring happens in this process. Over SSH or
-    `pct exec` the same `measure_box` runs inside the container (bench.remote) and this side
-    keeps what belongs to the control node: host facts, the verdict, the result file, history."""
+def resolve_run(
+    ctx, profile: str | None = None, tps: list[int] | None = None, methods: list[str] | None = None
+) -> tuple[dict[str, Any], str, dict[str, Any], list[int], list[str]]:
+    """(settings, profile name, profile, TP sizes, methods) a run on this box would use, every value
+    checked: GpuboxError (exit 2) on a bad one. Front ends call it before anything changes (`recover
+    --profile ful` must fail before the repairs, not at the benchmark after them)."""
     settings = dict(ctx.box.var("gpubox_bench", {}) or {})
     name = profile or settings.get("profile", "health")
     prof = resolve_profile(name, settings)
@@ -102,6 +106,25 @@ def run_box(
                 f"TP {tp} does not divide the {gpus_total} GPUs of {ctx.box.name}",
                 f"use --tp with values the box allows: {', '.join(map(str, allowed))}",
             )
+    return settings, name, prof, tps, methods
+
+
+def run_box(
+    ctx,
+    profile: str | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    tps: list[int] | None = None,
+    methods: list[str] | None = None,
+    baseline=None,
+    unrepaired: list[str] | None = None,
+) -> dict[str, Any]:
+    """Benchmark the box's server at each TP x method; returns the (written) result document.
+
+    With the container reached locally the measuring happens in this process. Over SSH or
+    `pct exec` the same `measure_box` runs inside the container (bench.remote) and this side
+    keeps what belongs to the control node: host facts, the verdict, the result file, history."""
+    settings, name, prof, tps, methods = resolve_run(ctx, profile, tps, methods)
     out = Path(out_dir) if out_dir else results.default_out_dir()
     if getattr(ctx.container.transport, "is_local", False):
         doc = measure_box(ctx, name, prof, tps, methods, settings, box_facts(ctx, settings), out / "logs")
@@ -109,7 +132,7 @@ def run_box(
         from .remote import run_remote
 
         doc = run_remote(ctx, name, prof, tps, methods, settings, out, progress=_progress)
-    return _finish(doc, settings.get("expect"), ctx.box, out, baseline)
+    return _finish(doc, settings.get("expect"), ctx.box, out, baseline, unrepaired)
 
 
 def allowed_tps(gpus: int) -> list[int]:

@@ -177,7 +177,7 @@ def run_once(
             inv = str(ctx.inventory.path) if ctx.inventory is not None else None
             doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated, lock_path)
         doc["box_id"] = box.id  # the history of this box (Proxmox host + vmid), never a namesake's
-        doc = regress.judge(doc, history.runs(box), settings)
+        doc = regress.with_verdict(doc, history.runs(box), settings)
         history.record(doc)
         doctor = None
         if with_doctor:

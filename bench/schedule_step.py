@@ -1,4 +1,5 @@
-"""The schedule's steps: install (or confirm) and remove the box's timer/cron entry.
+"""The schedule step: install (or confirm) the box's timer/cron entry; its removal is the
+schedule-remove step (bench/schedule_remove_step.py), on the same Spec, options and evidence.
 
 Facts (bench.schedule: TargetExists, TargetText, TimerState) are read on the schedule's target,
 the Proxmox host or the container; `decide` is pure over them and the validated Spec, and its
@@ -10,12 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox.diffs import unified
-from gpubox.steps import OMIT, Finding, Omit, Plan, Remove, Run, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
 from .schedule import (
     DEFAULTS,
-    UNIT_DIR,
     Spec,
     TargetExists,
     TargetText,
@@ -30,7 +29,7 @@ SYSTEMD_DIR = "/run/systemd/system"  # sd_booted(3): systemd runs there
 DEFAULT_GPUBOX = DEFAULTS["gpubox"]  # where install.sh links it
 
 
-def _systemd(ctx, s: Spec) -> bool:
+def runs_systemd(ctx, s: Spec) -> bool:
     """uses_systemd through the fact cache: a forced mechanism reads nothing."""
     if s.mechanism != "auto":
         return s.mechanism == "systemd"
@@ -88,7 +87,7 @@ def _prereq_failure(s: Spec, path: str) -> Finding:
     )
 
 
-class _SpecStep(Step):
+class SpecStep(Step):
     """A step about one schedule spec: it acts where the spec runs (the host or the container)."""
 
     where = "container"
@@ -102,7 +101,7 @@ class _SpecStep(Step):
         return Options(self.spec)
 
 
-class ScheduleStep(_SpecStep):
+class ScheduleStep(SpecStep):
     """Install (or confirm) the box's timer/cron entry."""
 
     name = "schedule"
@@ -116,7 +115,7 @@ class ScheduleStep(_SpecStep):
         for path in (s.gpubox, s.inventory):
             if not ctx.fact(TargetExists, "container", path):
                 return Facts(missing=[path])
-        systemd = _systemd(ctx, s)
+        systemd = runs_systemd(ctx, s)
         have = {p: ctx.fact(TargetText, s.on, p) for p in file_paths(s, systemd)}
         st = ctx.fact(TimerState, s.on, s.timer) if systemd else {}
         target = ctx.host if s.on == "host" else ctx.container
@@ -154,78 +153,6 @@ class ScheduleStep(_SpecStep):
             repair=f"gpubox schedule install {s.box}",
             plan=Plan(desc, actions=actions),
             evidence=ev,
-        )
-
-
-# -- remove --------------------------------------------------------------------------------------
-class RemoveFile(Remove):
-    """A removal shown as git shows a deleted file (+++ /dev/null), as `schedule remove` always has."""
-
-    def diff(self) -> str:
-        return unified(self.path, self.old, None)
-
-
-@dataclass
-class RemoveFacts:
-    present: dict[str, str]  # the schedule's files there (units and cron line) and their text
-    systemd: bool = False  # the target runs systemd (read only when units are present)
-    # the node_exporter textfile the checks wrote: (where, path, text), None when absent. Left
-    # behind, node_exporter would export the last verdict ("healthy") for ever.
-    prom: tuple[str, str, str] | None = None
-
-
-def prom_file(box) -> tuple[str, str]:
-    """(where, path) of the box's .prom textfile, as run-once writes it (bench.runonce)."""
-    from . import prom
-
-    where = str(box.var("gpubox_prometheus_on", "container"))
-    return where, prom.textfile_path(box.name, box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR))
-
-
-class RemoveStep(_SpecStep):
-    """Disable and delete the box's timer/cron entry."""
-
-    name = "schedule-remove"
-    title = "remove scheduled health check"
-    where = "container"
-
-    def gather(self, ctx) -> RemoveFacts:
-        s = self.spec
-        paths = [f"{UNIT_DIR}/{s.service}", f"{UNIT_DIR}/{s.timer}", s.cron_file]
-        present = {p: ctx.fact(TargetText, s.on, p) for p in paths if ctx.fact(TargetExists, s.on, p)}
-        units = any(p.startswith(UNIT_DIR) for p in present)
-        where, path = prom_file(ctx.box)
-        prom = (
-            (where, path, ctx.fact(TargetText, where, path) or "")
-            if ctx.fact(TargetExists, where, path)
-            else None
-        )
-        return RemoveFacts({p: t or "" for p, t in present.items()}, units and _systemd(ctx, s), prom)
-
-    def decide(self, facts: RemoveFacts, opts: Options) -> Finding:
-        s = opts.spec
-        present = list(facts.present)
-        if not present and facts.prom is None:
-            return Finding.ok("no scheduled health check installed", evidence=Evidence(files=[]))
-        units = [p for p in present if p.startswith(UNIT_DIR)]
-        removes = [RemoveFile(p, old=facts.present[p]) for p in present]
-        if facts.prom is not None:
-            where, path, text = facts.prom
-            removes.append(RemoveFile(path, old=text, where=where))
-            present.append(path)
-        if units and facts.systemd:
-            actions = [
-                Run(["systemctl", "disable", "--now", s.timer], timeout=60),
-                *removes,
-                Run(["systemctl", "daemon-reload"], timeout=60),
-            ]
-            desc = f"disable {s.timer} and delete {len(present)} file(s)"
-        else:
-            actions, desc = list(removes), f"delete {', '.join(present)}"
-        return Finding.drift(
-            f"installed: {', '.join(present)}",
-            plan=Plan(desc, actions=actions),
-            evidence=Evidence(files=present),
         )
 
 

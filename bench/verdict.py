@@ -33,7 +33,7 @@ def _reason(level: str, key: str | None, message: str, observed=None, expected=N
     return Reason.build(level=level, key=key, message=message, observed=observed, expected=expected)
 
 
-def evaluate(
+def decide(
     doc: dict[str, Any] | BenchResult,
     expect: dict[str, Any] | None = None,
     baseline: Callable[[str], float | None] | None = None,
@@ -42,15 +42,17 @@ def evaluate(
     (failures, the inventory's expectations, speedup over autoregressive, this box's history,
     acceptance drift across TP, TP scaling), failed over degraded over healthy. The verdict's JSON
     object (bench.result_model.Verdict)."""
-    return judge(doc if isinstance(doc, BenchResult) else BenchResult.view(doc), expect, baseline).to_dict()
+    return decide_result(
+        doc if isinstance(doc, BenchResult) else BenchResult.view(doc), expect, baseline
+    ).to_dict()
 
 
-def judge(
+def decide_result(
     doc: BenchResult,
     expect: dict[str, Any] | None = None,
     baseline: Callable[[str], float | None] | None = None,
 ) -> Verdict:
-    """The typed verdict of DOC (see evaluate)."""
+    """The typed verdict of DOC (see decide)."""
     ex = {**DEFAULTS, **(expect or {})}
     tol = float(ex["tolerance"])
     htol = float(ex["history_tolerance"] if ex["history_tolerance"] is not None else tol)

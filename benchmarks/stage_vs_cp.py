@@ -25,8 +25,8 @@ installed.
 
 Residency is checked, not assumed: before every cold run cachestat(2) counts the source's cached
 bytes (and preadv2(RWF_NOWAIT) probes 64 offsets per file where cachestat is missing); the share is
-printed per run. gpubox is provision/stage.py (the engine `gpubox stage SRC DEST` calls in-process)
-run as a module from its own folder, `python3 -c "...import stage; stage.main()" SRC DEST`: a whole
+printed per run. gpubox is provision/stage/ (the engine `gpubox stage SRC DEST` calls in-process)
+run as a package from its own folder, `python3 -c "...import stage; stage.main()" SRC DEST`: a whole
 process, interpreter start included.
 
     python benchmarks/stage_vs_cp.py                                    # 4 GB, 3 rounds
@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ROOT / "provision" / "stage.py"
+ENGINE = ROOT / "provision" / "stage"
 sys.path.insert(0, str(ENGINE.parent))
 import stage as engine  # noqa: I001  (the stdlib-only engine, for cachestat and its default checksum)
 
@@ -431,7 +431,7 @@ def timed(argv: list[str], stdin: bytes | None = None, env: dict | None = None) 
 
 GPUBOX = f"gpubox {engine.DEFAULT_HASH}"  # the default checksum's row
 # The engine as a module, so its bytecode comes from __pycache__ like `gpubox stage`'s does (a script
-# named on the command line is compiled again at every start: ~30 ms for stage.py)
+# named on the command line is compiled again at every start: ~30 ms for the engine)
 ENGINE_ARGV = [
     sys.executable,
     "-c",
@@ -529,8 +529,8 @@ def main() -> int:
     )
     ap.add_argument(
         "--before",
-        help="an earlier provision/stage.py to time beside, warm and cold (from git show, with its "
-        "safetensors_check.py in the same directory)",
+        help="an earlier engine to time beside, warm and cold: a provision/stage.py or provision/stage/ "
+        "(from git show or git archive, with its safetensors_check.py in the same directory)",
     )
     ap.add_argument("--budget", type=float, default=0, help="seconds: no new round after this (0: none)")
     ap.add_argument("--json-out", help="also write the figures as JSON to this file")

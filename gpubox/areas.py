@@ -11,7 +11,7 @@ importlib -- like Django's INSTALLED_APPS -- and never names an area in an impor
 The pipeline's order is ONE list, PIPELINE: the modules with `steps(ctx) -> list[Step]`, in the
 order their steps run. Each area has a small `<area>/area.py` without heavy imports that defines
 `AREA = Area(...)`: its `--skip/--only` groups (a name for a set of whole step names), its CLI
-commands ("module:attr", loaded lazily by gpubox.cli so
+commands (each "gpubox.<area>.commands.<command>:<command>", loaded lazily by gpubox.cli so
 `gpubox inventory list` imports no area's code) and its hooks: named "module" or "module:attr"
 references resolved on demand (bench's scheduled run asks for provision's doctor this way, as it
 may not import the area above it).
@@ -30,12 +30,16 @@ AREAS = ("gpubox.hwtune", "gpubox.bench", "gpubox.provision")
 # The pipeline, in the order its steps run (lanes then let host and container steps overlap; a
 # step's `requires` still waits for what it needs): the modules whose `steps(ctx)` give the steps.
 PIPELINE = (
-    "gpubox.provision.lxc_step",  # host-devices, container-config, container, cuda
-    "gpubox.hwtune",  # pcie-mrrs, pcie-link, numa-balancing, nccl-env
-    "gpubox.hwtune.acs",  # pcie-acs (reports only)
+    "gpubox.provision.host_devices_step",  # host-devices
+    "gpubox.provision.container_config_step",  # container-config
+    "gpubox.provision.container_step",  # container
+    "gpubox.provision.cuda_step",  # cuda
+    "gpubox.hwtune",  # pcie-mrrs, pcie-link, numa-balancing, nccl-env (the `tune` steps)
+    "gpubox.hwtune.pcie_acs_step",  # pcie-acs (reports only)
     "gpubox.provision.stage_step",  # model-stage, drafter-stage
-    "gpubox.provision.diag_steps",  # docker-toolkit, shm-room (after staging: it takes /dev/shm room)
-    "gpubox.hwtune.probe_step",  # gpu-probe (checks only)
+    "gpubox.provision.docker_toolkit_step",  # docker-toolkit
+    "gpubox.provision.shm_room_step",  # shm-room (after staging: it takes /dev/shm room)
+    "gpubox.hwtune.gpu_probe_step",  # gpu-probe (checks only)
     "gpubox.bench.bench_step",  # bench (a measurement: recover runs it after the repairs)
 )
 

@@ -1,5 +1,9 @@
-"""The `gpubox` command line. Subcommands live next to the code they drive and load lazily,
-so `gpubox inventory list` does not pay for importing the benchmark or plotting stack."""
+"""The `gpubox` command line: the root group, global options and the one error/exit policy.
+
+Every command is one module named for it: `gpubox/commands/<command>.py` for the core's (listed in
+COMMANDS below), `<area>/commands/<command>.py` for an area's (listed in its `area.py`), each as
+"module:attr" and loaded lazily, so `gpubox inventory list` does not pay for importing the benchmark
+or plotting stack (docs/architecture.md, "How to add a command")."""
 
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from .escape import terminal
 # is not importable (a stale registration, or one added by a plugin that is not installed) is
 # left out of --help and answers "No such command" instead of a traceback (LazyGroup).
 COMMANDS = {
-    "inventory": "gpubox.cli_inventory:inventory",
-    "sim": "gpubox.cli_sim:sim",
+    "inventory": "gpubox.commands.inventory:inventory",
+    "sim": "gpubox.commands.sim:sim",
     **areas.commands(),
 }
 
@@ -42,11 +46,9 @@ class LazyGroup(click.Group):
         suggest from the registered names instead (`gpubox docter` -> 'doctor')."""
         name = click.utils.make_str(args[0])
         if self.get_command(ctx, name) is None and not name.startswith("-"):
-            import difflib
+            from .suggest import hint
 
-            close = difflib.get_close_matches(name, self.list_commands(ctx), n=2, cutoff=0.6)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            ctx.fail(f"No such command {name!r}.{hint}")
+            ctx.fail(f"No such command {name!r}.{hint(name, self.list_commands(ctx))}")
         return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
@@ -80,7 +82,29 @@ class State:
             from .inventory import Inventory
 
             self._inventory = Inventory(self.inventory_path)
+            adopt_state_dir(self._inventory)
         return self._inventory
+
+
+STATE_VAR = "gpubox_control_state_dir"
+
+
+def adopt_state_dir(inv) -> None:
+    """An inventory may name the control node's state directory for its boxes (backups, history,
+    results, locks) with `gpubox_control_state_dir` in `all: vars:` (a relative path is taken
+    from the inventory's folder). A simulated box's inventory names its own, so each practice box
+    keeps its own history and records. $GPUBOX_STATE_DIR, when set, still wins."""
+    if os.environ.get("GPUBOX_STATE_DIR"):
+        return
+    values = {str(h.vars[STATE_VAR]) for h in inv.hosts.values() if h.vars.get(STATE_VAR)}
+    if len(values) > 1:
+        raise GpuboxError(
+            f"{inv.path}: {STATE_VAR} differs between hosts ({', '.join(sorted(values))})",
+            "set it once, under all: vars:",
+        )
+    if values:
+        base = inv.path if inv.path.is_dir() else inv.path.parent
+        os.environ["GPUBOX_STATE_DIR"] = str((base / values.pop()).resolve())
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -128,8 +152,20 @@ def hoist_global_options(args: list[str]) -> list[str]:
     return front + rest
 
 
+def _prefer_prefixes(exc: click.UsageError) -> None:
+    """An unknown option that is the start of known ones suggests those only: `--dry` means
+    --dry-run, not --yes (click's close matches rank by shared letters)."""
+    if not isinstance(exc, click.NoSuchOption) or exc.ctx is None:
+        return
+    names = [o for p in exc.ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    prefixed = sorted(n for n in names if n.startswith(exc.option_name) and n != exc.option_name)
+    if exc.option_name.startswith("--") and prefixed:
+        exc.possibilities = prefixed
+
+
 def usage_line(exc: click.UsageError) -> str:
     """A usage error as one line plus the hint (click prints usage, hint and error on three)."""
+    _prefer_prefixes(exc)
     ctx = exc.ctx
     path = ctx.command_path if ctx is not None else "gpubox"
     msg = " ".join(exc.format_message().split())
@@ -163,10 +199,22 @@ def interrupted(exc: BaseException) -> None:
     sys.exit(130)
 
 
+def fail(line: str, code: int = 2, *, as_json: bool = False) -> None:
+    """The one way a run ends in error: one line on stderr and, under --json, the same as a JSON
+    object on stdout (a machine reading stdout gets an answer it can parse, not an empty stream)."""
+    click.echo(line, err=True)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"error": line, "exit_code": code}))
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every GpuboxError becomes one line on stderr and exit status 2."""
     args = hoist_global_options(list(argv if argv is not None else sys.argv[1:]))
     verbose = any(a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
         rc = cli.main(args=args, prog_name="gpubox", standalone_mode=False)
     except GpuboxError as exc:
@@ -174,46 +222,40 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        click.echo(f"gpubox: error: {terminal(exc)}", err=True)  # server/document text: no raw escapes
-        sys.exit(exc.exit_code)
+        # server/document text: no raw escapes
+        fail(f"gpubox: error: {terminal(exc)}", exc.exit_code, as_json=as_json)
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         # click turns Ctrl-C into Abort; either way it is SIGINT: 128 + 2, as shells report it.
         interrupted(exc)
     except click.UsageError as exc:
-        click.echo(usage_line(exc), err=True)
-        sys.exit(2)
+        fail(usage_line(exc), as_json=as_json)
     except click.ClickException as exc:
-        click.echo(f"gpubox: error: {' '.join(exc.format_message().split())}", err=True)
-        sys.exit(2)
+        fail(f"gpubox: error: {' '.join(exc.format_message().split())}", as_json=as_json)
     except UnicodeDecodeError as exc:
-        click.echo(
+        fail(
             f"gpubox: error: input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
             f"{exc.start} (re-save it as UTF-8)",
-            err=True,
+            as_json=as_json,
         )
-        sys.exit(2)
     except UnicodeEncodeError as exc:  # e.g. a non-UTF-8 file name (surrogate-escaped) printed
-        click.echo(
+        fail(
             f"gpubox: error: a name is not UTF-8 text ({exc.object[exc.start : exc.end]!a}); rename it "
             "(or set a UTF-8 locale)",
-            err=True,
+            as_json=as_json,
         )
-        sys.exit(2)
     except OSError as exc:
         from .errors import os_error
 
-        click.echo(f"gpubox: error: {terminal(os_error(exc))}", err=True)
-        sys.exit(2)
+        fail(f"gpubox: error: {terminal(os_error(exc))}", as_json=as_json)
     except Exception as exc:  # a bug or an unforeseen state: still one line, and "could not run"
         if verbose:
             import traceback
 
             traceback.print_exc()
         msg = " ".join(f"{type(exc).__name__}: {exc}".split())
-        click.echo(
-            f"gpubox: internal error: {msg} (re-run with -v for the traceback and report it)", err=True
+        fail(
+            f"gpubox: internal error: {msg} (re-run with -v for the traceback and report it)", as_json=as_json
         )
-        sys.exit(2)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 

@@ -15,6 +15,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 dry_run_option = click.option(
     "--dry-run", is_flag=True, help="Check and plan only: show the exact diff/commands, change nothing."
 )
+skip_option = click.option(
+    "--skip", multiple=True, metavar="STEP", help="Skip a step or group (repeat or comma-separate)."
+)
+only_option = click.option("--only", multiple=True, metavar="STEP", help="Run only these steps or groups.")
 
 
 def persist_option(help_text: str = "Host repairs survive the next reboot (boot files)."):
@@ -68,6 +72,9 @@ def box_context(ctx: click.Context, box_name: str, **options: Any) -> Context:
     inv = st.inventory
     box = inv.box(box_name)
     quiet = options.get("as_json", False)
+    root = ctx.find_root()
+    if root.get_parameter_source("inventory") == click.core.ParameterSource.COMMANDLINE:
+        options.setdefault("inventory_arg", st.inventory_path)  # repair hints repeat it
     return Context(
         box=box,
         inventory=inv,

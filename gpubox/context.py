@@ -24,7 +24,7 @@ class Context:
     verbose: bool = False
     console: Any = None  # rich Console, or None when quiet/JSON
     # what a step kept for a later step of the same run (not a fact: `forget` keeps it), e.g. the
-    # plan container-config showed before host-devices loaded nvidia-uvm (provision.lxc_step)
+    # plan container-config showed before host-devices loaded nvidia-uvm (provision.container_config_step)
     memo: dict[str, Any] = field(default_factory=dict)
     _hosts: tuple[Host, Host] | None = None
     _facts: FactCache = field(default_factory=FactCache)

@@ -300,17 +300,22 @@ class Inventory:
             known = ", ".join(sorted(self._hosts)) or "none"
             raise InventoryError(f"unknown host {name!r} in {self.path}", f"known hosts: {known}") from None
 
+    def _unknown_box(self, name: str) -> InventoryError:
+        from .suggest import with_hint
+
+        names = self.box_names()
+        known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "") or "none"
+        return InventoryError(
+            with_hint(f"unknown box {name!r} in {self.path}", name, names), f"known boxes: {known}"
+        )
+
     def box_names(self) -> list[str]:
         return sorted(n for n, h in self._hosts.items() if "gpubox_vmid" in h.vars)
 
     def box(self, name: str) -> Box:
-        if name not in self._hosts:
-            known = ", ".join(self.box_names()) or "none"
-            raise InventoryError(f"unknown box {name!r} in {self.path}", f"known boxes: {known}")
-        ct = self._hosts[name]
-        if "gpubox_vmid" not in ct.vars and CONTAINER_GROUP not in ct.groups:
-            known = ", ".join(self.box_names()) or "none"
-            raise InventoryError(f"unknown box {name!r} in {self.path}", f"known boxes: {known}")
+        ct = self._hosts.get(name)
+        if ct is None or ("gpubox_vmid" not in ct.vars and CONTAINER_GROUP not in ct.groups):
+            raise self._unknown_box(name)
         hostname = ct.vars.get("gpubox_proxmox_host")
         # The one gate (invschema.check_box), as the Ansible module applies it.
         check_box(name, ct.vars, hostname, self._hosts[hostname].vars if hostname in self._hosts else {})

@@ -12,6 +12,7 @@ a step never starts before the steps it requires. `requires` and the lane live o
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import traceback
@@ -218,6 +219,19 @@ def check_options(ctx, steps: Iterable[Step]) -> None:
             pass
 
 
+_GPUBOX_CMD = re.compile(r"(?<![\w./-])gpubox (?!-i )(?=[a-z])")
+
+
+def hint_command(text: str | None, inventory: str | None) -> str | None:
+    """A repair hint as the user must type it: every `gpubox CMD` in it gets the `-i PATH` the user
+    gave on the command line (a hint without it would act on the default inventory, or fail)."""
+    if not text or not inventory:
+        return text
+    import shlex
+
+    return _GPUBOX_CMD.sub(lambda m: f"gpubox -i {shlex.quote(inventory)} ", text)
+
+
 def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
     nodes = list(nodes)
     forget = getattr(ctx, "forget", None)
@@ -255,6 +269,7 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
                         shared.error = exc
                         shared.cond.notify_all()
                     return
+            res.repair = hint_command(res.repair, ctx.opt("inventory_arg"))
             with shared.cond:
                 shared.results[node.name] = res
                 shared.cond.notify_all()

@@ -8,7 +8,7 @@ least every ALIVE_S, so a silent remote means a hung one.
 
 Events: {"ev": "start", "total": N, "desc": S} {"ev": "advance", "n": N} {"ev": "stop"}
         {"ev": "step", "desc": S, "advance": B} {"ev": "alive"}
-provision/stage.py (LineProgress) writes the same lines without importing this module: it is sent to
+provision/stage/progress.py (LineProgress) writes the same lines without importing this module: it is sent to
 containers that have no gpubox installed.
 """
 

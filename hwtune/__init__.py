@@ -13,9 +13,10 @@ STEP_NAMES = ("pcie-mrrs", "pcie-link", "numa-balancing", "nccl-env")
 
 def steps(ctx, names=STEP_NAMES) -> list:
     """The host-tuning steps, in order, optionally only those named."""
-    from .nccl_step import NcclEnvStep
-    from .numa_step import NumaBalancingStep
-    from .pcie_step import PcieLinkStep, PcieMrrsStep
+    from .nccl_env_step import NcclEnvStep
+    from .numa_balancing_step import NumaBalancingStep
+    from .pcie_link_step import PcieLinkStep
+    from .pcie_mrrs_step import PcieMrrsStep
 
     all_steps = [PcieMrrsStep(), PcieLinkStep(), NumaBalancingStep(), NcclEnvStep()]
     return [s for s in all_steps if s.name in names]

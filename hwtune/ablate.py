@@ -235,3 +235,22 @@ def render(result: Mapping[str, Any], con) -> None:
     for line in [*result.get("not_ablated", []), result.get("host_settings"), *result.get("errors", [])]:
         if line:
             con.print(f"[dim]{escape(line)}[/]")
+
+
+def table_md(result: dict) -> str:
+    """The ablation as a Markdown table (docs quote it as is)."""
+    lines = [
+        f"Ablation of `{result['profile']}`: all-reduce busbw GB/s, mean ± 95% CI over "
+        f"{result['repeats']} repeats; change against NCCL's defaults (`none`).",
+        "",
+        "| metric | arm | mean | ±CI | vs none | ±CI | verdict |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    f = lambda v, s="": "-" if v is None else f"{v:.2f}{s}"  # noqa: E731
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['metric']} | {r['arm']} | {f(r['mean'])} | {f(r['ci95'])} | {f(r['delta_pct'], '%')} "
+            f"| {f(r['delta_ci95_pct'], '%')} | {r['significant'] or ''} |"
+        )
+    lines += ["", *(f"- {x}" for x in result.get("not_ablated", [])), f"- {result.get('host_settings')}"]
+    return "\n".join(lines) + "\n"

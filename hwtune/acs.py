@@ -1,4 +1,5 @@
-"""PCIe Access Control Services on the bridges above the GPUs (the pcie-acs step).
+"""PCIe Access Control Services on the bridges above the GPUs: the facts and the decision of the
+pcie-acs step (hwtune/pcie_acs_step.py).
 
 ACS P2P Request Redirect / Completion Redirect (ACS Control bits 2 and 3, PCIe Base spec 7.7.8;
 linux include/uapi/linux/pci_regs.h PCI_ACS_RR, PCI_ACS_CR) make a switch downstream port or a
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.facts import Fact
-from gpubox.steps import OMIT, Finding, Omit, Step
+from gpubox.steps import OMIT, Finding, Omit
 
 from .pcie import BRIDGE_CLASS, NVIDIA_VENDOR, PciFunctions, setpci_base
 
@@ -77,7 +78,7 @@ def _below(b: Bridge, gpus: list[str]) -> list[str]:
     return [g for g in gpus if b.secondary <= _bus(g) <= b.subordinate]
 
 
-def judge(f: AcsFacts) -> Finding:
+def decide(f: AcsFacts) -> Finding:
     """Pure: the pcie-acs finding."""
     ev = AcsEvidence(
         [
@@ -168,24 +169,3 @@ class AcsRead(Fact):
         for g in gpus:
             out.iommu[g] = host.read_text(f"/sys/bus/pci/devices/{g}/iommu_group/type", default="").strip()
         return out
-
-
-class PcieAcsStep(Step):
-    """ACS redirect above the GPUs: reported, never changed."""
-
-    name = "pcie-acs"
-    title = "PCIe ACS on the bridges above the GPUs"
-    where = "host"
-
-    def options(self, ctx) -> AcsOptions:
-        return AcsOptions()
-
-    def gather(self, ctx) -> AcsFacts:
-        return ctx.fact(AcsRead)
-
-    def decide(self, facts: AcsFacts, opts: AcsOptions) -> Finding:
-        return judge(facts)
-
-
-def steps(ctx=None) -> list:
-    return [PcieAcsStep()]

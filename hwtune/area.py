@@ -12,9 +12,9 @@ AREA = Area(
         "probe": ("gpu-probe",),
     },
     commands={
-        "tune": "gpubox.hwtune.cli:tune",
-        "nccl": "gpubox.hwtune.cli:nccl",
-        "gpus": "gpubox.hwtune.cli:gpus",
-        "probe": "gpubox.hwtune.cli_probe:probe",
+        "tune": "gpubox.hwtune.commands.tune:tune",
+        "nccl": "gpubox.hwtune.commands.nccl:nccl",
+        "gpus": "gpubox.hwtune.commands.gpus:gpus",
+        "probe": "gpubox.hwtune.commands.probe:probe",
     },
 )

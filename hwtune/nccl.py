@@ -15,13 +15,12 @@ Formats and the rules of their readers:
            starting with '#', splits at the first '=', and takes both sides literally (no trimming).
 - json:    {"NCCL_X": "value"}.
 
-The nccl-env step (hwtune/nccl_step.py) decides over the facts defined at the end of this module:
+The nccl-env step (hwtune/nccl_env_step.py) decides over the facts defined at the end of this module:
 the container's NCCL files and the topology class NVML sees in the container.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import os
@@ -34,6 +33,7 @@ import yaml
 
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
+from gpubox.suggest import close
 
 HERE = Path(__file__).resolve().parent
 PROFILE_DIR = HERE / "profiles"
@@ -79,10 +79,8 @@ class Issue:
 
 
 def did_you_mean(word: str, choices: list[str], cutoff: float = 0.7) -> str | None:
-    m = difflib.get_close_matches(word.upper(), [c.upper() for c in choices], n=1, cutoff=cutoff)
-    if not m:
-        return None
-    return next(c for c in choices if c.upper() == m[0])
+    m = close(word, choices, n=1, cutoff=cutoff)
+    return m[0] if m else None
 
 
 def suggest_name(name: str) -> str | None:
@@ -401,8 +399,10 @@ def quote(v: str) -> str:
     """The one quoting rule for `source`-able files (shell and envfile): bare when SAFE_VALUE,
     else '...' when there is no single quote, else "..." with \\ " ` $ escaped. bash and systemd's
     EnvironmentFile parser (env-file.c) read all three forms to the same literal value, and no
-    form leaves a character that bash would run, expand or split on."""
-    if SAFE_VALUE.match(v):
+    form leaves a character that bash would run, expand or split on. A value that starts with `=`
+    (NCCL's exact-match prefix, NCCL_IB_HCA==mlx5_0) is quoted too: bash reads `K==v` right, but it
+    looks like a typo to people and to shellcheck (SC1097)."""
+    if SAFE_VALUE.match(v) and not v.startswith("="):
         return v
     if "'" not in v:
         return f"'{v}'"

@@ -305,3 +305,21 @@ def render(result: Mapping[str, Any], con) -> None:
         con.print(f"[red]{escape(e)}[/]")
     for n in result.get("notes") or []:
         con.print(f"[dim]{escape(n)}[/]")
+
+
+def parse_gpu_sets(text: str | None) -> list[list[int]] | None:
+    """`--allreduce-sets` ('0,1,2,3;4,5,6,7') as GPU index sets; None when not given. Bad text is
+    bad input (probe and tune ablate take the option)."""
+    if text is None:
+        return None
+    from . import probe
+
+    try:
+        sets = probe.parse_sets(text)
+    except ValueError:
+        sets = None
+    if sets is None or any(not s or min(s) < 0 for s in sets):
+        raise GpuboxError(
+            f"--allreduce-sets {text!r} is not a list of GPU index sets", "e.g. '0,1,2,3;4,5,6,7'"
+        )
+    return sets

@@ -42,7 +42,7 @@ def row_noise(row: Mapping[str, Any], min_noise: float = MIN_NOISE) -> tuple[flo
     return max(parts, key=lambda p: p[0])
 
 
-def judge_row(row: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any]:
+def decide_row(row: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any]:
     noise, src = row_noise(row, min_noise)
     b, p = row.get("baseline"), row.get("profile")
     where = (
@@ -77,14 +77,14 @@ def fits(profile_topologies: list[str] | None, box_class: str | None) -> bool | 
     return "any" in profile_topologies or box_class in profile_topologies
 
 
-def judge(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any]:
+def decide(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any]:
     """The gate's verdict on a comparison document."""
     if not isinstance(doc, Mapping) or doc.get("schema") != "gpubox.nccl-compare/1" or "rows" not in doc:
         raise GpuboxError(
             "not a gpubox.nccl-compare/1 document",
             "give the JSON of `gpubox probe --local --nccl-compare P --json`",
         )
-    rows = [judge_row(r, min_noise) for r in doc.get("rows") or []]
+    rows = [decide_row(r, min_noise) for r in doc.get("rows") or []]
     slower = [r for r in rows if r["verdict"] == "slower"]
     faster = [r for r in rows if r["verdict"] == "faster"]
     unmeasured = [r for r in rows if r["verdict"] == "unmeasured"]
@@ -123,3 +123,18 @@ def judge(doc: Mapping[str, Any], min_noise: float = MIN_NOISE) -> dict[str, Any
         "reasons": reasons,
         "summary": f"{doc.get('profile')}: {verdict} - " + " | ".join(reasons),
     }
+
+
+def render(gate: Mapping[str, Any], con) -> None:
+    """The gate's verdict, its rows and its reasons on a rich console (probe and tune nccl)."""
+    from rich.markup import escape
+
+    color = {"install": "green", "refuse": "red", "no-gain": "yellow"}[gate["verdict"]]
+    con.print(
+        f"[bold {color}]A/B gate: {escape(gate['profile'] or '?')}: {gate['verdict']}[/]"
+        + ("" if gate["aa_measured"] else " [dim](no A/A arm: noise floor is the minimum only)[/]")
+    )
+    for r in gate["rows"]:
+        con.print(f"  {r['verdict']:10} {escape(r['detail'])}")
+    for why in gate["reasons"]:
+        con.print(f"  [{color}]{escape(why)}[/]")

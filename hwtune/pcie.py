@@ -9,7 +9,7 @@ moved. `-d 10de:` would also hit the GPU's HD-audio function, so GPU functions a
 sysfs.path=<root>/sys/bus/pci`, which is how tests run against a simulated box.
 
 This module holds the facts (sysfs, setpci, lockdown, the boot unit: `read` does the I/O, `parse`
-is pure) and the pure register arithmetic; the steps that decide live in hwtune/pcie_step.py.
+is pure) and the pure register arithmetic; the steps that decide live in hwtune/pcie_mrrs_step.py and pcie_link_step.py.
 """
 
 from __future__ import annotations
@@ -468,3 +468,16 @@ def unit_text(bdfs: list[str], code: int) -> str:
 def unit_bdfs(text: str) -> list[str]:
     """The bus ids a boot unit written by unit_text names: gpubox's record of the box's GPUs."""
     return re.findall(r"^ExecStart=\S*setpci -s (\S+) ", text or "", re.M)
+
+
+def _include(ctx) -> tuple[str, ...]:
+    inc = ctx.opt("include") or ()
+    items = (inc,) if isinstance(inc, str) else tuple(inc)
+    return tuple(p for i in items for p in i.split(","))
+
+
+def gather_devices(ctx) -> list[DeviceRegs]:
+    """The selected functions (GPUs, plus --include) with their registers, read through ctx.fact
+    (the pcie-mrrs and pcie-link steps)."""
+    funcs = pick_functions(ctx.fact(PciFunctions), _include(ctx), ctx.host.name)
+    return [device_regs(ctx.fact, f) for f in funcs]

@@ -13,11 +13,11 @@ AREA = Area(
         "diagnose": ("docker-toolkit", "shm-room"),
     },
     commands={
-        "doctor": "gpubox.provision.cli_recover:doctor",
-        "recover": "gpubox.provision.cli_recover:recover",
-        "demo": "gpubox.provision.cli_recover:demo",
-        "lxc": "gpubox.provision.cli_lxc:lxc",
-        "stage": "gpubox.provision.cli_stage:stage",
+        "doctor": "gpubox.provision.commands.doctor:doctor",
+        "recover": "gpubox.provision.commands.recover:recover",
+        "demo": "gpubox.provision.commands.demo:demo",
+        "lxc": "gpubox.provision.commands.lxc:lxc",
+        "stage": "gpubox.provision.commands.stage:stage",
     },
     hooks={"doctor": "gpubox.provision.recover:doctor_dict"},  # bench's run-once exports it
 )

@@ -141,7 +141,7 @@ class Owner:
         # still lacks a rule for its current major: once gpubox (or anyone) added that rule, the
         # mounts no longer vouch for a dynamic rule that could not be proven before, and devN nodes
         # never need a rule (Proxmox derives it at start) - a second run must not drop what the
-        # first kept (found by the Hypothesis fuzz of review()).
+        # first kept (found by the Hypothesis fuzz of decide()).
         named = {
             name
             for name in ("nvidia-uvm", "nvidia-caps")
@@ -237,7 +237,7 @@ class _Edit:
         return StartModel.build(_entries(self.lines, self.drop, self.cur), self.rdev, self.host_exists)
 
 
-def review(
+def decide(
     conf: LxcConf,
     hd: HostDevices,
     mode: str | None = None,

@@ -6,7 +6,7 @@ It opens the NVIDIA nodes and classifies the errno (docs/facts.md "NVIDIA device
 node missing, EPERM = cgroup denies it, ENXIO = node with a stale major), calls cuInit(0)
 through ctypes libcuda.so.1 (999 unknown = uvm denied, 100 no device, 803 driver/library
 mismatch), counts devices through NVML, and compares the kernel module's version
-(/proc/driver/nvidia/version) with the userspace library's. `diagnose()` (control side) maps
+(/proc/driver/nvidia/version) with the userspace library's. `decide()` (control side) maps
 each cause to its repair.
 """
 
@@ -157,7 +157,7 @@ def probe(container, nodes=(), timeout=60):
         return {"error": "probe printed no JSON: %r" % r.stdout[-200:]}
 
 
-def diagnose(res, box="BOX"):
+def decide(res, box="BOX"):
     """[(code, cause, repair)] for everything the probe found wrong; [] when CUDA works."""
     fix = "gpubox lxc fix %s" % box
     out = []

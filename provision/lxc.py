@@ -13,7 +13,7 @@ restart ("auto" | "never" | "always"), persist, confirm (callable(question) -> b
 
 This module holds the facts these steps read (what is on the host, the container's config and
 state, the in-container probe) and the pure helpers they decide with; the steps themselves live
-in provision/lxc_step.py, with `steps()`.
+in provision/host_devices_step.py, container_config_step.py, container_step.py and cuda_step.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox.facts import Fact, FileText  # noqa: F401 - FileText: lxc_step reads it from here
+from gpubox.facts import Fact, FileText  # noqa: F401 - FileText: the LXC steps read it from here
 
 from . import cuda_probe
 from .devices import HostDevices
@@ -39,6 +39,11 @@ RESTART_POLICIES = ("auto", "never", "always")
 def _control(ctx):
     """The container's control (pct or the Proxmox API); bad API settings raise GpuboxError."""
     return control_for(ctx)
+
+
+def gpus_wanted(ctx):
+    """The inventory's gpubox_gpus for the box (None when unset): how many GPUs it should have."""
+    return ctx.box.var("gpubox_gpus")
 
 
 def _owned_file(host: str, vmid: int):

@@ -18,7 +18,7 @@ from typing import Any
 from rich.markup import escape
 
 from gpubox import areas, selection
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, Interrupted
 from gpubox.pipeline import Node, run_pipeline
 from gpubox.state import state_dir
 from gpubox.steps import RunReport, Step, StepResult, evidence_dict
@@ -176,22 +176,112 @@ def recover(
         except (ValueError, KeyError):
             pass
     chosen = selected(collect_steps(ctx), skip, only)
+    if bench and any(s.measures for s in chosen):
+        from gpubox.bench.runner import resolve_run
+
+        resolve_run(ctx, profile)  # every benchmark option checked before any repair (exit 2)
     # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
+    if not dry_run:
+        refused = _consent_first(ctx, nodes)
+        if refused is not None:
+            return Outcome(refused, notes=notes + ["nothing was changed: the plan above was not accepted"])
     start, done = _progress(ctx)
     report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
     if bench and not dry_run and any(s.measures for s in chosen):
-        if not report.ok:
+        problems = remaining_problems(report)
+        needed = bench_needs(chosen)
+        blocking = [r.name for r in problems if r.name in needed]
+        if blocking:
             outcome.notes.append(
-                "benchmark not run: fix the problems above first (or re-run with --no-bench)"
+                f"benchmark not run: it needs {', '.join(blocking)}; fix that first (or re-run with --no-bench)"
             )
-        else:
-            _bench_and_report(ctx, outcome, profile, out_dir, report_format)
+        else:  # what is left cannot stop a measurement: measure, and the verdict names it
+            try:
+                _bench_and_report(
+                    ctx,
+                    outcome,
+                    profile,
+                    out_dir,
+                    report_format,
+                    unrepaired=[_problem_line(r) for r in problems],
+                )
+            except KeyboardInterrupt as exc:  # Ctrl-C in the benchmark: say what the repairs changed
+                if isinstance(exc, Interrupted):
+                    raise
+                raise Interrupted(report.steps, ["bench (the verification benchmark)"]) from exc
     if not dry_run:
         last.write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
     return outcome
+
+
+def _consent_first(ctx, nodes: list[Node]) -> RunReport | None:
+    """Consent is decided before anything changes. Without --yes the plan is read first (check and
+    plan only); when it restarts the container: at a terminal the whole plan is asked about once
+    (a yes covers every step of this run); with no terminal to ask, GpuboxError (exit 2) with
+    nothing changed, instead of repairing the host and then stopping at the restart.
+    The plan-mode report when the answer was no; None to go on."""
+    if ctx.opt("yes") or ctx.opt("restart", "auto") != "auto":
+        return None
+    preview = run_pipeline(ctx, nodes, "plan")
+    ctx.forget()  # apply reads every fact again
+    ctx.memo.clear()
+    restart = [r for r in preview.steps if r.name == "container" and r.evidence.get("need") == "reboot"]
+    if not restart:
+        return None
+    changes = [r for r in preview.steps if r.status == "drift" and (r.commands or r.diff)]
+    confirm = ctx.opt("confirm")
+    if not callable(confirm):
+        raise GpuboxError(
+            f"recover {ctx.box.name} would change {len(changes)} step(s) and restart the container "
+            "(a reboot interrupts what runs in it); there is no terminal to ask: nothing was changed",
+            f"re-run with --yes, or --restart never to repair the rest, or `recover {ctx.box.name} --dry-run` to see the plan",
+        )
+    if ctx.console is not None:
+        ctx.console.print(f"[bold]gpubox recover {ctx.box.name}[/] will:")
+        for r in changes:
+            ctx.console.print(f"  {r.name}: {escape(r.detail)}")
+    if confirm(f"Apply these {len(changes)} change(s) to {ctx.box.name}, restarting its container?"):
+        ctx.options["yes"] = True  # the one answer covers the restart too
+        return None
+    return preview
+
+
+# What a measurement needs besides the steps the benchmark step requires (and theirs): the weights it
+# serves and the NCCL environment its server starts with. A problem anywhere else -- a PCIe link
+# trained low, MaxReadReq refused under kernel lockdown, an ACS finding -- leaves a box that can
+# still be measured, and deserves a measured verdict (degraded, naming it) rather than none.
+BENCH_NEEDS = ("model-stage", "drafter-stage", "nccl-env")
+
+
+def bench_needs(chosen: list[Step]) -> set[str]:
+    """Names of the chosen steps the benchmark cannot run without: BENCH_NEEDS and every
+    measuring step's `requires`, with their own `requires`, transitively."""
+    by = {s.name: s for s in chosen}
+    todo = [r for s in chosen if s.measures for r in (s.requires or ())] + list(BENCH_NEEDS)
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by:
+            continue
+        seen.add(name)
+        todo += list(by[name].requires or ())
+    return seen
+
+
+def remaining_problems(report: RunReport) -> list[StepResult]:
+    """The steps that did not end ok: drift, failed, or blocked by one that did not."""
+    return [
+        r
+        for r in report.steps
+        if r.status in ("drift", "failed") or (r.status == "skipped" and r.evidence.get("blocked_by"))
+    ]
+
+
+def _problem_line(r: StepResult) -> str:
+    return f"not repaired: {r.name}: {r.detail}" + (f" ({r.cause})" if r.cause else "")
 
 
 def headline(doc: dict[str, Any]) -> str:
@@ -234,7 +324,7 @@ def _record_repairs(outcome: Outcome) -> None:
         results.write({k: v for k, v in doc.items() if k != "path"}, p.parent)  # atomic, validated
 
 
-def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) -> None:
+def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format, unrepaired=()) -> None:
     from gpubox.bench import runner
     from gpubox.state import sub_dir
 
@@ -245,7 +335,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
 
     try:
         with run_lock(ctx):  # never overlap a scheduled health check of the same box
-            doc = runner.run_box(ctx, profile=profile, out_dir=str(out))
+            doc = runner.run_box(ctx, profile=profile, out_dir=str(out), unrepaired=list(unrepaired))
     except GpuboxError as exc:  # the repairs above stand; say why there is no verdict
         outcome.report.steps.append(
             StepResult(
@@ -284,3 +374,23 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format) ->
         outcome.report_path = str(rep.main)
     except Exception as exc:  # a report problem must not hide the verdict
         outcome.notes.append(f"report not written: {exc}")
+
+
+def render_outcome(outcome: Outcome, title: str) -> None:
+    """What recover did, on the terminal: the report, its notes, the benchmark verdict and where the
+    results and report went (`gpubox recover` and `gpubox demo`)."""
+    from gpubox.output import console, render_report
+
+    con = console()
+    render_report(outcome.report, con, title=title)
+    for n in outcome.notes:
+        con.print(f"[yellow]note:[/] {escape(n)}")
+    if outcome.bench is not None:
+        v = outcome.bench.get("verdict", {})
+        colour = {"healthy": "green", "degraded": "yellow"}.get(v.get("status"), "red")
+        con.print(f"benchmark verdict: [{colour}]{v.get('status')}[/]")
+        for r in v.get("reasons", []):
+            con.print(f"  - {escape(r.get('message', ''))}")
+        con.print(f"results: {outcome.bench_path}")
+        if outcome.report_path:
+            con.print(f"report:  {outcome.report_path}")

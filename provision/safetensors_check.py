@@ -1,4 +1,4 @@
-"""Hub-less integrity checks of a model directory (stdlib only: travels with stage.py).
+"""Hub-less integrity checks of a model directory (stdlib only: travels with the copier, provision/stage/).
 
 What a server needs to load a model, checked without the hub and without reading the weights:
 - every shard named in `model.safetensors.index.json` exists, and holds the tensors the index

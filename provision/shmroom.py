@@ -39,7 +39,7 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / (1 << 20):.0f} MiB"
 
 
-def judge(f: ShmFacts, ranks: int) -> tuple[str, str, str | None, str | None]:
+def decide(f: ShmFacts, ranks: int) -> tuple[str, str, str | None, str | None]:
     """Pure: (status, detail, cause, repair) for NCCL's room in /dev/shm at `ranks` GPUs."""
     if f.free is None:
         return "skipped", f"{SHM} could not be read", None, None

@@ -43,7 +43,7 @@ REMOTE_TIMEOUT = 6 * 3600  # a 52 GB copy from slow NFS can take a while
 
 
 def _gb(n: int) -> str:
-    return engine._gb(n)
+    return engine.size_text(n)
 
 
 def model_spec(ctx, var: str) -> dict | None:
@@ -118,7 +118,7 @@ def copier(host, req: dict, progress=None) -> dict:
     try:
         r = payload.run(
             host,
-            "gpubox.provision.stage",
+            "gpubox.provision.stage.__main__",
             ["--request", json.dumps({**req, "progress": "lines"})],
             timeout=REMOTE_TIMEOUT,
             on_stderr=relay,

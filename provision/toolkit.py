@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpubox.facts import Fact
+from gpubox.steps import FAILED, OK, SKIPPED, Finding
 
 CONFIG = "/etc/nvidia-container-runtime/config.toml"
 CLI_PATHS = ("/usr/bin/nvidia-container-cli", "/usr/local/bin/nvidia-container-cli")
@@ -85,7 +86,7 @@ def no_cgroups(toml: str) -> bool | None:
     return None
 
 
-def judge(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
+def decide(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
     """Pure: (status, detail, cause, repair)."""
     stale = stale_rules(f.rules, f.proc_devices)
     if stale:
@@ -139,3 +140,13 @@ class ToolkitFact(Fact):
                     rules[cid] = [str(r) for r in got]
         proc = host.read_text("/proc/devices", default="") if rules else ""
         return ToolkitFacts(text, any(host.exists(p) for p in CLI_PATHS), rules, proc)
+
+
+def finding_of(status: str, detail: str, cause, repair, ev) -> Finding:
+    """A (status, detail, cause, repair) decision of this module or provision.shmroom as the step's
+    Finding: these diagnoses report, they plan nothing."""
+    if status == OK:
+        return Finding.ok(detail, evidence=ev)
+    if status == FAILED:
+        return Finding.failed(detail, cause=cause, repair=repair, evidence=ev)
+    return Finding(SKIPPED, detail, ev)

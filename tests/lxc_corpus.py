@@ -5,7 +5,7 @@ Entries (tests/fixtures/lxc/corpus/<group>/<name>.json), each: the pct config, t
 started (and LXC's / pve's error lines), the verdict per node (open() errno in the container), the
 machine it was recorded on and the command that re-records it. Groups:
 - realworld: every config of tests/fixtures/lxc/realworld/ as written (provenance in their .source);
-- fixed: the same configs after `gpubox lxc fix` (confedit.review): they must start, every NVIDIA node rw;
+- fixed: the same configs after `gpubox lxc fix` (confedit.decide): they must start, every NVIDIA node rw;
 - matrix: synthetic rule and mount shapes (MATRIX below), one class each.
 
 Re-record (root, Debian's lxc, a cgroup2-capable kernel; a hybrid host is handled in a private
@@ -201,7 +201,7 @@ def host_from(desc: dict, root: Path) -> Path:
 
 def cases() -> dict[str, tuple[str, str]]:
     """name -> (host variant, config text) for every entry of the corpus."""
-    from gpubox.provision.confedit import review
+    from gpubox.provision.confedit import decide
     from gpubox.provision.devices import read_host_devices
     from gpubox.provision.lxcconf import LxcConf
     from gpubox.provision.lxcmodel import host_rdev_under
@@ -216,7 +216,7 @@ def cases() -> dict[str, tuple[str, str]]:
         for c in sorted(REAL.glob("*.conf")):
             raw = c.read_bytes().decode()
             out[f"realworld/{c.stem}"] = ("stock", raw)
-            rev = review(LxcConf.parse(raw), hd, None, host_rdev_under(str(root)))
+            rev = decide(LxcConf.parse(raw), hd, None, host_rdev_under(str(root)))
             out[f"fixed/{c.stem}"] = ("stock", rev.new)
     return out
 

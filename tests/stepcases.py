@@ -2,7 +2,7 @@
 finding (and plan) its pure `decide` must return. No host, no simulated box.
 
 A case file:
-    {"step": "gpubox.hwtune.numa_step:NumaBalancingStep",    # module:class
+    {"step": "gpubox.hwtune.numa_balancing_step:NumaBalancingStep",    # module:class
      "why": "one line: what this case pins down",
      "facts": {...}, "options": {...},                   # the step's Facts / Options dataclasses
      "expect": {"status": "drift", "detail": "...", "cause": ..., "repair": ..., "evidence": {...},

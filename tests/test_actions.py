@@ -23,8 +23,9 @@ from gpubox.diffs import unified
 from gpubox.errors import GpuboxError
 from gpubox.inventory import Inventory
 from gpubox.pipeline import run_steps
-from gpubox.provision import lxc_step
-from gpubox.provision.lxc_step import ConfigCommit, ContainerRestart
+from gpubox.provision import container_config_step, container_step
+from gpubox.provision.container_config_step import ConfigCommit
+from gpubox.provision.container_step import ContainerRestart
 from gpubox.provision.stage_step import StageCopy
 from gpubox.simbox import build
 from gpubox.steps import Action, Execution, Plan, Run, Step
@@ -173,12 +174,12 @@ def test_apply_runs_exactly_the_argv_a_dry_run_shows(tmp_path, monkeypatch, faul
 def test_config_commit_writes_its_diff(tmp_path):
     sim = build(tmp_path / "box", ["uvm_stale_major"], gpus=2)
     ctx = _ctx(sim)
-    f = lxc_step.ContainerConfigStep().check(ctx)
-    commit = lxc_step.config_commit(f.plan)
+    f = container_config_step.ContainerConfigStep().check(ctx)
+    commit = container_config_step.config_commit(f.plan)
     assert isinstance(commit, ConfigCommit) and commit.describe(ctx.host) == []
     path = sim.hpath("/etc/pve/lxc/200.conf")
     before = path.read_text()
-    lxc_step.ContainerConfigStep().apply(ctx, f.plan)
+    container_config_step.ContainerConfigStep().apply(ctx, f.plan)
     after = path.read_text()
     assert after == commit.text != before
     # the diff a dry run shows is the change made to the file (its main section)
@@ -255,8 +256,8 @@ class _Ctx:
 def ctl(monkeypatch):
     c = _Ctl()
     cleared = []
-    monkeypatch.setattr(lxc_step, "control", lambda ctx: c)
-    monkeypatch.setattr(lxc_step, "clear_restart_due", lambda host, vmid: cleared.append((host, vmid)))
+    monkeypatch.setattr(container_step, "control", lambda ctx: c)
+    monkeypatch.setattr(container_step, "clear_restart_due", lambda host, vmid: cleared.append((host, vmid)))
     c.cleared = cleared
     return c
 
@@ -302,7 +303,7 @@ def test_a_start_interrupts_nothing_and_asks_nothing(ctl):
 def test_restart_through_pct_runs_its_described_argv(tmp_path):
     sim = build(tmp_path / "box", ["container_stopped"], gpus=2)
     ctx = _ctx(sim, yes=True)
-    step = lxc_step.ContainerStep()
+    step = container_step.ContainerStep()
     plan = step.plan(ctx, step.check(ctx))
     (restart,) = plan.actions
     assert isinstance(restart, ContainerRestart)
@@ -318,7 +319,7 @@ def test_unknown_restart_policy_is_bad_input_before_anything_is_read(tmp_path):
     calls = len(sim.calls())
     ctx = _ctx(sim, restart="sometimes")
     with pytest.raises(GpuboxError, match="--restart 'sometimes' is not known"):
-        run_steps(ctx, [lxc_step.ContainerStep()], "plan")
+        run_steps(ctx, [container_step.ContainerStep()], "plan")
     assert len(sim.calls()) == calls
 
 

@@ -18,7 +18,7 @@ import yaml
 from gpubox.bench.launcher import free_port
 from gpubox.hwtune.nccl import load_profile
 from gpubox.simbox import build
-from gpubox.simbox.simserver import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
+from gpubox.simbox.simserver_tuning import TUNING_GAIN_C8, TUNING_GAIN_SINGLE, read_tuning
 from tests.bench_helpers import simserver
 from tests.clirun import gpubox
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpubox.bench import metrics, results
-from gpubox.bench.verdict import evaluate, exit_code
+from gpubox.bench.verdict import decide, exit_code
 
 DOC = json.loads((Path(__file__).parent / "data" / "bench_result_sim.json").read_text())
 SPEED = DOC["sim_speed"]
@@ -33,7 +33,7 @@ def m(d, key):
 
 def test_recorded_result_is_valid_and_healthy():
     assert results.validate(DOC) == []
-    v = evaluate(doc(), EXPECT)
+    v = decide(doc(), EXPECT)
     assert v == {"status": "healthy", "reasons": []}
     assert exit_code(v) == 0
 
@@ -41,7 +41,7 @@ def test_recorded_result_is_valid_and_healthy():
 def test_below_expectation_is_degraded_with_numbers():
     d = doc()
     m(d, "tp8/ddtree:15/decode/out1024")["tok_s"] = 230.1 * SPEED
-    v = evaluate(d, {**EXPECT, "tolerance": 0.10})
+    v = decide(d, {**EXPECT, "tolerance": 0.10})
     assert v["status"] == "degraded" and exit_code(v) == 1
     (r,) = v["reasons"]
     assert r["key"] == "tp8/ddtree:15/decode/out1024"
@@ -51,13 +51,13 @@ def test_below_expectation_is_degraded_with_numbers():
 def test_within_tolerance_is_healthy():
     d = doc()
     m(d, "tp8/ddtree:15/decode/out1024")["tok_s"] = 263.9 * SPEED * 0.9
-    assert evaluate(d, EXPECT)["status"] == "healthy"
+    assert decide(d, EXPECT)["status"] == "healthy"
 
 
 def test_speedup_over_auto():
     d = doc()
     m(d, "tp1/auto/decode/out1024")["tok_s"] = 60 * SPEED  # ddtree now only ~2.9x
-    v = evaluate(d, {"min_speedup_over_auto": 3.0})
+    v = decide(d, {"min_speedup_over_auto": 3.0})
     sp = [r for r in v["reasons"] if "x autoregressive" in r["message"]]
     assert [r["key"] for r in sp] == ["tp1/ddtree:15/decode/out1024"]
 
@@ -65,7 +65,7 @@ def test_speedup_over_auto():
 def test_acceptance_drift_across_tp_is_flagged():
     d = doc()
     m(d, "tp8/ddtree:15/decode/out1024")["acceptance"]["mean_length"] = 4.1
-    v = evaluate(d, {})
+    v = decide(d, {})
     assert v["status"] == "degraded"
     assert any("drifts across TP sizes" in r["message"] and "TP8 4.10" in r["message"] for r in v["reasons"])
 
@@ -74,7 +74,7 @@ def test_tp_scaling_inversion_is_flagged():
     d = doc()
     one = m(d, "tp1/ddtree:15/decode/out1024")["tok_s"]
     m(d, "tp4/ddtree:15/decode/out1024")["tok_s"] = one * 0.6
-    v = evaluate(d, {})
+    v = decide(d, {})
     assert any(r["message"].startswith("TP scaling inverts for ddtree:15: TP4") for r in v["reasons"])
 
 
@@ -82,10 +82,10 @@ def test_history_baseline_degrades_and_absent_history_is_ignored():
     d = doc()
     key = "tp4/ddtree:15/concurrency/c8"
     agg = m(d, key)["aggregate_tok_s"]
-    v = evaluate(d, {}, baseline=lambda k: agg * 1.5 if k == key else None)
+    v = decide(d, {}, baseline=lambda k: agg * 1.5 if k == key else None)
     assert [r["key"] for r in v["reasons"]] == [key]
     assert "recent median" in v["reasons"][0]["message"]
-    assert evaluate(d, {}, baseline=lambda k: None)["status"] == "healthy"
+    assert decide(d, {}, baseline=lambda k: None)["status"] == "healthy"
 
 
 def test_any_request_error_or_server_failure_fails():
@@ -99,12 +99,12 @@ def test_any_request_error_or_server_failure_fails():
         ttft_s=None,
         tpot_ms=None,
     )
-    v = evaluate(d, EXPECT)
+    v = decide(d, EXPECT)
     assert v["status"] == "failed"
     assert "HTTP 500: boom" in v["reasons"][0]["message"]
     d2 = doc()
     d2["servers"][0].update(status="failed", error="server exited with status 1 during start-up")
-    assert evaluate(d2, EXPECT)["status"] == "failed"
+    assert decide(d2, EXPECT)["status"] == "failed"
 
 
 def test_skipped_is_not_a_problem_but_nothing_measured_is():
@@ -113,7 +113,7 @@ def test_skipped_is_not_a_problem_but_nothing_measured_is():
         x.update(
             status="skipped", reason="too long", tok_s=None, aggregate_tok_s=None, ttft_s=None, tpot_ms=None
         )
-    v = evaluate(d, EXPECT)
+    v = decide(d, EXPECT)
     assert v["status"] == "failed" and v["reasons"][0]["message"] == "no measurement completed"
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -130,6 +131,44 @@ def test_lazy_registry_hides_missing_modules(monkeypatch, capsys):
     assert rc == 0 and "ghost" not in out
     rc, _, err = gpubox(capsys, "ghost")
     assert rc == 2 and "No such command 'ghost'" in err
+
+
+def _registered() -> dict[str, str]:
+    """The registered commands as they are in the tree, without the tests' own (`tcheck`)."""
+    return {k: v for k, v in cli_mod.COMMANDS.items() if not v.startswith("tests.")}
+
+
+def test_every_command_is_one_module_named_for_it_in_its_layers_commands_folder():
+    """One way to add a command (docs/architecture.md): `gpubox/commands/<name>.py` for the core,
+    `<area>/commands/<name>.py` for an area, defining the click command `<name>`; and every module
+    in those folders is a registered command (no helpers hide there, nothing unregistered)."""
+    from gpubox import areas
+
+    layers = {"gpubox": ROOT / "gpubox" / "commands"}
+    layers.update({a: ROOT / a.split(".")[1] / "commands" for a in areas.AREAS})
+    wrong = []
+    for name, target in _registered().items():
+        mod, _, attr = target.partition(":")
+        package, _, module = mod.rpartition(".")
+        if package.removesuffix(".commands") not in layers or not package.endswith(".commands"):
+            wrong.append(f"{name}: {target} is not in a layer's commands folder")
+        elif module != name or attr != name:
+            wrong.append(f"{name}: {target} is not <layer>.commands.{name}:{name}")
+        else:
+            cmd = getattr(importlib.import_module(mod), attr)
+            if not isinstance(cmd, click.Command):
+                wrong.append(f"{name}: {target} is not a click command")
+    assert wrong == []
+    on_disk = {
+        f"{layer}.commands.{p.stem}"
+        for layer, folder in layers.items()
+        for p in folder.glob("*.py")
+        if p.stem != "__init__"
+    }
+    assert on_disk == {t.partition(":")[0] for t in _registered().values()}
+    # the core's own are registered in gpubox.cli, an area's only in its area.py
+    assert {n for n, t in _registered().items() if t.startswith("gpubox.commands.")} == {"inventory", "sim"}
+    assert set(areas.commands()) == set(_registered()) - {"inventory", "sim"}
 
 
 # ------------------------------------------------------------------------------ the real script

@@ -12,12 +12,12 @@ import pytest
 
 from gpubox.host import Host
 from gpubox.hwtune import probe_verdict
-from gpubox.hwtune.acs import AcsRead, judge
+from gpubox.hwtune.acs import AcsRead, decide
 from gpubox.inventory import HostEntry
 from gpubox.provision.devices import DeviceScan
 from gpubox.provision.gpucheck import GpuPresence, shortfall
+from gpubox.provision.host_devices_step import HostDevicesFacts, HostDevicesOptions, HostDevicesStep
 from gpubox.provision.hostdiag import KernelModulesFact, driver_not_loaded
-from gpubox.provision.lxc_step import HostDevicesFacts, HostDevicesOptions, HostDevicesStep
 from gpubox.provision.nodehints import devn_paths
 from gpubox.provision.toolkit import no_cgroups
 from gpubox.transport.local import LocalTransport
@@ -104,29 +104,29 @@ def test_acs_read_with_real_setpci_on_the_simulated_sysfs(tmp_path):
     root = [b for b in facts.bridges if b.bdf == "0000:00:01.1"]
     assert root and root[0].acsctl == 0x001D and root[0].port_type == 4
     assert facts.iommu["0000:17:00.0"] == "DMA"
-    assert judge(facts).status == "failed"
+    assert decide(facts).status == "failed"
     healthy = build(tmp_path / "ok", [])
-    f = judge(AcsRead.read(_host(healthy.host_root)))
+    f = decide(AcsRead.read(_host(healthy.host_root)))
     assert f.status == "ok" and "none with ACS" in f.detail
 
 
 def test_docker_rule_with_a_hard_coded_uvm_major_is_named():
     from gpubox.provision.toolkit import ToolkitFacts
-    from gpubox.provision.toolkit import judge as tk_judge
+    from gpubox.provision.toolkit import decide as tk_decide
 
     proc = (FIX / "h200_proc_devices").read_text()  # nvidia-uvm 238 on the real H200
     stale = ToolkitFacts(None, False, {"a1b2c3d4e5f6a7b8": ["c 195:* rmw", "c 237:* rmw"]}, proc)
-    status, detail, cause, repair = tk_judge(stale)
+    status, detail, cause, repair = tk_decide(stale)
     assert status == "failed" and "c 237:* rmw" in detail and "nvidia-uvm is 238" in detail
     assert "--device /dev/nvidia-uvm" in repair
     current = ToolkitFacts(None, False, {"a1b2c3d4e5f6a7b8": ["c 195:* rmw", "c 238:* rmw"]}, proc)
-    assert tk_judge(current)[0] == "ok"
+    assert tk_decide(current)[0] == "ok"
 
 
 def test_recorded_h200_fabric_and_power_read_raise_no_alarm():
     """The document read on the real 1x H200 for issue 28 (tests/fixtures/probe/README.md): fabric
     NOT_SUPPORTED and the power cap at its default are healthy."""
-    from gpubox.hwtune.probe import FABRIC_STATES
+    from gpubox.hwtune.probe_topology import FABRIC_STATES
 
     read = json.loads((FIX / "h200_i28_fabric_power.json").read_text())
     g = read["gpus"][0]

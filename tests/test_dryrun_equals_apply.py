@@ -11,8 +11,9 @@ import pytest
 from gpubox.context import Context
 from gpubox.inventory import Inventory
 from gpubox.pipeline import run_steps
+from gpubox.provision.container_config_step import ContainerConfigStep
 from gpubox.provision.devices import UVM_PENDING, predicted_dynamic_major
-from gpubox.provision.lxc_step import ContainerConfigStep, HostDevicesStep
+from gpubox.provision.host_devices_step import HostDevicesStep
 from gpubox.simbox import build
 from tests.clirun import gpubox
 
@@ -122,9 +123,9 @@ def test_real_configs_never_plan_the_uvm_rule_away(conf):
     nvidia-uvm is not loaded yet: the dry run never deletes an NVIDIA uvm rule without adding the
     rule at the major read after modprobe, never writes a number for that major, and apply would
     refuse the placeholder if host-devices did not run first."""
+    from gpubox.provision.container_config_step import ConfigFacts, ConfigOptions
     from gpubox.provision.devices import host_devices
     from gpubox.provision.lxc import referenced_paths
-    from gpubox.provision.lxc_step import ConfigFacts, ConfigOptions
 
     text = conf.read_text(errors="replace")
     scan = _scan_without_uvm()

@@ -53,7 +53,7 @@ def test_demo_keep_leaves_a_faulty_box_to_practise_on(tmp_path, capsys, monkeypa
 
 
 def test_demo_without_keep_prints_the_command_that_makes_one(capsys):
-    from gpubox.provision.cli_recover import practice_lines
+    from gpubox.provision.commands.demo import practice_lines
 
     (line,) = practice_lines(None, ["uvm_missing", "mrrs_512"])
     assert "gpubox sim create /tmp/gpubox-practice --fault uvm_missing --fault mrrs_512" in line

@@ -15,7 +15,7 @@ FIX = Path(__file__).parent / "fixtures" / "history"
 def record_series(upto=11):
     for n in range(1, upto + 1):
         doc = json.loads((FIX / f"run{n:02d}.json").read_text())
-        history.record(regress.judge(doc, history.runs("ct200")))
+        history.record(regress.with_verdict(doc, history.runs("ct200")))
 
 
 def test_json_shows_tok_s_per_tp_and_method_over_time(capsys):
@@ -68,7 +68,7 @@ def test_on_box_reads_the_scheduled_runs_store(tmp_path, capsys, monkeypatch):
     for n in range(1, 4):  # as the scheduled run-once records them: keyed by the box's identity
         doc = json.loads((FIX / f"run{n:02d}.json").read_text())
         doc["box_id"] = box.id
-        history.record(regress.judge(doc, history.runs(box)))
+        history.record(regress.with_verdict(doc, history.runs(box)))
     dest = sim.cpath("/var/lib/gpubox/history")
     dest.mkdir(parents=True)
     shutil.copy(history.store_path(box), dest / f"{box.id}.jsonl")

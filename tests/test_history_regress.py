@@ -22,7 +22,7 @@ def replay(upto: int, settings=None) -> list[dict]:
     """Judge and record runs 1..upto the way `schedule run-once` does; return the verdicts."""
     verdicts = []
     for n in range(1, upto + 1):
-        doc = regress.judge(load(n), history.runs("ct200"), settings)
+        doc = regress.with_verdict(load(n), history.runs("ct200"), settings)
         history.record(doc)
         verdicts.append(doc["verdict"])
     return verdicts
@@ -120,7 +120,7 @@ def test_noise_within_tolerance_is_not_flagged():
     verdicts = replay(6)
     assert [v["status"] for v in verdicts] == ["healthy"] * 6
     # run 06 really is 7% under the baseline: noise, inside the 10% tolerance
-    prior = [regress.judge(load(n)) for n in range(1, 6)]
+    prior = [regress.with_verdict(load(n)) for n in range(1, 6)]
     base, _ = history.baseline_of(prior, TP8)
     assert 0.06 < 1 - history.value(load(6), TP8) / base < 0.10
 
@@ -163,21 +163,21 @@ def test_two_run_sustain_and_min_runs():
 def test_no_baseline_before_min_runs():
     d = load(7)
     prior = [load(n) for n in (1, 2)]
-    assert regress.evaluate(d, prior, regress.Settings(min_runs=3))["status"] == "healthy"
-    assert regress.evaluate(d, prior, regress.Settings(min_runs=2))["status"] == "degraded"
+    assert regress.decide(d, prior, regress.Settings(min_runs=3))["status"] == "healthy"
+    assert regress.decide(d, prior, regress.Settings(min_runs=2))["status"] == "degraded"
 
 
 def test_expectation_from_inventory_flags_without_history():
     exp = {"tp8": {"ddtree:15": 263.9}, "tp1": {"auto": 26.6}}
-    v = regress.evaluate(load(7), [], regress.Settings(expect=exp, expect_tolerance=0.10))
+    v = regress.decide(load(7), [], regress.Settings(expect=exp, expect_tolerance=0.10))
     (r,) = v["reasons"]
     assert r["kind"] == "expectation" and r["expected"] == 263.9 and r["key"] == TP8
     assert "below the expected 263.9" in r["message"]
-    assert regress.evaluate(load(6), [], regress.Settings(expect=exp))["status"] == "healthy"
+    assert regress.decide(load(6), [], regress.Settings(expect=exp))["status"] == "healthy"
 
 
 def test_failed_measurement_fails_the_run():
-    v = regress.evaluate(load(12), [load(n) for n in range(1, 6)])
+    v = regress.decide(load(12), [load(n) for n in range(1, 6)])
     assert v["status"] == "failed"
     assert {r["key"] for r in v["reasons"]} == {"tp8/auto/decode/out1024", TP8}
     assert "CUDA error 999" in v["reasons"][0]["message"]
@@ -188,7 +188,7 @@ def test_merge_keeps_worst_status_and_does_not_repeat_a_reason():
         "status": "degraded",
         "reasons": [{"level": "degraded", "key": TP8, "expected": 263.9, "message": "bench's own"}],
     }
-    mine = regress.evaluate(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}}))
+    mine = regress.decide(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}}))
     merged = regress.merge(bench_v, mine)
     assert merged["status"] == "degraded" and len(merged["reasons"]) == 1
     assert (
@@ -205,7 +205,7 @@ def test_simulated_runs_do_not_set_the_baseline_of_real_ones():
         for m in d["measurements"]:
             m["tok_s"] = m["tok_s"] * 2
         prior.append(d)
-    assert regress.evaluate(load(6), prior)["status"] == "healthy"
+    assert regress.decide(load(6), prior)["status"] == "healthy"
 
 
 def test_settings_validation_names_the_value():

@@ -274,3 +274,47 @@ def test_tune_nccl_dry_run_writes_nothing(tmp_path):
     r = gpubox("-i", str(sim.inventory_path), "tune", "nccl", "ct200", "--dry-run", "--json")
     assert r.returncode == 1 and "+NCCL_PROTO=LL" in json.loads(r.stdout)["steps"][0]["diff"]
     assert not sim.cpath(ENV_FILE).exists()
+
+
+@pytest.mark.parametrize("profile", ["auto", None])
+def test_a_fatal_value_fails_also_without_a_profile(profile):
+    """`tune nccl --nccl-profile auto` on a box with no profile for its topology (or no profile set)
+    must not say ok over a value NCCL refuses at start-up: failed (exit 1), the file left as it is."""
+    from gpubox.hwtune.nccl_env_step import NcclEnvStep, NcclFacts, NcclOptions
+
+    bad = "NCCL_PROTO=LL,Simpel\n"
+    opts = NcclOptions(auto=profile == "auto", profiles=[], box="ct200")
+    facts = NcclFacts(topology="nvlink", files={"/etc/gpubox/nccl.env": bad, "/etc/nccl.conf": None})
+    f = NcclEnvStep().decide(facts, opts)
+    assert f.status == "failed", f
+    assert "/etc/gpubox/nccl.env" in f.detail and "Simpel" in f.detail
+    assert f.plan is None or not f.plan.actions
+    good = NcclFacts(topology="nvlink", files={"/etc/gpubox/nccl.env": "NCCL_PROTO=LL,Simple\n"})
+    assert NcclEnvStep().decide(good, opts).status == "ok"
+
+
+@pytest.mark.parametrize("fmt", ["shell", "envfile"])
+def test_a_value_starting_with_equals_is_quoted(fmt):
+    """NCCL's exact-match prefix (`=eth0`): bash reads `K==eth0` right, shellcheck flags it (SC1097)."""
+    text = nccl.render({"NCCL_SOCKET_IFNAME": "=eth0"}, fmt)
+    assert "NCCL_SOCKET_IFNAME='=eth0'" in text and "==" not in text
+    assert nccl.parse(text, fmt) == {"NCCL_SOCKET_IFNAME": "=eth0"}
+
+
+@pytest.mark.parametrize(
+    "rows,fits,want",
+    [
+        ([], None, "nothing was measured"),
+        ([{"verdict": "unmeasured"}], None, "nothing was measured"),
+        ([{"verdict": "slower"}, {"verdict": "unmeasured"}], None, "slower"),
+        ([{"verdict": "same"}], False, "another topology"),
+        ([{"verdict": "same"}, {"verdict": "unmeasured"}], None, "gains nothing"),
+    ],
+)
+def test_a_refusal_names_what_the_gate_saw(rows, fits, want):
+    """`tune nccl --measure` said "slower" when nothing was measured: the cause follows the rows."""
+    from gpubox.hwtune.nccl_env_step import gate_cause
+
+    cause, repair = gate_cause({"profile": "p", "rows": rows, "fits_topology": fits})
+    assert want in cause and "gpubox_nccl_profile" in repair
+    assert ("slower" in cause) == (want == "slower")

@@ -96,15 +96,40 @@ def test_every_payload_is_its_entry_and_the_gpubox_modules_it_imports_never_the_
         parents = {".".join(m.split(".")[:i]) for m in need for i in range(1, m.count(".") + 1)}
         assert set(mods) == need | parents, entry
     assert "gpubox.transport.payload" not in payload.build("gpubox.bench.remote").modules  # control side
-    assert payload.build("gpubox.provision.stage").modules == (
+    # the copier: its package, one module per idea, and the integrity check; nothing else of gpubox
+    stage = "gpubox.provision.stage"
+    assert payload.build(f"{stage}.__main__").modules == (
         "gpubox",
         "gpubox.provision",
         "gpubox.provision.safetensors_check",
-        "gpubox.provision.stage",
+        stage,
+        *(
+            f"{stage}.{m}"
+            for m in (
+                "__main__",
+                "copier",
+                "destination",
+                "errors",
+                "hashing",
+                "lock",
+                "manifest",
+                "operations",
+                "probe",
+                "progress",
+                "readers",
+                "request",
+                "room",
+                "schedule",
+                "sizes",
+                "source",
+                "threads",
+                "verdicts",
+            )
+        ),
     )
     # the check finds what it forbids: an entry that imports the simulator is refused
     with pytest.raises(GpuboxError, match="would ship the simulator"):
-        payload.modules_of("gpubox.cli_sim")
+        payload.modules_of("gpubox.commands.sim")
 
 
 def _simulator_code(src: str) -> list[str]:
@@ -150,9 +175,39 @@ def test_the_checks_catch_what_they_forbid():
     assert cycles(g) == [["gpubox.bench.b", "gpubox.hwtune.a"]]
     assert layer_violations(g) == ["gpubox.hwtune.a -> gpubox.bench.b", "gpubox.x -> gpubox.hwtune.a"]
     # the simulator: an area importing it is an upward import; a CLI entry only inside a function
-    g = {"gpubox.bench.b": {"gpubox.simbox.x"}, "gpubox.cli_sim": {"gpubox.simbox"}, "gpubox.simbox.x": set()}
-    assert layer_violations(g, {"gpubox.cli_sim": set()}) == ["gpubox.bench.b -> gpubox.simbox.x"]
-    assert layer_violations(g, {"gpubox.cli_sim": {"gpubox.simbox"}}) == [
+    g = {
+        "gpubox.bench.b": {"gpubox.simbox.x"},
+        "gpubox.commands.sim": {"gpubox.simbox"},
+        "gpubox.simbox.x": set(),
+    }
+    assert layer_violations(g, {"gpubox.commands.sim": set()}) == ["gpubox.bench.b -> gpubox.simbox.x"]
+    assert layer_violations(g, {"gpubox.commands.sim": {"gpubox.simbox"}}) == [
         "gpubox.bench.b -> gpubox.simbox.x",
-        "gpubox.cli_sim -> gpubox.simbox",
+        "gpubox.commands.sim -> gpubox.simbox",
     ]
+
+
+def test_the_architecture_page_draws_every_pipeline_step_in_order(tmp_path, monkeypatch):
+    """docs/architecture.md's pipeline table is the pipeline as it runs: every step of
+    gpubox.areas.PIPELINE, in order, with the module and class that hold it."""
+    import importlib
+    import re
+
+    from gpubox import areas
+    from gpubox.context import Context
+    from gpubox.inventory import Inventory
+    from gpubox.simbox import build
+
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
+    sim = build(tmp_path / "box", [])
+    inv = Inventory(sim.inventory_path)
+    ctx = Context(box=inv.box(sim.box), inventory=inv, options={})
+    steps = [st for m in areas.PIPELINE for st in importlib.import_module(m).steps(ctx)]
+    assert {"model-stage", "drafter-stage", "bench"} <= {st.name for st in steps}  # the box has them all
+    want = [
+        (st.name, type(st).__module__.removeprefix("gpubox.").replace(".", "/") + ".py", type(st).__name__)
+        for st in steps
+    ]
+    page = (module_files()["gpubox"].parent.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| `([\w/]+\.py)` `(\w+)` \|", page, re.M)
+    assert rows == want

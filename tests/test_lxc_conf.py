@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpubox.errors import GpuboxError
-from gpubox.provision.confedit import review
+from gpubox.provision.confedit import decide
 from gpubox.provision.devices import parse_proc_devices, read_host_devices
 from gpubox.provision.lxcconf import LxcConf, digest
 from tests.lxc_fakehost import FIXTURES, fake_host
@@ -31,25 +31,25 @@ def test_round_trip_is_byte_for_byte(path):
 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: p.name)
 def test_golden_edit_and_second_run_changes_nothing(path, hd):
-    rev = review(LxcConf.parse(path.read_text()), hd, _mode(path))
+    rev = decide(LxcConf.parse(path.read_text()), hd, _mode(path))
     expected = path.with_name(path.stem + ".expected.conf")
     want = expected.read_text() if expected.exists() else path.read_text()
     assert rev.new == want
     assert rev.changed == expected.exists()
-    again = review(LxcConf.parse(rev.new), hd, _mode(path))
+    again = decide(LxcConf.parse(rev.new), hd, _mode(path))
     assert not again.changed and [i for i in again.issues if i.fixable] == []
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: p.name)
 def test_only_the_main_section_is_edited(path, hd):
     old = LxcConf.parse(path.read_text())
-    new = LxcConf.parse(review(old, hd, _mode(path)).new)
+    new = LxcConf.parse(decide(old, hd, _mode(path)).new)
     assert [s.render() for s in new.sections[1:]] == [s.render() for s in old.sections[1:]]
 
 
 def test_stale_major_found_and_replaced_in_place(hd):
     conf = LxcConf.parse((FIXTURES / "pve8_cgroup2_stale.conf").read_text())
-    rev = review(conf, hd)
+    rev = decide(conf, hd)
     kinds = {i.kind for i in rev.issues}
     assert kinds == {"stale-rule", "missing-rule", "missing-mount"}
     stale = next(i for i in rev.issues if i.kind == "stale-rule")
@@ -63,7 +63,7 @@ def test_stale_major_found_and_replaced_in_place(hd):
 
 def test_uvm_not_loaded_still_names_the_stale_rule(tmp_path):
     host = fake_host(tmp_path / "pve1", uvm=None)
-    rev = review(
+    rev = decide(
         LxcConf.parse((FIXTURES / "pve8_cgroup2_stale.conf").read_text()), read_host_devices(host, 2)
     )
     stale = [i.text for i in rev.issues if i.kind == "stale-rule"]
@@ -83,7 +83,7 @@ def test_sections_pending_snapshots_lock_and_spelling():
 
 
 def test_v1_lines_converted_and_other_v1_keys_warned(hd):
-    rev = review(LxcConf.parse((FIXTURES / "cgroup_v1.conf").read_text()), hd)
+    rev = decide(LxcConf.parse((FIXTURES / "cgroup_v1.conf").read_text()), hd)
     assert sum(i.kind == "cgroup-v1" for i in rev.issues) == 2
     assert "lxc.cgroup.devices" not in rev.new
     assert any("cpuset" in w for w in rev.warnings)
@@ -93,7 +93,7 @@ def test_v1_lines_converted_and_other_v1_keys_warned(hd):
 def test_devn_entry_for_a_node_missing_on_the_host_is_reported_not_rewritten(tmp_path):
     host = fake_host(tmp_path / "pve1", uvm_nodes=False)
     conf = LxcConf.parse((FIXTURES / "devn.conf").read_text())
-    rev = review(conf, read_host_devices(host, 2), "devN")
+    rev = decide(conf, read_host_devices(host, 2), "devN")
     missing = [i for i in rev.issues if i.kind == "devN-node-missing"]
     assert missing and "/dev/nvidia-uvm " in missing[0].text and not missing[0].fixable
     assert "dev3: /dev/nvidia-uvm,gid=44" in rev.new
@@ -101,7 +101,7 @@ def test_devn_entry_for_a_node_missing_on_the_host_is_reported_not_rewritten(tmp
 
 def test_unknown_mode_is_bad_input(hd):
     with pytest.raises(GpuboxError, match="cgroup2 or devN"):
-        review(LxcConf.parse("arch: amd64\n"), hd, "cdi")
+        decide(LxcConf.parse("arch: amd64\n"), hd, "cdi")
 
 
 def test_proc_devices_real_h200_layout():
@@ -127,6 +127,6 @@ def test_devn_path_key_spelling_is_understood(hd):
 
     assert devn_path("path=/dev/nvidia0,gid=44") == "/dev/nvidia0" == devn_path("/dev/nvidia0,mode=0666")
     text = (FIXTURES / "devn.conf").read_text().replace("dev0: /dev/nvidia0", "dev0: path=/dev/nvidia0")
-    rev = review(LxcConf.parse(text), hd, "devN")
+    rev = decide(LxcConf.parse(text), hd, "devN")
     assert "no devN entry for /dev/nvidia0" not in [i.text for i in rev.issues]
     assert rev.new.count("/dev/nvidia0") == 1

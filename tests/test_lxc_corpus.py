@@ -137,10 +137,10 @@ def test_a_killed_batch_leaves_nothing_the_next_run_does_not_clean(tmp_path):
 
 
 def test_plain_file_source_exists_and_relative_source_is_no_traceback(tmp_path):
-    from gpubox.provision.confedit import review
+    from gpubox.provision.confedit import decide
+    from gpubox.provision.container_config_step import _exists, _lookup
     from gpubox.provision.devices import read_host_devices
     from gpubox.provision.lxc import HostRdev, referenced_paths
-    from gpubox.provision.lxc_step import _exists, _lookup
     from tests.lxc_fakehost import fake_host
 
     root = tmp_path / "pve1"
@@ -157,7 +157,7 @@ def test_plain_file_source_exists_and_relative_source_is_no_traceback(tmp_path):
     hd = read_host_devices(h, 1)
     facts = HostRdev.read(h, tuple(referenced_paths(text, hd)))
     assert facts["/usr/bin/nvidia-smi"] == "file" and facts["dev/nvidia-modeset"] is None
-    rev = review(LxcConf.parse(text), hd, None, _lookup(facts), frozenset(), _exists(facts))
+    rev = decide(LxcConf.parse(text), hd, None, _lookup(facts), frozenset(), _exists(facts))
     assert not [i for i in rev.issues if i.kind == "would-not-start"], rev.issues
     # the model says what the real start did: a relative source without `optional` fails it
     entries = [(0, "lxc.mount.entry", "dev/nvidia-modeset dev/nvidia-modeset none bind,create=file")]
@@ -171,7 +171,7 @@ def test_an_empty_file_where_a_node_should_be_is_named(tmp_path):
     f = tmp_path / "nvidia-uvm"
     f.write_bytes(b"")
     assert cuda_probe._errname(cuda_probe.real_open(str(f))) == "NOTDEV"
-    found = cuda_probe.diagnose({"nodes": {"/dev/nvidia-uvm": "NOTDEV"}, "cuinit": 999}, "ct200")
+    found = cuda_probe.decide({"nodes": {"/dev/nvidia-uvm": "NOTDEV"}, "cuinit": 999}, "ct200")
     cause, repair = next((c, r) for code, c, r in found if code == "not-a-device")
     assert "host node was missing when the container started" in cause
     assert repair.startswith("restart it after host-devices")

@@ -45,7 +45,7 @@ def test_real_branch_on_a_machine_without_gpu():
     res = _run_probe(env)
     assert res["simulated"] is False
     assert res["nodes"]["/dev/nvidia-uvm"] == "ENOENT" and res["nodes"]["/dev/nvidiactl"] == "ENOENT"
-    codes = [c for c, _, _ in cuda_probe.diagnose(res, "ct200")]
+    codes = [c for c, _, _ in cuda_probe.decide(res, "ct200")]
     assert "ENOENT" in codes
     if res["cuda_error"]:
         assert "no-libcuda" in codes
@@ -68,7 +68,7 @@ def test_sim_classifies_enxio_eperm_enoent(tmp_path):
         "/dev/nvidia-modeset": "ENOENT",
     }
     assert res["cuinit"] == 999 and res["cuinit_name"] == "CUDA_ERROR_UNKNOWN" and res["simulated"] is True
-    found = {c: (why, fix) for c, why, fix in cuda_probe.diagnose(res, "ct200")}
+    found = {c: (why, fix) for c, why, fix in cuda_probe.decide(res, "ct200")}
     assert "--restart always" in found["ENXIO"][1]
     assert "lxc-cgroup" in found["EPERM"][1] and "nvidia-modprobe" in found["ENOENT"][1]
     assert "cuInit-999" in found
@@ -90,13 +90,13 @@ def test_driver_mismatch_is_803_with_its_repair(tmp_path, capsys, monkeypatch):
 
 def test_diagnose_maps_each_cuinit_code():
     base = {"nodes": {"/dev/nvidia0": "ok"}, "kernel_driver": "580.95.05", "user_driver": "580.95.05"}
-    assert cuda_probe.diagnose({**base, "cuinit": 0}) == []
-    assert cuda_probe.diagnose({**base, "cuinit": 100})[0][0] == "cuInit-100"
+    assert cuda_probe.decide({**base, "cuinit": 0}) == []
+    assert cuda_probe.decide({**base, "cuinit": 100})[0][0] == "cuInit-100"
     assert (
-        cuda_probe.diagnose({**base, "cuinit": None, "cuda_error": "libcuda.so.1 not found"})[0][0]
+        cuda_probe.decide({**base, "cuinit": None, "cuda_error": "libcuda.so.1 not found"})[0][0]
         == "no-libcuda"
     )
-    assert cuda_probe.diagnose({"error": "probe exited 127: python3: not found"})[0][0] == "probe-failed"
+    assert cuda_probe.decide({"error": "probe exited 127: python3: not found"})[0][0] == "probe-failed"
 
 
 def test_fix_over_real_ssh_to_the_proxmox_host(tmp_path, capsys, sshd, monkeypatch):

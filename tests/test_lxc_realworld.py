@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubox.provision.confedit import _is_nvidia_path, review
+from gpubox.provision.confedit import _is_nvidia_path, decide
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxcconf import LxcConf
 from gpubox.provision.lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, host_rdev_under, parse_rule
@@ -74,7 +74,7 @@ def test_real_config(path, host):
     assert sorted(pve["snapshots"]) == sorted(conf.snapshots)
     hd = read_host_devices(host, 2)
     rdev = host_rdev_under(host.path("/"))
-    rev = review(conf, hd, None, rdev)
+    rev = decide(conf, hd, None, rdev)
     assert not [i for i in rev.issues if not i.fixable], rev.issues
     new = rev.new
     # every non-NVIDIA line unchanged, in order; other sections byte-identical
@@ -100,7 +100,7 @@ def test_real_config(path, host):
         assert devn or model.permitted(*n.want), f"{n.path} denied"
         assert not (devn and any(k == "mount" for k, _ in model.providers(n.path))), f"{n.path} passed twice"
     # second run: nothing to do
-    again = review(LxcConf.parse(new), hd, None, rdev)
+    again = decide(LxcConf.parse(new), hd, None, rdev)
     assert again.new == new and [i for i in again.issues if i.fixable] == []
 
 
@@ -108,12 +108,12 @@ def test_foreign_stale_rules_and_allow_all_stay(host):
     hd = read_host_devices(host, 2)
     rdev = host_rdev_under(host.path("/"))
     text = (REAL / "frigate_8652_dirmounts_coral.conf").read_text()
-    rev = review(LxcConf.parse(text), hd, None, rdev)
+    rev = decide(LxcConf.parse(text), hd, None, rdev)
     assert "lxc.cgroup2.devices.allow: c 120:0 rwm\n" in rev.new and "c 120:1 rwm" in rev.new
     # the directory-bound nvidia0/1 are not bound a second time
     assert rev.new.count("dev/nvidia0 ") == 1
     a = (REAL / "russian_ollama_508_allow_a.conf").read_text()
-    rev = review(LxcConf.parse(a), hd, None, rdev)
+    rev = decide(LxcConf.parse(a), hd, None, rdev)
     # under `a` the uvm mount needs no rule, so it vouches for nothing: the stale 508 stays and is
     # reported (a second run would otherwise drop what the first kept, see test_lxcconf_fuzz)
     assert (
@@ -141,7 +141,7 @@ def test_devn_plus_mount_is_a_start_failure_and_fix_drops_the_mount(host):
     entries = [(i, l.key, l.value) for i, l in enumerate(conf.main.lines) if l.key]
     errs = StartModel.build(entries, rdev).errors
     assert errs == ["Could not mknod /usr/lib/x86_64-linux-gnu/lxc/rootfs/dev/nvidia0: File exists"]
-    rev = review(conf, hd, None, rdev)
+    rev = decide(conf, hd, None, rdev)
     assert "lxc.mount.entry: /dev/nvidia0" not in rev.new and "dev0: /dev/nvidia0,mode=0666" in rev.new
     assert any(i.kind == "collision" for i in rev.issues)
 
@@ -150,7 +150,7 @@ def test_foreign_unparsable_rule_is_reported_untouched(host):
     """lxc skips a rule it cannot parse and starts (the real kernel: corpus matrix/two_spaces)."""
     hd = read_host_devices(host, 2)
     text = "arch: amd64\nlxc.cgroup2.devices.allow: c  120:0 rwm\n"
-    rev = review(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")))
+    rev = decide(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")))
     assert not [i for i in rev.issues if not i.fixable] and "c  120:0 rwm" in rev.new
     assert any("cannot parse" in w and "skips it" in w for w in rev.warnings)
     assert os.path.exists(host.path("/dev/nvidia0"))

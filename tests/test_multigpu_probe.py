@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpubox.hwtune import probe as probe_script
-from gpubox.hwtune.probe_step import probe_args
+from gpubox.hwtune import probe_bandwidth
+from gpubox.hwtune.gpu_probe_step import probe_args
 from gpubox.hwtune.probe_verdict import judge, limits
 from gpubox.hwtune.topology import from_file, gpus_for_tp
 from tests.clirun import gpubox
@@ -122,11 +123,11 @@ def test_allreduce_sizes_and_iterations():
         1 << 30,
         64 << 10,
     ]
-    sz = probe_script.SIZES["full"]
-    assert probe_script._ar_iters(sz, 256 << 20) == sz["ar_iters"]  # the default size: default count
-    assert probe_script._ar_iters(sz, 1 << 30) == sz["ar_iters"]  # never fewer
+    sz = probe_bandwidth.SIZES["full"]
+    assert probe_bandwidth._ar_iters(sz, 256 << 20) == sz["ar_iters"]  # the default size: default count
+    assert probe_bandwidth._ar_iters(sz, 1 << 30) == sz["ar_iters"]  # never fewer
     assert (
-        probe_script._ar_iters(sz, 16 << 20) == 160 and probe_script._ar_iters(sz, 1 << 20) == 200
+        probe_bandwidth._ar_iters(sz, 16 << 20) == 160 and probe_bandwidth._ar_iters(sz, 1 << 20) == 200
     )  # capped
     r = subprocess.run(
         [sys.executable, str(ROOT / "hwtune" / "probe.py"), "--allreduce-bytes", "1Q"],
@@ -323,3 +324,82 @@ def test_nvswitch_links_make_every_pair_nvlink(tmp_path, monkeypatch):
     assert topo.relation(0, 5) == {"relation": "NV18", "level": "SYS", "nvlinks": 18, "via": "NVSwitch"}
     assert topo.relation(5, 6)["relation"] == "PCIe" and topo.relation(6, 7)["nvlinks"] == 0
     assert sum(p["nvlinks"] > 0 for p in topo.pairs.values()) == 15  # C(6, 2)
+
+
+# -- a figure beyond the PCIe link (issue 38) ------------------------------------------------------
+def without_topology(doc):
+    """The document as a probe without NVLink facts records it (before issue 18's fields): no
+    nvlink, numa or fabric per GPU; everything measured stays as recorded."""
+    for g in doc["nvml"]["gpus"]:
+        for k in ("nvlink", "numa", "fabric"):
+            g.pop(k, None)
+    return doc
+
+
+def recorded_h200x2():
+    return without_topology(load("h200x2_nvswitch/probe.json"))
+
+
+def test_nvlink_p2p_without_topology_facts_is_judged_as_nvlink_not_as_a_pcie_ratio():
+    """Recorded on 2x H200 behind an NVSwitch: P2P 382-384 GB/s, all-reduce busbw 297 GB/s, PCIe
+    Gen5 x16 (63 GB/s). Without NVLink facts this was "606% of PCIe" and ok; the figure proves
+    another link, so it is judged against the H200's NVLink (450 GB/s per direction)."""
+    doc = recorded_h200x2()
+    c = by_name(judge(doc))
+    rows = [c["p2p gpu0->gpu1"], c["p2p gpu1->gpu0"], c["allreduce 0,1"]]
+    for row in rows:
+        assert (
+            row.status == "ok"
+            and "NVLink/NVSwitch" in row.detail
+            and "beyond what the PCIe path carries" in row.detail
+        )
+        assert row.evidence["reference"] == 450.0 and row.evidence["pcie_gbps"] == 63.0
+        assert row.evidence["pct"] <= 100 and row.evidence["beyond_pcie"] is True
+    figures = {p["name"] + str(p.get("src")): p for p in doc["bandwidth"]["probes"]}
+    assert c["p2p gpu0->gpu1"].evidence["pct"] == round(100 * figures["p2p0"]["gbps"] / 450.0, 1)
+    assert not any("% of PCIe" in x.detail or "% of link" in x.detail for x in rows)
+
+
+def test_a_slow_nvlink_pair_beyond_pcie_is_drift():
+    doc = recorded_h200x2()
+    for p in doc["bandwidth"]["probes"]:
+        if p["name"] == "p2p":
+            p["gbps"] = 120.0  # beyond PCIe's 63, 27% of NVLink's 450: a link down or trained slower
+    row = by_name(judge(doc))["p2p gpu0->gpu1"]
+    assert row.status == "drift" and row.detail.startswith("P2P slow: 120.0 GB/s = 27% of NVLink/NVSwitch")
+    assert "NVLink down" in row.cause
+
+
+def test_beyond_pcie_on_a_model_without_a_known_nvlink_figure_is_not_judged():
+    doc = recorded_h200x2()
+    for g in doc["nvml"]["gpus"]:
+        g["name"] = "NVIDIA Example Accelerator"
+    row = by_name(judge(doc))["p2p gpu0->gpu1"]
+    assert row.status == "skipped" and "did not cross that link (NVLink/NVSwitch" in row.detail
+    assert "NVIDIA Example Accelerator" in row.detail and "%" not in row.detail
+
+
+def test_a_set_of_a_larger_box_without_topology_scales_the_minimum_by_the_mesh_share():
+    """4x H200 without NVLink facts: a pair is held to 1/3 of the minimum (a full mesh gives a
+    pair 1/3 of each GPU's NVLink), the whole box to all of it."""
+    doc = without_topology(load("synthetic_4gpu_h200_nvlink.json"))
+    c = by_name(judge(doc))
+    pair, box = c["allreduce 0,1"], c["allreduce 0,1,2,3"]
+    assert pair.evidence["min_pct"] == round(30 * 1 / 3, 1) and box.evidence["min_pct"] == 30
+    assert pair.evidence["reference"] == box.evidence["reference"] == 450.0
+    assert "1/3 of it" in pair.detail and "1/3" not in box.detail
+
+
+def test_pcie_pairs_within_the_pcie_rate_are_judged_against_pcie_as_before():
+    c = by_name(judge(load("synthetic_8gpu_pcie.json")))
+    row = c["p2p gpu0->gpu1"]
+    assert "beyond_pcie" not in row.evidence and "NVLink" not in row.detail
+
+
+def test_grace_host_copies_beyond_pcie_are_judged_against_nvlink_c2c():
+    doc = load("h200_real.json")
+    h2d = next(p for p in doc["bandwidth"]["probes"] if p["name"] == "h2d")
+    h2d["gbps"] = 400.0  # beyond Gen5 x16: not over PCIe
+    doc["nvml"]["gpus"][0]["name"] = "NVIDIA GH200 480GB"
+    row = by_name(judge(doc))["gpu0 h2d"]
+    assert row.status == "ok" and row.evidence["reference"] == 450.0 and "NVLink-C2C" in row.detail

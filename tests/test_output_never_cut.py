@@ -52,7 +52,7 @@ def test_narrow_tables_fold_instead_of_cutting():
     every character is still there (the first column, read down, spells the measurement key)."""
     import io
 
-    from gpubox.bench.cli import render
+    from gpubox.bench.commands.bench import render
     from gpubox.output import OutputConsole
 
     doc = json.loads((FIX / "seed-after.json").read_text())

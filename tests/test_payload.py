@@ -21,6 +21,7 @@ from gpubox.transport.local import LocalTransport
 
 BARE = "/usr/bin/python3"  # the system python3: what a container has
 REPO = Path(__file__).resolve().parent.parent
+STAGE = "gpubox.provision.stage.__main__"  # the copier's payload entry
 
 
 def _bare_python() -> str:
@@ -52,16 +53,16 @@ def _run(entry, args=(), input=None, transport=None, python=None, timeout=120):
 
 
 def test_the_payload_is_deterministic_and_its_digest_is_in_the_argv():
-    a, b = payload.build("gpubox.provision.stage"), payload.modules_of("gpubox.provision.stage")
+    a, b = payload.build(STAGE), payload.modules_of(STAGE)
     assert a.digest == hashlib.sha256(a.zip).hexdigest() and set(a.modules) == set(b)
     payload.build.cache_clear()
-    again = payload.build("gpubox.provision.stage")
+    again = payload.build(STAGE)
     assert again.zip == a.zip and again is not a  # rebuilt, the same bytes: a dry run shows apply's digest
     argv = again.argv("python3", ["--request", "{}"])
-    assert argv == ["python3", "-c", payload.BOOT, "gpubox.provision.stage", a.digest[:16], "--request", "{}"]
+    assert argv == ["python3", "-c", payload.BOOT, STAGE, a.digest[:16], "--request", "{}"]
     assert a.digest[:16] in again.describe() and "gpubox.provision.safetensors_check" in again.describe()
     files, rest = payload.unpack(again.stdin(b"tail"))
-    assert rest == b"tail" and files["gpubox.provision.stage"] == (REPO / "provision/stage.py").read_bytes()
+    assert rest == b"tail" and files[STAGE] == (REPO / "provision/stage/__main__.py").read_bytes()
 
 
 def test_cuda_probe_answers_as_the_plain_script_and_keeps_argv_whole(tmp_path):
@@ -105,16 +106,16 @@ def test_the_copier_stages_and_checks_with_the_stdlib_alone(tmp_path):
     src, dest = tmp_path / "persistent" / "M", tmp_path / "shm" / "M"
     make_model(src, [200_000, 100_000], seed=3)
     req = {"op": "stage", "src": str(src), "dest": str(dest), "workers": 2}
-    r = _run("gpubox.provision.stage", ["--request", json.dumps(req)])
+    r = _run(STAGE, ["--request", json.dumps(req)])
     assert r.rc == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["copied"] == len(list(src.iterdir()))
     man = json.loads((dest / ".gpubox-manifest.json").read_text())
     algo = "xxh3-tree-64MiB" if _has(python, "xxhash") else "crc32-tree-64MiB"  # xxhash is optional there
     assert {e["algo"] for e in man["files"].values()} == {algo}
-    r = _run("gpubox.provision.stage", ["--request", json.dumps({**req, "op": "check"})])
+    r = _run(STAGE, ["--request", json.dumps({**req, "op": "check"})])
     assert r.rc == 0 and json.loads(r.stdout)["staged"] is True
-    r = _run("gpubox.provision.stage", ["--request", json.dumps({**req, "src": str(tmp_path / "nope")})])
+    r = _run(STAGE, ["--request", json.dumps({**req, "src": str(tmp_path / "nope")})])
     assert r.rc == 2 and "is not a directory" in json.loads(r.stdout)["error"]
 
 
@@ -232,7 +233,7 @@ def test_the_runner_prints_each_entry_and_its_size():
     # the same payloads as gpubox ships (run as __main__, the runner still leaves itself out)
     assert {e: int(r[0]) for e, r in rows.items()} == {e: len(payload.build(e).modules) for e in rows}
     assert {e: int(r[2]) for e, r in rows.items()} == {e: len(payload.build(e).zip) for e in rows}
-    assert int(rows["gpubox.provision.stage"][0]) == 4
+    assert int(rows[STAGE][0]) == 22
 
 
 def test_the_loader_is_python_3_6_grammar():

@@ -10,7 +10,7 @@ import yaml
 
 from gpubox import simbox
 from gpubox.context import Context
-from gpubox.hwtune import probe_step
+from gpubox.hwtune import gpu_probe_step
 from gpubox.inventory import Inventory
 from gpubox.pipeline import run_steps
 from gpubox.steps import SKIPPED
@@ -107,9 +107,13 @@ def test_gpu_probe_step_in_check_and_apply_modes(sim):
     set_ct_vars(sim, gpubox_gpus=8, gpubox_bench={"tp": [1, 4, 8]})
     inv = Inventory(sim.inventory_path)
     ctx = Context(box=inv.box(sim.box), inventory=inv)
-    assert probe_step.box_limits(ctx.box)["allreduce_sets"] == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8))]
+    assert gpu_probe_step.box_limits(ctx.box)["allreduce_sets"] == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        list(range(8)),
+    ]
     for mode in ("check", "apply"):
-        rep = run_steps(ctx, probe_step.steps(ctx), mode)
+        rep = run_steps(ctx, gpu_probe_step.steps(ctx), mode)
         (res,) = rep.steps
         assert res.name == "gpu-probe" and res.status == SKIPPED and not res.changed
         assert "no NVML" in res.detail or "pynvml" in res.detail
@@ -121,6 +125,6 @@ def test_gpu_probe_step_fails_in_one_line_when_the_interpreter_is_missing(sim):
     set_ct_vars(sim, gpubox_probe={"python": "/nonexistent/python3"})
     inv = Inventory(sim.inventory_path)
     ctx = Context(box=inv.box(sim.box), inventory=inv)
-    (res,) = run_steps(ctx, probe_step.steps(ctx), "check").steps
+    (res,) = run_steps(ctx, gpu_probe_step.steps(ctx), "check").steps
     assert res.status == "failed" and "/nonexistent/python3 not found" in res.detail
     ctx.close()

@@ -35,7 +35,7 @@ def assert_one_help_type_each(text):
 
 
 def test_healthy_run_metrics():
-    text = prom.render(regress.judge(load(1)))
+    text = prom.render(regress.with_verdict(load(1)))
     assert_one_help_type_each(text)
     f = families(text)
     assert f["gpubox_health"].samples[0].value == 0
@@ -60,10 +60,10 @@ def test_healthy_run_metrics():
 
 def test_degraded_and_failed_levels_and_no_zero_for_failed_measurements():
     f = families(
-        prom.render(regress.judge(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}})))
+        prom.render(regress.with_verdict(load(7), [], regress.Settings(expect={"tp8": {"ddtree:15": 263.9}})))
     )
     assert f["gpubox_health"].samples[0].value == 1
-    f = families(prom.render(regress.judge(load(12))))
+    f = families(prom.render(regress.with_verdict(load(12))))
     assert f["gpubox_health"].samples[0].value == 2
     tok_keys = {s.labels["key"] for s in f["gpubox_bench_tokens_per_second"].samples}
     assert not any(k.startswith("tp8/") for k in tok_keys)
@@ -118,7 +118,7 @@ def test_doctor_step_findings_from_a_run_report():
         ],
         "check",
     )
-    text = prom.render(regress.judge(load(1)), report.to_dict())
+    text = prom.render(regress.with_verdict(load(1)), report.to_dict())
     assert_one_help_type_each(text)
     steps = {s.labels["step"]: s.value for s in families(text)["gpubox_step_ok"].samples}
     assert steps == {"cuda": 1, "nccl-env": 0, "model-stage": 0}

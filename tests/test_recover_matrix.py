@@ -177,14 +177,14 @@ def test_matrix_over_ssh(sshd, tmp_path, capsys):
     _run_matrix(capsys, str(path), want)
 
 
-def test_benchmark_that_cannot_run_keeps_the_repair_summary(tmp_path, capsys):
-    """A bad benchmark setting fails the bench row (exit 1), not the whole run (exit 2)."""
+def test_a_benchmark_setting_that_cannot_run_is_refused_before_any_repair(tmp_path, capsys):
+    """A bad benchmark setting (TP 16 on an 8-GPU box) is bad input: exit 2 with one line before
+    anything changes, not every repair first and a failed bench row at the end."""
     sim = build(tmp_path / "box", ["numa_balancing"])
     inv = yaml.safe_load(sim.inventory_path.read_text())
     inv["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]["tp"] = [16]
     sim.inventory_path.write_text(yaml.safe_dump(inv))
-    rc, rec = _recover(capsys, str(sim.inventory_path))
-    assert rc == 1
-    steps = {s["name"]: s for s in rec["steps"]}
-    assert steps["numa-balancing"]["status"] == "fixed"
-    assert steps["bench"]["status"] == "failed" and "TP 16" in steps["bench"]["detail"]
+    before = sim.hpath("/proc/sys/kernel/numa_balancing").read_text()
+    rc, out, err = gpubox(capsys, "-i", str(sim.inventory_path), "recover", "ct200", "--yes")
+    assert rc == 2 and "TP 16" in err and len(err.strip().splitlines()) == 1, err
+    assert sim.hpath("/proc/sys/kernel/numa_balancing").read_text() == before

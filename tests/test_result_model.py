@@ -120,7 +120,7 @@ def test_the_schema_page_is_what_the_models_generate():
 
 
 def _advice_text(path):
-    from gpubox.bench.report.advise import advise_all
+    from gpubox.bench.report.advice import advise_all
     from gpubox.bench.report.data import load_run
 
     advices = advise_all([load_run(path)])

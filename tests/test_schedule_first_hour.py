@@ -36,7 +36,8 @@ def cli(capsys, sim, *argv):
 
 def test_install_advice_is_a_venv_not_pip_into_the_system(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "state"))
-    box = build(tmp_path / "bare")  # no gpubox in the container
+    box = build(tmp_path / "bare")
+    box.cpath("/usr/local/bin/gpubox").unlink()  # a container gpubox was never installed in
     rc, out, err = gpubox(capsys, "-i", str(box.inventory_path), "schedule", "install", "ct200", "--json")
     step = json.loads(out)["steps"][0]
     assert rc == 1 and step["status"] == "failed"

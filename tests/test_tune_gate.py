@@ -12,7 +12,7 @@ import pytest
 from gpubox.simbox import build
 from tests.clirun import gpubox
 
-CLI = Path(__file__).resolve().parents[1] / "hwtune" / "cli.py"
+CLI = Path(__file__).resolve().parents[1] / "hwtune" / "commands" / "tune.py"
 
 BAD = [
     ("gpubox_pcie_mrrs", 3000, ["tune", "pcie"], "invalid MaxReadReq '3000'"),

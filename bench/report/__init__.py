@@ -70,8 +70,8 @@ def make_report(
     from gpubox.safeio import staged
 
     from . import markdown, model, plots
-    from .advise import advise_all
-    from .advise_io import server_logs
+    from .advice import advise_all
+    from .advice_io import server_logs
 
     advised = runs[1:] if compare else runs  # with --compare the first run is the baseline being replaced
     advice = advise_all(advised, logs={r.name: server_logs(r) for r in advised})

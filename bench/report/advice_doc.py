@@ -26,11 +26,11 @@ from .advice_model import (
     UNKNOWN,
     WITHIN,
     Advice,
+    Candidate,
     Config,
     Gap,
     Noise,
     PlanRow,
-    Point,
     WorkloadAdvice,
 )
 
@@ -73,8 +73,8 @@ def noise(d: Any, path: str) -> Noise:
     )
 
 
-def point(d: Any, path: str) -> Point:
-    return Point(
+def candidate(d: Any, path: str) -> Candidate:
+    return Candidate(
         config(_get(d, "config", ("map", None), path), join(path, "config")),
         _get(d, "key", "str", path),
         _get(d, "value", "number", path),
@@ -101,7 +101,7 @@ def workload(d: Any, path: str) -> WorkloadAdvice:
         title=_get(d, "title", "str", path),
         where="",  # a phrase for sentences, not stored
         unit=_get(d, "unit", "str", path),
-        ranking=[point(p, f"{path}.ranking[{i}]") for i, p in enumerate(ranking)],
+        ranking=[candidate(p, f"{path}.ranking[{i}]") for i, p in enumerate(ranking)],
         decision=_get(d, "decision", ("enum", DECISIONS), path),
         margin=_get(d, "margin", "number?", path),
         noise_sd=_get(d, "noise_sd", "number?", path),

@@ -1,16 +1,15 @@
 """Reasons for a recommendation: the report's findings, the probe's all-reduce figures, the
 servers' KV cache lines, the budget curve. Parsers for the outside documents (probe, logs) live here
-too; reading the files is advise_io.py's job."""
+too; reading the files is advice_io.py's job."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Mapping
 
-from ..result_model import method_name
-from .advice_model import Config, Gap, Point, WorkloadAdvice
-from .data import Run
-from .findings import Finding, f1
+from .advice_model import Candidate, Config, Gap, WorkloadAdvice
+from .data import ResultDoc, method_name
+from .observations import Observation, f1
 
 _KV_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _KV_GIB = re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB")
@@ -38,7 +37,7 @@ def _bus(b: Any) -> str:
     return ":".join(str(b).lower().split(":")[-2:]) if b else ""
 
 
-def probe_mismatch(run: Run, probe: Mapping[str, Any] | None) -> str | None:
+def probe_mismatch(run: ResultDoc, probe: Mapping[str, Any] | None) -> str | None:
     """Why the probe is not of this run's box (GPU bus ids differ by index), None when it fits or
     cannot be told. Matching all-reduce sets by index only makes sense on the same GPUs."""
     nv = (probe or {}).get("nvml") if isinstance(probe, Mapping) else None
@@ -63,7 +62,7 @@ def kv_cache(text: str | None) -> dict[str, float]:
     return out
 
 
-def _gpu_set(run: Run, c: Config) -> tuple[int, ...] | None:
+def _gpu_set(run: ResultDoc, c: Config) -> tuple[int, ...] | None:
     srv = run.server_for(c.tp, c.label)
     g = srv.gpus if srv else None
     if isinstance(g, list) and len(g) == c.tp and all(isinstance(x, int) for x in g):
@@ -77,13 +76,13 @@ def _span(gpus: tuple[int, ...]) -> str:
     return ",".join(map(str, gpus))
 
 
-def _numa(run: Run, gpus: tuple[int, ...]) -> set[int] | None:
+def _numa(run: ResultDoc, gpus: tuple[int, ...]) -> set[int] | None:
     numa = run.gpu_numa()
     nodes = {numa.get(g) for g in gpus}
     return None if None in nodes else nodes
 
 
-def tp_reasons(run: Run, w: WorkloadAdvice, fs: list[Finding], busbw: dict) -> list[str]:
+def tp_reasons(run: ResultDoc, w: WorkloadAdvice, fs: list[Observation], busbw: dict) -> list[str]:
     b, r = w.best.config, w.runner_up.config
     out = []
     if b.tp == r.tp:
@@ -115,7 +114,7 @@ def tp_reasons(run: Run, w: WorkloadAdvice, fs: list[Finding], busbw: dict) -> l
     return out
 
 
-def memory_reason(run: Run, w: WorkloadAdvice, logs: Mapping[tuple[int, str], str]) -> list[str]:
+def memory_reason(run: ResultDoc, w: WorkloadAdvice, logs: Mapping[tuple[int, str], str]) -> list[str]:
     """Long context: the winner's KV cache spread over more GPUs, with the figures the run has."""
     b, r = w.best.config, w.runner_up.config
     if b.tp <= r.tp:
@@ -147,7 +146,7 @@ def memory_reason(run: Run, w: WorkloadAdvice, logs: Mapping[tuple[int, str], st
     return [text + (f" ({'; '.join(parts)})" if parts else "")]
 
 
-def budget_reasons(run: Run, w: WorkloadAdvice) -> tuple[list[str], list[Gap]]:
+def budget_reasons(run: ResultDoc, w: WorkloadAdvice) -> tuple[list[str], list[Gap]]:
     """Budgets of the winner's method compared at this point: the curve and where it was measured."""
     b = w.best.config
     if b.budget is None:
@@ -155,7 +154,7 @@ def budget_reasons(run: Run, w: WorkloadAdvice) -> tuple[list[str], list[Gap]]:
     same = [
         p for p in w.ranking if p.config.family == b.family and p.config.budget is not None
     ]  # measured here, any TP
-    by_tp: dict[int, list[Point]] = {}
+    by_tp: dict[int, list[Candidate]] = {}
     for p in same:
         by_tp.setdefault(p.config.tp, []).append(p)
     reasons, gaps = [], []
@@ -202,7 +201,7 @@ def method_reason(w: WorkloadAdvice) -> list[str]:
     ]
 
 
-def finding_reasons(w: WorkloadAdvice, fs: list[Finding], ref: int | None) -> list[str]:
+def finding_reasons(w: WorkloadAdvice, fs: list[Observation], ref: int | None) -> list[str]:
     b = w.best.config
     out = []
     for f in fs:

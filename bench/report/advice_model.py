@@ -1,13 +1,13 @@
 """The advice as data: configurations, noise estimates, ranked points per workload, gaps, the
-serving plan. advise.py fills these from a run; renderers (advice_render.py, templates/_advice.*)
+serving plan. advice.py fills these from a run; renderers (advice_render.py, templates/_advice.*)
 only lay them out, so every format says the same thing."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..result_model import method_name
-from .findings import f1
+from .data import method_name
+from .observations import f1
 
 NOISE_K = 2.0
 MIN_HISTORY = 3  # earlier healthy runs needed for a history noise estimate
@@ -59,7 +59,7 @@ class Noise:
 
 
 @dataclass
-class Point:
+class Candidate:
     config: Config
     key: str
     value: float
@@ -94,7 +94,7 @@ class WorkloadAdvice:
     title: str
     where: str  # "at 100k context", for sentences
     unit: str
-    ranking: list[Point]
+    ranking: list[Candidate]
     decision: str  # clear | within_noise | noise_unknown | single | none
     margin: float | None = None
     noise_sd: float | None = None
@@ -106,11 +106,11 @@ class WorkloadAdvice:
     gaps: list[Gap] = field(default_factory=list)
 
     @property
-    def best(self) -> Point | None:
+    def best(self) -> Candidate | None:
         return self.ranking[0] if self.ranking else None
 
     @property
-    def runner_up(self) -> Point | None:
+    def runner_up(self) -> Candidate | None:
         return self.ranking[1] if len(self.ranking) > 1 else None
 
     @property

@@ -7,7 +7,7 @@ import math
 import statistics
 
 from .advice_model import HISTORY_RUNS, MIN_HISTORY, Noise
-from .data import Measurement, Run
+from .data import Measurement, ResultDoc
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +48,7 @@ def repeat_noise(m: Measurement) -> Noise | None:
     return Noise(sd, "repeats", detail)
 
 
-def history_noise(key: str, history: list[Run]) -> Noise | None:
+def history_noise(key: str, history: list[ResultDoc]) -> Noise | None:
     vals = []
     for r in history[-HISTORY_RUNS:]:
         if r.verdict.status != "healthy":
@@ -61,7 +61,7 @@ def history_noise(key: str, history: list[Run]) -> Noise | None:
     return Noise(statistics.stdev(vals), "history", f"{len(vals)} earlier healthy runs of the box")
 
 
-def point_noise(m: Measurement, history: list[Run]) -> Noise:
+def point_noise(m: Measurement, history: list[ResultDoc]) -> Noise:
     found = [n for n in (repeat_noise(m), history_noise(m.key, history)) if n is not None]
     if not found:
         reps = getattr(m, "repetitions", None)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from .advice_model import CLEAR, NOISE_K, UNKNOWN, WITHIN, Config, Gap, PlanRow, WorkloadAdvice, order_key
-from .data import Run
-from .findings import ctx_name, f1, ref_len
+from .data import ResultDoc
+from .observations import ctx_name, f1, ref_len
 
 
 def _evidence(w: WorkloadAdvice, against: Config | None = None) -> str:
@@ -44,7 +44,7 @@ def _range(vals: list[int]) -> str:
     return str(vals[0]) if len(vals) == 1 else f"{vals[0]}-{vals[-1]}"
 
 
-def plan(run: Run, points: list[WorkloadAdvice]) -> tuple[list[PlanRow], list[Gap]]:
+def plan(run: ResultDoc, points: list[WorkloadAdvice]) -> tuple[list[PlanRow], list[Gap]]:
     ref = ref_len(run)
     ranked = [w for w in points if w.best is not None]
     base = next((w for w in ranked if w.kind == "decode" and w.output_len == ref), None)

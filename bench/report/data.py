@@ -14,19 +14,21 @@ from typing import Any, Iterable
 from gpubox.docmodel import Problem
 from gpubox.errors import GpuboxError
 
+from ..result_model import METHOD_NAMES as METHOD_NAMES  # the report's names for them
 from ..result_model import (
     BenchResult,
     Facts,
     Measurement,
     Server,
     Verdict,
-    method_order,
 )  # noqa: F401
+from ..result_model import method_name as method_name
+from ..result_model import method_order as method_order
 from ..result_read import SCHEMA, STATUSES, WORKLOADS  # noqa: F401 - one definition
 
 
 @dataclass
-class Run:
+class ResultDoc:
     """One result document (typed: `result`; as read: `doc`) plus the short name the report
     calls it by."""
 
@@ -100,7 +102,7 @@ def _fail(
     return GpuboxError(f"{path}: {problem}", fix)
 
 
-def load_run(path: str | Path, name: str | None = None) -> Run:
+def load_run(path: str | Path, name: str | None = None) -> ResultDoc:
     """Read and check one result file."""
     from ..schema import load
 
@@ -108,7 +110,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     return from_doc(load(p), str(p), name)  # strict JSON + bench.schema: one error naming file and field
 
 
-def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Run:
+def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> ResultDoc:
     if not isinstance(doc, dict):
         raise _fail(path, "top level is not a JSON object")
     schema = doc.get("schema")
@@ -139,10 +141,10 @@ def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Run:
         result = BenchResult.view(doc)  # the typed fields (load_run has checked the whole document)
     except Problem as exc:
         raise _fail(path, str(exc)) from None
-    return Run(doc=doc, path=path, name=name or Path(path).stem, result=result)
+    return ResultDoc(doc=doc, path=path, name=name or Path(path).stem, result=result)
 
 
-def load_runs(paths: Iterable[str | Path], names: Iterable[str] = ()) -> list[Run]:
+def load_runs(paths: Iterable[str | Path], names: Iterable[str] = ()) -> list[ResultDoc]:
     paths, names = list(paths), list(names)
     if not paths:
         raise GpuboxError("no result file given", "name one or more result JSON files")

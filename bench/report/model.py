@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from ..result_model import Tool
 from . import tables as T
-from .data import Run
-from .findings import Finding, findings
+from .data import ResultDoc
+from .observations import Observation, observations
 
 NOT_RECORDED = "not recorded"
 
@@ -28,9 +28,9 @@ class Appendix:
 @dataclass
 class Report:
     title: str
-    runs: list[Run]
+    runs: list[ResultDoc]
     compare: bool
-    findings: list[Finding]
+    findings: list[Observation]
     tables: list[T.Table]
     comparisons: list[T.Table]
     verdicts: list[dict]
@@ -38,7 +38,7 @@ class Report:
     advice: list = field(default_factory=list)  # advise.Advice per run: the report leads with it
 
     @property
-    def finding_groups(self) -> list[tuple[str | None, list[Finding]]]:
+    def finding_groups(self) -> list[tuple[str | None, list[Observation]]]:
         """Comparison findings first, then one group per run (no headings for a single run)."""
         if len(self.runs) == 1:
             return [(None, self.findings)] if self.findings else []
@@ -73,7 +73,7 @@ def _s(v) -> str:
     return str(v)
 
 
-def appendix(run: Run) -> Appendix:
+def appendix(run: ResultDoc) -> Appendix:
     f = run.facts
     mrrs = f.pcie_mrrs
     if isinstance(mrrs, dict) and mrrs:
@@ -161,7 +161,7 @@ def appendix(run: Run) -> Appendix:
     return Appendix(run.name, facts, gt, servers)
 
 
-def verdict(run: Run) -> dict:
+def verdict(run: ResultDoc) -> dict:
     v = run.verdict
     return {
         "run": run.name,
@@ -172,10 +172,10 @@ def verdict(run: Run) -> dict:
 
 
 def build(
-    runs: list[Run], compare: bool = False, title: str | None = None, advice: list | None = None
+    runs: list[ResultDoc], compare: bool = False, title: str | None = None, advice: list | None = None
 ) -> Report:
     """The report; `advice` (advise.Advice per run) is computed from the runs alone when not given."""
-    from .advise import advise_all
+    from .advice import advise_all
 
     boxes = list(dict.fromkeys(r.box for r in runs))
     title = title or ("Benchmark report: " + ", ".join(boxes))
@@ -186,7 +186,7 @@ def build(
         title=title,
         runs=runs,
         compare=compare,
-        findings=findings(runs, compare),
+        findings=observations(runs, compare),
         tables=T.all_tables(runs),
         comparisons=comps,
         verdicts=[verdict(r) for r in runs],

@@ -14,9 +14,8 @@ matplotlib.use("Agg")  # before pyplot: reports are made on headless boxes and i
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from ..result_model import method_name  # noqa: E402
-from .data import Run  # noqa: E402
-from .findings import ctx_name, deltas, describe, ref_len  # noqa: E402
+from .data import ResultDoc, method_name  # noqa: E402
+from .observations import ctx_name, deltas, describe, ref_len  # noqa: E402
 
 STYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -57,7 +56,7 @@ class _Palette:
         return self.seen[name]
 
 
-def _series_name(runs: list[Run], r: Run, name: str) -> str:
+def _series_name(runs: list[ResultDoc], r: ResultDoc, name: str) -> str:
     """A legend entry: text from the documents, never parsed as mathtext (gpubox.escape)."""
     from gpubox.escape import mathtext
 
@@ -133,7 +132,7 @@ def _grouped_bars(ax, bars: list[tuple], pal, fmt: str) -> None:
         ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, frameon=False)
 
 
-def tok_s_by_tp(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
+def tok_s_by_tp(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     fig, ax = _new("Decode tok/s by tensor-parallel size", "tensor-parallel size (GPUs)", "tok/s (batch 1)")
     all_tp = sorted({m.tp for r in runs for m in r.select("decode") if m.value is not None})
     n = 0
@@ -173,7 +172,7 @@ def tok_s_by_tp(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figur
     )
 
 
-def speedup(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
+def speedup(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     """Grouped bars: speculative method / auto at the same TP and output length."""
     bars: list[tuple[str, str, int, float, int]] = []  # (series, colour key, tp, x, run index)
     for ri, r in enumerate(runs):
@@ -206,7 +205,7 @@ def speedup(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | 
     )
 
 
-def concurrency(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
+def concurrency(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     fig, ax = _new("Aggregate throughput vs concurrency", "concurrent requests (C)", "aggregate tok/s")
     n, cs_all = 0, set()
     for i, r in enumerate(runs):
@@ -247,7 +246,7 @@ def concurrency(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figur
     )
 
 
-def context(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
+def context(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     fig, ax = _new("Generation speed vs context length", "prompt length (tokens)", "decode tok/s")
     n, xs_all = 0, set()
     for i, r in enumerate(runs):
@@ -285,7 +284,7 @@ def context(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | 
     )
 
 
-def acceptance(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
+def acceptance(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     bars = []
     for ri, r in enumerate(runs):
         L = ref_len(r)
@@ -313,7 +312,7 @@ def acceptance(runs: list[Run], outdir: Path, fmt: str, pal: _Palette) -> Figure
     )
 
 
-def comparison(base: Run, new: Run, outdir: Path, fmt: str, top: int = 16) -> Figure | None:
+def comparison(base: ResultDoc, new: ResultDoc, outdir: Path, fmt: str, top: int = 16) -> Figure | None:
     from gpubox.escape import mathtext
 
     ds = deltas(base, new)
@@ -350,7 +349,7 @@ def _safe(name: str) -> str:
 PLOTS = (tok_s_by_tp, speedup, concurrency, context, acceptance)
 
 
-def make_all(runs: list[Run], outdir: Path, fmt: str, compare: bool = False) -> list[Figure]:
+def make_all(runs: list[ResultDoc], outdir: Path, fmt: str, compare: bool = False) -> list[Figure]:
     """Draw every figure the data supports into outdir as fmt ('pdf' or 'png')."""
     pal = _Palette()
     figs = [f for f in (p(runs, outdir, fmt, pal) for p in PLOTS) if f is not None]

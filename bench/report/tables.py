@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..result_model import method_name
-from .data import Measurement, Run
-from .findings import ctx_name, deltas, describe, ref_len
+from .data import Measurement, ResultDoc, method_name
+from .observations import ctx_name, deltas, describe, ref_len
 
 MISSING_TEXT = "--"  # renderers turn this into an en dash
 
@@ -76,15 +75,15 @@ def mcell(m: Measurement | None, notes: list[str], digits: int = 1, accept: bool
     return Cell(fmt(v, digits), "ok", v)
 
 
-def _prefix(runs: list[Run], r: Run) -> list[Cell]:
+def _prefix(runs: list[ResultDoc], r: ResultDoc) -> list[Cell]:
     return [Cell.label(r.name)] if len(runs) > 1 else []
 
 
-def _cols(runs: list[Run], *names: str) -> list[str]:
+def _cols(runs: list[ResultDoc], *names: str) -> list[str]:
     return (["run"] if len(runs) > 1 else []) + list(names)
 
 
-def tp_scaling(runs: list[Run]) -> Table | None:
+def tp_scaling(runs: list[ResultDoc]) -> Table | None:
     all_tp = sorted({m.tp for r in runs for m in r.select("decode")})
     if not all_tp:
         return None
@@ -107,7 +106,7 @@ def tp_scaling(runs: list[Run]) -> Table | None:
     return t if t.rows else None
 
 
-def method_by_length(runs: list[Run]) -> list[Table]:
+def method_by_length(runs: list[ResultDoc]) -> list[Table]:
     """Method x output length, one table per TP that has more than one output length."""
     out = []
     for tp in sorted({m.tp for r in runs for m in r.select("decode")}):
@@ -140,11 +139,11 @@ def method_by_length(runs: list[Run]) -> list[Table]:
     return out
 
 
-def _ref_lens(runs: list[Run]) -> str:
+def _ref_lens(runs: list[ResultDoc]) -> str:
     return "/".join(str(v) for v in sorted({ref_len(r) for r in runs if ref_len(r)})) or "?"
 
 
-def concurrency(runs: list[Run]) -> Table | None:
+def concurrency(runs: list[ResultDoc]) -> Table | None:
     cs = sorted({m.concurrency for r in runs for m in r.select("concurrency") if m.concurrency})
     if not cs:
         return None
@@ -178,7 +177,7 @@ def concurrency(runs: list[Run]) -> Table | None:
     return t if t.rows else None
 
 
-def long_context(runs: list[Run]) -> Table | None:
+def long_context(runs: list[ResultDoc]) -> Table | None:
     ms_all = [m for r in runs for w in ("long_context", "agentic") for m in r.select(w)]
     if not ms_all:
         return None
@@ -212,7 +211,7 @@ def long_context(runs: list[Run]) -> Table | None:
     return t if t.rows else None
 
 
-def acceptance(runs: list[Run]) -> Table | None:
+def acceptance(runs: list[ResultDoc]) -> Table | None:
     all_tp = sorted({m.tp for r in runs for m in r.select("decode") if m.accept_len is not None})
     if not all_tp:
         return None
@@ -240,7 +239,7 @@ def acceptance(runs: list[Run]) -> Table | None:
     return t if t.rows else None
 
 
-def not_measured(runs: list[Run]) -> Table | None:
+def not_measured(runs: list[ResultDoc]) -> Table | None:
     t = Table(
         "not_measured",
         "Not measured",
@@ -261,7 +260,7 @@ def not_measured(runs: list[Run]) -> Table | None:
     return t if t.rows else None
 
 
-def comparison(base: Run, new: Run) -> Table | None:
+def comparison(base: ResultDoc, new: ResultDoc) -> Table | None:
     """Every key of either run side by side with the change (the seed's before/after table)."""
     a = {m.key: m for m in base.measurements}
     b = {m.key: m for m in new.measurements}
@@ -289,7 +288,7 @@ def comparison(base: Run, new: Run) -> Table | None:
     return t
 
 
-def all_tables(runs: list[Run]) -> list[Table]:
+def all_tables(runs: list[ResultDoc]) -> list[Table]:
     ts: list[Table | None] = [
         tp_scaling(runs),
         *method_by_length(runs),

@@ -45,6 +45,12 @@ def all_faults() -> dict[str, str]:
 
 # The seed's story (docs/facts.md "The seed's story"): what a reboot did to the box.
 SEED_FAULTS = ["uvm_stale_major", "uvm_missing", "mrrs_512", "numa_balancing", "nccl_missing", "shm_empty"]
+# Faults that describe two different boxes: asked together, one would silently win.
+CONTRADICTIONS = [
+    ("numa_balancing", "no_numa_balancing"),  # the sysctl at 1 / the sysctl absent
+    ("nccl_missing", "nccl_misspelled"),  # no NCCL file / a hand-written one
+    ("shm_empty", "truncated_shard"),  # nothing staged / a staged shard cut short
+]
 # What `gpubox demo` breaks: the seed's reboot plus a stopped container.
 DEMO_FAULTS = SEED_FAULTS + ["container_stopped"]
 
@@ -61,15 +67,7 @@ def build(
     """Create a simulated box in DEST (which must be empty or absent) with the given faults."""
     from ..errors import GpuboxError
 
-    faults = set(faults)
-    if "seed" in faults:
-        faults.discard("seed")
-        faults.update(f for f in SEED_FAULTS if f in all_faults())
-    unknown = sorted(faults - set(all_faults()))
-    if unknown:
-        raise GpuboxError(
-            f"unknown simulated fault(s): {', '.join(unknown)}", f"known: {', '.join(sorted(all_faults()))}"
-        )
+    faults = check_faults(faults)
     dest = Path(dest).resolve()
     if dest.exists() and any(dest.iterdir()):
         raise GpuboxError(f"{dest} is not empty", "give a new or empty directory")
@@ -79,6 +77,52 @@ def build(
         mod.build(sim, faults)
     sim.write_inventory()
     return sim
+
+
+def check_faults(faults: Iterable[str]) -> set[str]:
+    """The fault set asked for ('seed' expanded), every name known and no two contradicting:
+    GpuboxError otherwise, before anything is made."""
+    from ..errors import GpuboxError
+
+    faults = set(faults)
+    if "seed" in faults:
+        faults.discard("seed")
+        faults.update(f for f in SEED_FAULTS if f in all_faults())
+    unknown = sorted(faults - set(all_faults()))
+    if unknown:
+        from ..suggest import with_hint
+
+        raise GpuboxError(
+            with_hint(f"unknown simulated fault(s): {', '.join(unknown)}", unknown[0], all_faults()),
+            f"known: {', '.join(sorted(all_faults()))}",
+        )
+    clash = [pair for pair in CONTRADICTIONS if set(pair) <= faults]
+    if clash:
+        a, b = clash[0]
+        raise GpuboxError(f"faults {a} and {b} contradict each other", f"keep one of {a}, {b}")
+    return faults
+
+
+def remove(dest: str | os.PathLike) -> Path:
+    """Delete a simulated box's directory, and only one: DEST must hold the builder's sim.json and
+    inventory (a typo'd path to a real directory is refused, not emptied)."""
+    import shutil
+
+    from ..errors import GpuboxError
+
+    d = Path(dest)
+    if d.is_symlink() or not d.is_dir():
+        raise GpuboxError(
+            f"{d} is not a directory", "give the directory `gpubox sim create` or `demo --keep` made"
+        )
+    d = d.resolve()
+    if not ((d / "sim.json").is_file() and (d / "inventory.yml").is_file()):
+        raise GpuboxError(
+            f"{d} is not a simulated box (no sim.json and inventory.yml)",
+            "give the directory `gpubox sim create` or `demo --keep` made",
+        )
+    shutil.rmtree(d)
+    return d
 
 
 def standin_main() -> None:

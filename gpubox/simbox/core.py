@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import stat
 import sys
 import time
@@ -156,7 +157,9 @@ class SimBox:
         ct_vars.update(self.inventory_extra["container"])
         inv = {
             "all": {
-                "vars": {"ansible_python_interpreter": sys.executable},
+                # its own control-node state (history, backups, results): one box's records
+                # never show up as another's (gpubox.cli.adopt_state_dir)
+                "vars": {"ansible_python_interpreter": sys.executable, "gpubox_control_state_dir": "state"},
                 "children": {
                     "proxmox_hosts": {"hosts": {self.host: host_vars}},
                     "gpu_containers": {"hosts": {self.box: ct_vars}},
@@ -166,4 +169,18 @@ class SimBox:
         self.inventory_path.write_text(
             "# Written by gpubox's simulated-box builder.\n" + yaml.safe_dump(inv, sort_keys=False)
         )
+        self._install_gpubox_in_container()
         return self.inventory_path
+
+    def _install_gpubox_in_container(self) -> None:
+        """The container as docs/schedule.md asks a real one to be prepared: gpubox at
+        /usr/local/bin/gpubox (what install.sh links; here a script running this interpreter's
+        gpubox) and an inventory at /etc/gpubox/inventory.yml that reaches the box locally, so the
+        timer and hook commands that run gpubox inside the container find it."""
+        exe = self.ct_root / "usr/local/bin/gpubox"
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m gpubox.cli "$@"\n')
+        exe.chmod(0o755)
+        inv = self.ct_root / "etc/gpubox/inventory.yml"
+        inv.parent.mkdir(parents=True, exist_ok=True)
+        inv.write_text(self.inventory_path.read_text())

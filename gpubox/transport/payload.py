@@ -48,7 +48,7 @@ ENTRIES = (
     "gpubox.provision.cuda_probe",  # the CUDA probe (lxc cuda step)
     "gpubox.hwtune.nvml_probe",  # the NVML topology probe
     "gpubox.hwtune.probe",  # the GPU health probe (gpu-probe step)
-    "gpubox.provision.stage",  # the model copier (model-stage, drafter-stage)
+    "gpubox.provision.stage.__main__",  # the model copier (model-stage, drafter-stage)
     "gpubox.provision.hf_snapshot",  # a repo id's Hugging Face cache snapshot
     "gpubox.bench.remote",  # the benchmark's container side
 )

@@ -149,7 +149,8 @@ def test_not_an_api_is_exit_2_one_line(tmp_path, behaviour, extra, msg):
         rc, doc, err, _ = bench(tmp_path, s.url, *extra, timeout=30)
     assert_clean(err)
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert rc == 2 and doc is None and len(lines) == 1 and msg in lines[0], err
+    assert rc == 2 and len(lines) == 1 and msg in lines[0], err
+    assert doc == {"error": lines[0], "exit_code": 2}  # --json: the error as an object on stdout too
 
 
 def test_history_is_per_server_not_one_url_bucket(tmp_path):

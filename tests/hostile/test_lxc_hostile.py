@@ -9,7 +9,7 @@ import pytest
 
 from gpubox.errors import GpuboxError
 from gpubox.provision import lxcconf
-from gpubox.provision.confedit import review
+from gpubox.provision.confedit import decide
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxcconf import LxcConf, conf_path, digest, read_conf, write_conf
 from gpubox.provision.lxcmodel import StartModel, host_rdev_under
@@ -103,12 +103,12 @@ def test_crlf_file_keeps_crlf_on_replaced_and_new_lines(host):
     with open(_real(host), "wb") as f:
         f.write(crlf)
     conf, dig = read_conf(host, 200)
-    rev = review(conf, read_host_devices(host, 2))
+    rev = decide(conf, read_host_devices(host, 2))
     assert rev.changed and any(i.kind == "stale-rule" for i in rev.issues)
     write_conf(host, 200, rev.new, dig)
     data = open(_real(host), "rb").read()
     assert data.count(b"\n") == data.count(b"\r\n") and b"c 511:* rwm\r\n" in data
-    again = review(read_conf(host, 200)[0], read_host_devices(host, 2))
+    again = decide(read_conf(host, 200)[0], read_host_devices(host, 2))
     assert not again.changed
 
 
@@ -144,9 +144,9 @@ def test_foreign_line_stays_byte_identical_and_fix_converges(host, line):
     assert line in text
     hd = read_host_devices(host, 2)
     rdev = host_rdev_under(host.path("/"))
-    rev = review(LxcConf.parse(text), hd, None, rdev)
+    rev = decide(LxcConf.parse(text), hd, None, rdev)
     assert f"\n{line}\n" in rev.new
-    again = review(LxcConf.parse(rev.new), hd, None, rdev)
+    again = decide(LxcConf.parse(rev.new), hd, None, rdev)
     assert again.new == rev.new
     lines = LxcConf.parse(rev.new).main.lines
     model = StartModel.build([(i, l.key, l.value or "") for i, l in enumerate(lines) if l.key], rdev)
@@ -159,7 +159,7 @@ def test_foreign_line_stays_byte_identical_and_fix_converges(host, line):
 def test_stale_dynamic_rule_without_nvidia_evidence_is_not_ours(host):
     hd = read_host_devices(host, 2)
     text = "arch: amd64\nlxc.cgroup2.devices.allow: c 509:* rwm\n"  # nothing says it was nvidia-uvm
-    rev = review(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")))
+    rev = decide(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")))
     assert "lxc.cgroup2.devices.allow: c 509:* rwm\n" in rev.new
     assert not any(i.kind == "stale-rule" for i in rev.issues)
 
@@ -171,10 +171,10 @@ def test_stale_dynamic_rule_without_nvidia_evidence_is_not_ours(host):
 def test_rules_lxc_cannot_parse(host, value, ours):
     hd = read_host_devices(host, 2)
     text = f"arch: amd64\nlxc.cgroup2.devices.allow: {value}\n"
-    rev = review(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")))
+    rev = decide(LxcConf.parse(text), hd, None, host_rdev_under(host.path("/")))
     if ours:
         assert value not in rev.new and all(i.fixable for i in rev.issues)
-        assert not review(LxcConf.parse(rev.new), hd, None, host_rdev_under(host.path("/"))).changed
+        assert not decide(LxcConf.parse(rev.new), hd, None, host_rdev_under(host.path("/"))).changed
     else:  # lxc skips it and starts (tests/fixtures/lxc/corpus/matrix/two_spaces.json): reported, kept
         assert value in rev.new and any("cannot parse" in w and "skips it" in w for w in rev.warnings)
         assert all(i.fixable for i in rev.issues)
@@ -205,7 +205,7 @@ def test_recorded_major_proves_a_stale_rule_is_ours(host, tmp_path, monkeypatch)
     record_majors("../../../../tmp/x", 200, [195, 509])
     assert recorded_majors("../../../../tmp/x", 200) == {195, 509}
     assert all(p.parent == tmp_path / "state" / "lxc-owned" for p in (tmp_path / "state").rglob("*.json"))
-    rev = review(
+    rev = decide(
         LxcConf.parse(text),
         hd,
         None,

@@ -1,6 +1,6 @@
 """Hypothesis fuzz of the LXC config parser and the repair planner.
 
-For any text: parse -> render is byte-exact; review() (the pure planner behind `lxc fix`) either
+For any text: parse -> render is byte-exact; decide() (the pure planner behind `lxc fix`) either
 returns a Review or raises GpuboxError, never another exception; its result re-parses and a
 second review of its output changes nothing (idempotent). Lines are drawn from shapes real
 configs have (tests/fixtures/lxc and pve-container's format), mutated by arbitrary text."""
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpubox.errors import GpuboxError
-from gpubox.provision.confedit import review
+from gpubox.provision.confedit import decide
 from gpubox.provision.devices import read_host_devices
 from gpubox.provision.lxcconf import LxcConf
 from tests.lxc_fakehost import fake_host
@@ -67,12 +67,12 @@ def test_parse_render_round_trip_is_byte_exact(text):
 @given(text=CONF, mode=st.sampled_from(["cgroup2", "devN"]))
 def test_review_never_raises_unexpectedly_and_is_idempotent(hd, text, mode):
     try:
-        rev = review(LxcConf.parse(text), hd, mode)
+        rev = decide(LxcConf.parse(text), hd, mode)
     except GpuboxError as exc:
         assert "\n" not in str(exc)
         return
     assert rev.old == text
-    again = review(LxcConf.parse(rev.new), hd, mode)
+    again = decide(LxcConf.parse(rev.new), hd, mode)
     assert again.new == rev.new
 
 
@@ -94,6 +94,6 @@ FOUND = [
 
 @pytest.mark.parametrize("text,mode", FOUND)
 def test_found_inputs_are_idempotent(hd, text, mode):
-    rev = review(LxcConf.parse(text), hd, mode)
+    rev = decide(LxcConf.parse(text), hd, mode)
     assert rev.new != text  # each needs a repair, so the second run has something to keep
-    assert review(LxcConf.parse(rev.new), hd, mode).new == rev.new
+    assert decide(LxcConf.parse(rev.new), hd, mode).new == rev.new

@@ -74,7 +74,9 @@ def test_history_plot_replaces_a_planted_symlink(tmp_path, capsys, victim):
     from gpubox.bench import history, regress
 
     for n in (1, 2, 3):
-        history.record(regress.judge(json.loads((FIX / "history" / f"run{n:02d}.json").read_text()), []))
+        history.record(
+            regress.with_verdict(json.loads((FIX / "history" / f"run{n:02d}.json").read_text()), [])
+        )
     png = tmp_path / "plot.png"
     png.symlink_to(victim)
     rc, _, err = gpubox(capsys, "history", "ct200", "--plot", png)

@@ -27,7 +27,7 @@ from tests.clirun import gpubox
 from tests.pagecache import evict
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE = ROOT / "provision" / "stage.py"
+ENGINE = [sys.executable, "-m", "gpubox.provision.stage"]  # the copier as its own process
 BIG = 96 << 20
 SHARD = "model.safetensors"
 
@@ -66,7 +66,7 @@ def test_source_truncated_during_the_copy_is_an_error_never_a_signal(tmp_path, c
     shard = src / SHARD
     size = shard.stat().st_size
     p = subprocess.Popen(
-        [sys.executable, str(ENGINE), str(src), str(dest), "--workers", str(workers)],
+        [*ENGINE, str(src), str(dest), "--workers", str(workers)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -153,7 +153,7 @@ def test_links_inside_the_source_are_followed_quietly(model, tmp_path):
 def test_directory_link_loop_refused_not_walked_forever(model, tmp_path, target):
     (model / "loop").symlink_to(target)
     r = subprocess.run(
-        [sys.executable, str(ENGINE), str(model), str(tmp_path / "d")],
+        [*ENGINE, str(model), str(tmp_path / "d")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -264,7 +264,7 @@ def test_enospc_from_the_kernel_is_reported_for_the_destination_in_process(model
         written[0] += len(data)
         return real(fd, data, off)
 
-    monkeypatch.setattr(st.os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "pwrite", pwrite)
     dest = tmp_path / "shm" / "M"
     with pytest.raises(st.StageError, match=f"destination {dest} is full"):
         st.stage(str(model), str(dest), workers=2, force=True)
