@@ -23,15 +23,16 @@ import copy
 import fcntl
 import json
 import os
+import stat
 import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpubox.errors import GpuboxError, os_error
+from gpubox.errors import GpuboxError
 from gpubox.identity import encode_name
-from gpubox.safeio import append, write_atomic
+from gpubox.safeio import append, makedirs, open_fd, write_atomic
 from gpubox.state import state_dir
 
 from .result_model import BOX_ID_RE as _BOX_KEY  # one definition
@@ -39,9 +40,7 @@ from .result_read import SCHEMA  # noqa: F401 - history.SCHEMA, for the writers 
 
 
 def history_dir(base: Path | None = None) -> Path:
-    d = (base or state_dir()) / "history"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return makedirs((base or state_dir()) / "history")  # mkdirat, no link followed (gpubox.safeio)
 
 
 class BoxKey(str):
@@ -86,10 +85,8 @@ def key_path(key: str, base: Path | None = None) -> Path:
 
 @contextmanager
 def _locked(path: Path):
-    try:  # never through a planted symlink (O_NOFOLLOW: ELOOP)
-        fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise os_error(exc) from None
+    # never through a planted link at any component beneath the state directory (gpubox.safeio)
+    fd = open_fd(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -168,11 +165,12 @@ def _read_store(path: Path) -> str:
     """The store's text ('' when absent); never through a symlink; bytes that are not UTF-8 (a
     damaged line) are replaced, so one bad line cannot hide the others."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return ""
-    except OSError as exc:
-        raise os_error(exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise GpuboxError(f"{path} is not a regular file", "move it away: it is a history store")
     with os.fdopen(fd, "rb") as f:
         return f.read().decode(errors="replace")
 

@@ -305,8 +305,10 @@ class Server:
                 f"port {self.port} on {self.host} is already in use",
                 "stop whatever listens there (`ss -ltnp`) or set gpubox_bench.port",
             )
+        from gpubox.safeio import open_append
+
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        log = open_append(self.log_path)  # never through a link planted at the log's name
         log.write(f"# gpubox: {' '.join(shlex.quote(a) for a in self.argv)}\n".encode())
         log.flush()
         try:

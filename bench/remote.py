@@ -157,9 +157,11 @@ def _fetch_logs(ctx, doc: dict[str, Any], out: Path) -> None:
                 data = r.stdout.encode() if r.ok else b""
             else:
                 data = ctx.container.transport.read_bytes(src)
+            from gpubox.safeio import write_atomic
+
             dest.mkdir(parents=True, exist_ok=True)
             local = dest / Path(src).name
-            local.write_bytes(data)
+            write_atomic(local, data)  # never through a link planted at that name
             rec["log"] = str(local)
         except (OSError, GpuboxError):
             continue

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -62,19 +64,89 @@ def lock_paths(vmid: int) -> tuple[str, str]:
     return f"{LOCK_DIR}/ct{int(vmid)}.lock", f"{LOCK_DIR}/ct{int(vmid)}.holder"
 
 
+MAX_WAIT_S = 86400.0  # a day: longer is a typo, and flock -w takes no inf/nan
+RECORD_LIMIT = 64 << 10  # a holder record is ~200 bytes; more is not one of ours
+
+
 def _wait_s() -> float:
-    try:
-        return max(0.0, float(os.environ.get(WAIT_ENV, "5")))
-    except ValueError:
+    """$GPUBOX_LOCK_WAIT as seconds: a finite number in [0, a day], else one line and exit 2
+    (inf, nan, -1 or 1e400 would reach flock -w or time arithmetic as nonsense)."""
+    raw = os.environ.get(WAIT_ENV, "").strip()
+    if not raw:
         return 5.0
+    try:
+        v = float(raw)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or not 0 <= v <= MAX_WAIT_S:
+        from .escape import terminal
+
+        raise GpuboxError(
+            f"{WAIT_ENV}={terminal(raw[:40])} is not a number of seconds from 0 to {MAX_WAIT_S:g}",
+            f"set {WAIT_ENV} to e.g. 30, or unset it for the default 5",
+        )
+    return v
 
 
 def _holder_record(host, path: str) -> dict | None:
+    """The holder record, read as what it is: a file someone else may have replaced. A regular file
+    of at most RECORD_LIMIT bytes, or nothing (a FIFO, /dev/zero or a link there gives None at once,
+    never a hang or a MemoryError)."""
     try:
-        rec = json.loads(host.read_bytes(path))
+        rec = json.loads(host.read_bounded(path, RECORD_LIMIT))
     except (OSError, ValueError, GpuboxError):
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def _lock_dir(host) -> None:
+    """Make LOCK_DIR (no link followed: gpubox.safepath on a local host, `realpath -m` checked on
+    others) and check it is gpubox's own: a directory, not a link, that nobody else may write.
+    /run/lock is mode 1777 on Debian, so anyone may have made `gpubox` there first."""
+    from .safepath import LINK_WHY, Refused
+
+    try:
+        st = host.stat(LOCK_DIR)
+        if st is None:
+            host.makedirs(LOCK_DIR, mode=0o700)
+            st = host.stat(LOCK_DIR)
+    except OSError as exc:
+        raise os_error(exc) from None
+    shown = f"{host.name}:{LOCK_DIR}"
+    if st is None:
+        raise Refused(shown, "could not be made")
+    if stat.S_ISLNK(st.mode):
+        raise Refused(shown, LINK_WHY)
+    if not st.is_dir:
+        raise Refused(shown, "is not a directory", "move it away: gpubox keeps its box locks there")
+    mine = os.geteuid() if host.transport.is_local else 0
+    if st.uid != mine or st.perms & 0o022:
+        raise Refused(
+            shown,
+            f"belongs to uid {st.uid} with mode {st.perms:04o}: gpubox keeps its locks only in a "
+            f"directory of its own (uid {mine}, writable by nobody else)",
+            "remove it; gpubox makes it again (mode 0700)",
+        )
+
+
+def _lock_file(host, lock: str) -> None:
+    """Make the lock file ourselves (an empty regular file) so that flock(1), which opens its
+    argument following links and creating it, only ever opens a file gpubox made."""
+    from .safepath import LINK_WHY, Refused
+
+    try:
+        st = host.stat(lock)
+        if st is None:
+            host.write(lock, b"", mode=0o600, backup=False)
+            st = host.stat(lock)
+    except OSError as exc:
+        raise os_error(exc) from None
+    if st is not None and stat.S_ISLNK(st.mode):
+        raise Refused(f"{host.name}:{lock}", LINK_WHY)
+    if st is None or not st.is_file:
+        raise Refused(
+            f"{host.name}:{lock}", "is not a regular file", "move it away: it is gpubox's lock file"
+        )
 
 
 def _alive_on(host, pid) -> bool:
@@ -121,12 +193,9 @@ def box_lock(ctx, what: str | None = None, wait: float | None = None, on: str = 
             with _mutex:
                 _held[key] -= 1
         return
-    try:
-        if not host.exists(LOCK_DIR):
-            host.makedirs(LOCK_DIR)
-    except OSError as exc:
-        raise os_error(exc) from None
     wait = _wait_s() if wait is None else max(0.0, float(wait))
+    _lock_dir(host)
+    _lock_file(host, lock)
     argv = ["flock", *(["-n"] if wait == 0 else ["-w", f"{wait:g}"]), "-E", str(BUSY), real]
     held = host.transport.hold([*argv, "sh", "-c", _SCRIPT])
     line = held.first_line(timeout=wait + 30)
@@ -160,9 +229,17 @@ def box_lock(ctx, what: str | None = None, wait: float | None = None, on: str = 
             host.write(holder, json.dumps(rec) + "\n", mode=0o644, backup=False)
         except OSError as exc:
             raise os_error(exc) from None
-        from .temps import HOST_DIRS, sweep
+        from .temps import CONTAINER_DIRS, HOST_DIRS, sweep
 
-        swept = sweep(host, HOST_DIRS)  # a killed run's temps: removed before any work, and said
+        swept = sweep(
+            host, HOST_DIRS, vmid=box.vmid
+        )  # a killed run's temps: removed before any work, and said
+        ct = getattr(ctx, "container", None) if on == "host" else None
+        if ct is not None and ct.transport.is_local:  # files here: no command per directory
+            swept += [f"{ct.name}:{p}" for p in sweep(ct, CONTAINER_DIRS)]
+        from .safeio import sweep_state
+
+        swept += sweep_state()  # the control node's own: a killed run's temps in the state directory
         with _mutex:
             _held[key] = 1
         old_env = os.environ.get(HELD_ENV)

@@ -17,6 +17,7 @@ from .state import backup_path
 from .transport.base import CmdResult, FileStat, Transport
 from .transport.local import LocalTransport
 
+BACKUP_LIMIT = 16 << 20  # the files gpubox rewrites are configs of a few KiB
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -27,6 +28,7 @@ class Host:
         self.transport = transport
         self.role = role  # "host" (Proxmox) or "container"
         self.root = entry.root
+        transport.root = self.root or "/"  # the anchor of its local writes (gpubox.safepath)
         env = {str(k): str(v) for k, v in (entry.get("gpubox_env") or {}).items()}
         bins = entry.get("gpubox_bin_dirs") or []
         if isinstance(bins, str):
@@ -97,6 +99,10 @@ class Host:
     def stat(self, path: str) -> FileStat | None:
         return self.transport.stat(self.path(path))
 
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        """A file someone else could have written (a lock holder record): regular and bounded."""
+        return self.transport.read_bounded(self.path(path), limit)
+
     def listdir(self, path: str) -> list[str]:
         return self.transport.listdir(self.path(path))
 
@@ -123,7 +129,9 @@ class Host:
         saved = None
         if backup:
             try:
-                old = self.read_bytes(path)
+                # what is there, read as a file someone else may have replaced: a link, FIFO or
+                # device at PATH is refused (one line) before anything is written
+                old = self.read_bounded(path, BACKUP_LIMIT)
             except FileNotFoundError:
                 old = None
             if old is not None:

@@ -269,7 +269,7 @@ def _run_pipeline(ctx, nodes, mode, on_start, on_result, parallel) -> RunReport:
                         shared.error = exc
                         shared.cond.notify_all()
                     return
-            res.repair = hint_command(res.repair, ctx.opt("inventory_arg"))
+            res.repair = hint_command(res.repair, (getattr(ctx, "options", None) or {}).get("inventory_arg"))
             with shared.cond:
                 shared.results[node.name] = res
                 shared.cond.notify_all()

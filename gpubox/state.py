@@ -15,6 +15,8 @@ import re
 import time
 from pathlib import Path
 
+from .errors import os_error
+
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_NAME = 96  # well under NAME_MAX, leaving room for the suffixes we add (.lock, .<stamp>)
 
@@ -31,22 +33,38 @@ def safe_name(name: str, *, limit: int = MAX_NAME) -> str:
     return f"{slug}-{digest}"
 
 
-def state_dir() -> Path:
+def state_root() -> Path:
+    """The state directory's path (not created)."""
     env = os.environ.get("GPUBOX_STATE_DIR")
     if env:
-        p = Path(env)
-    else:
-        base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-        p = Path(base) / "gpubox"
-    p.mkdir(parents=True, exist_ok=True)
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "gpubox"
+
+
+def state_dir() -> Path:
+    """The state directory, created private (0700: it holds backups of root's files) when new. It
+    is the anchor of everything gpubox writes in it: beneath it no link is followed."""
+    p = state_root()
+    try:
+        p.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise os_error(exc) from None
     return p
 
 
 def sub_dir(*parts: str) -> Path:
-    """<state dir>/<part>/... with every part made safe; created."""
-    d = state_dir().joinpath(*(safe_name(p) for p in parts))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """<state dir>/<part>/... with every part made safe; created with mkdirat, one component at
+    a time, no link followed (a planted `<state>/backups -> /etc` is refused, never written into)."""
+    from .safepath import Anchor
+
+    names = [safe_name(p) for p in parts]
+    try:
+        with Anchor(state_dir()) as anchor:
+            os.close(anchor.makedirs("/".join(names), 0o755))
+    except OSError as exc:
+        raise os_error(exc) from None
+    return state_dir().joinpath(*names)
 
 
 def backup_path(host: str, path: str) -> Path:

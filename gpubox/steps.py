@@ -246,7 +246,10 @@ class Remove(Action):
 
         host = run.host(self.where)
         # tmp + rename: a full backup directory leaves no 0-byte "backup" behind (ENOSPC names it)
-        write_atomic(run.backup_for(host, self.path), host.read_bytes(self.path), mode=0o600)
+        from .host import BACKUP_LIMIT
+
+        old = host.read_bounded(self.path, BACKUP_LIMIT)  # a link, FIFO or device there: refused
+        write_atomic(run.backup_for(host, self.path), old, mode=0o600)
         host.remove(self.path)
 
 

@@ -19,7 +19,7 @@ from gpubox.transport import payload
 
 from . import probe as probe_script
 from .probe_doc import ProbeDoc, parse
-from .probe_verdict import gpu_table, judge, limits, summarize, tp_sets
+from .probe_verdict import decide, gpu_table, limits, summarize, tp_sets
 
 
 def box_limits(box) -> dict[str, Any]:
@@ -157,7 +157,7 @@ class GpuProbeStep(Step):
 
     def decide(self, facts: ProbeFacts, opts: ProbeOptions) -> Finding:
         lim = {**limits(), **opts.limits}
-        checks = judge(facts.doc, lim, expect_gpus=opts.expect_gpus)
+        checks = decide(facts.doc, lim, expect_gpus=opts.expect_gpus)
         status, detail, summary = summarize(checks)
         ev = ProbeEvidence(
             summary.get("problems", OMIT),

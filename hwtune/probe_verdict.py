@@ -52,7 +52,7 @@ __all__ = [
     "Check",
     "ProbeDoc",
     "gpu_table",
-    "judge",
+    "decide",
     "limits",
     "link_rate",
     "mem_spec_tbs",
@@ -69,7 +69,7 @@ def parse(text: str, source: str = "probe") -> dict[str, object]:
     return parse_doc(text, source).to_json()
 
 
-def judge(
+def decide(
     doc: ProbeDoc | dict, lim: dict[str, Any] | None = None, *, expect_gpus: int | None = None
 ) -> list[Check]:
     doc = ProbeDoc.of(doc)
@@ -128,7 +128,7 @@ def report(
     """The probe as a RunReport: one row per check; the raw document travels along for machines."""
     doc = ProbeDoc.of(doc)
     lim = lim or limits()
-    checks = judge(doc, lim, expect_gpus=expect_gpus)
+    checks = decide(doc, lim, expect_gpus=expect_gpus)
     rep = RunReport(box=box, mode="check", steps=[c.to_result(host) for c in checks])
     rep.seconds = float(doc.seconds or 0.0)
     rep.extra = {

@@ -19,7 +19,6 @@ in provision/host_devices_step.py, container_config_step.py, container_step.py a
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,13 +51,11 @@ def _owned_file(host: str, vmid: int):
     import hashlib
     import re
 
-    from gpubox.state import state_dir
+    from gpubox.state import sub_dir
 
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:64].lstrip(".") or "host"
     tag = hashlib.sha1(host.encode()).hexdigest()[:8]
-    d = state_dir() / "lxc-owned"
-    d.mkdir(parents=True, exist_ok=True)
-    return d / f"{safe}-{tag}-{int(vmid)}.json"
+    return sub_dir("lxc-owned") / f"{safe}-{tag}-{int(vmid)}.json"  # made with no link followed
 
 
 def _read_record(host: str, vmid: int) -> dict:
@@ -77,10 +74,9 @@ def recorded_majors(host: str, vmid: int) -> set[int]:
 
 
 def _write_record(host: str, vmid: int, data: dict) -> None:
-    p = _owned_file(host, vmid)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, p)
+    from gpubox.safeio import write_text
+
+    write_text(_owned_file(host, vmid), json.dumps(data) + "\n")  # a new temp renamed in, no link followed
 
 
 def record_majors(host: str, vmid: int, majors, *, restart_due: str | None = None) -> None:

@@ -213,7 +213,9 @@ def recover(
                     raise
                 raise Interrupted(report.steps, ["bench (the verification benchmark)"]) from exc
     if not dry_run:
-        last.write_text(json.dumps(outcome.to_dict(), indent=2, default=str))
+        from gpubox.safeio import write_text
+
+        write_text(last, json.dumps(outcome.to_dict(), indent=2, default=str))
     return outcome
 
 

@@ -65,7 +65,9 @@ def model_spec(ctx, var: str) -> dict | None:
             "give the persistent model directory or a Hugging Face repo id",
         )
     dest = str(v.get("dest") or f"/dev/shm/{posixpath.basename(source)}")
-    if not dest.startswith("/") or posixpath.normpath(dest) in ("/", "/dev/shm"):
+    from gpubox.safepath import canonical
+
+    if not dest.startswith("/") or canonical(dest) in ("/", "/dev", "/dev/shm"):
         raise GpuboxError(
             f"{var}.dest {dest!r} must be an absolute directory of its own", "e.g. dest: /dev/shm/Qwen3.6-27B"
         )

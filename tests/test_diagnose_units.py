@@ -61,7 +61,7 @@ def test_recorded_healthy_h200_boxes_raise_no_alarm(doc):
     state = "not_supported" if len(bus) == 1 else "completed"
     for g in d["nvml"]["gpus"]:
         g["fabric"] = {"state": state, "status": 0, "clique": 0, "health_mask": 0}
-    checks = probe_verdict.judge(d, expect_gpus=len(bus))
+    checks = probe_verdict.decide(d, expect_gpus=len(bus))
     fab = [c for c in checks if c.name == "fabric"]
     assert fab and fab[0].status == "ok", fab
     assert not [c for c in checks if c.status in ("failed", "drift")], [(c.name, c.detail) for c in checks]
@@ -146,7 +146,7 @@ def test_recorded_h200_fabric_and_power_read_raise_no_alarm():
         "mem": g["app_clock_mem"],
         "mem_default": g["default_app_clock_mem"],
     }
-    checks = probe_verdict.judge(doc, expect_gpus=1)
+    checks = probe_verdict.decide(doc, expect_gpus=1)
     assert [c.status for c in checks if c.name == "fabric"] == ["ok"]
     assert not [c for c in checks if c.status in ("failed", "drift")], [(c.name, c.detail) for c in checks]
 
@@ -159,6 +159,6 @@ def test_lowered_application_clocks_are_named():
         "mem": 3201,
         "mem_default": 3201,
     }
-    bad = [c for c in probe_verdict.judge(doc, expect_gpus=1) if c.status != "ok" and c.status != "skipped"]
+    bad = [c for c in probe_verdict.decide(doc, expect_gpus=1) if c.status != "ok" and c.status != "skipped"]
     assert [c.name for c in bad] == ["gpu0 state"] and "sm 1410 MHz (default 1980)" in bad[0].detail
     assert "-rac" in bad[0].repair

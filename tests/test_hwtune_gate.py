@@ -16,7 +16,7 @@ import yaml
 from gpubox.errors import GpuboxError
 from gpubox.hwtune import ablate, links, nccl_compare, nccl_gate
 from gpubox.hwtune.nccl import load_profile
-from gpubox.hwtune.probe_verdict import judge
+from gpubox.hwtune.probe_verdict import decide
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "probe" / "h200x2_nvswitch"
@@ -38,7 +38,7 @@ def test_real_nvswitch_pair_is_judged_against_nvlink_not_pcie(name):
     assert links.classify(doc) == "nvswitch"
     path = links.pair_path(doc, 0, 1)
     assert path.kind == "nvswitch" and path.links == 18 and path.gbps == pytest.approx(478.1, abs=0.2)
-    c = by_name(judge(doc))
+    c = by_name(decide(doc))
     for key in ("p2p gpu0->gpu1", "p2p gpu1->gpu0", "allreduce 0,1"):
         assert c[key].status == "ok" and "NVSwitch 18 x 26.6 GB/s" in c[key].detail
         assert 30 <= c[key].evidence["pct"] <= 100  # was 612% / 468% against PCIe 63 GB/s
@@ -51,7 +51,7 @@ def test_links_down_on_one_gpu_are_flagged_and_the_reference_drops():
     for r in g1["nvlink"]["links"][:4]:
         r["active"] = False
     g1["nvlink"]["active"] = 14
-    c = by_name(judge(doc))
+    c = by_name(decide(doc))
     assert (
         c["path gpu0-gpu1"].status == "drift"
         and "gpu1: 4 of 18 NVLinks down (links 0,1,2,3)" in c["path gpu0-gpu1"].detail
@@ -62,7 +62,7 @@ def test_links_down_on_one_gpu_are_flagged_and_the_reference_drops():
 def test_a_slower_link_is_flagged():
     doc = load("probe.json")
     doc["nvml"]["gpus"][0]["nvlink"]["links"][7]["speed_mbps"] = 13281
-    assert "gpu0: links 7 at 13.3 GB/s, siblings 26.6 GB/s" in by_name(judge(doc))["path gpu0-gpu1"].detail
+    assert "gpu0: links 7 at 13.3 GB/s, siblings 26.6 GB/s" in by_name(decide(doc))["path gpu0-gpu1"].detail
 
 
 def _direct(doc: dict, n_links: int) -> dict:
@@ -82,7 +82,7 @@ def test_direct_nvlink_pair_and_a_pair_fallen_back_to_pcie():
     none = _direct(load("probe.json"), 0)
     p = links.pair_path(none, 0, 1)
     assert p.kind == "pcie" and "NVLink present but no active link" in "; ".join(p.problems)
-    assert by_name(judge(none))["path gpu0-gpu1"].status == "drift"
+    assert by_name(decide(none))["path gpu0-gpu1"].status == "drift"
 
 
 def test_pcie_pair_across_numa_says_so():
@@ -93,7 +93,7 @@ def test_pcie_pair_across_numa_says_so():
     p = links.pair_path(doc, 0, 1)
     assert p.kind == "pcie" and p.numa == "cross" and "across NUMA nodes 0/1" in p.label
     assert links.classify(doc) == "pcie-multi-numa"
-    c = by_name(judge(doc))["p2p gpu0->gpu1"]
+    c = by_name(decide(doc))["p2p gpu0->gpu1"]
     # 382 GB/s cannot cross that PCIe path: judged as NVLink/NVSwitch (issue 38), the path still named
     assert "across NUMA nodes 0/1" in c.detail and "NVLink/NVSwitch" in c.detail and c.evidence["pct"] <= 100
 

@@ -96,10 +96,12 @@ def test_every_payload_is_its_entry_and_the_gpubox_modules_it_imports_never_the_
         parents = {".".join(m.split(".")[:i]) for m in need for i in range(1, m.count(".") + 1)}
         assert set(mods) == need | parents, entry
     assert "gpubox.transport.payload" not in payload.build("gpubox.bench.remote").modules  # control side
-    # the copier: its package, one module per idea, and the integrity check; nothing else of gpubox
+    # the copier: its package, one module per idea, the integrity check, and the safe-path layer
+    # every write goes through (gpubox.safepath); nothing else of gpubox
     stage = "gpubox.provision.stage"
     assert payload.build(f"{stage}.__main__").modules == (
         "gpubox",
+        "gpubox.errors",
         "gpubox.provision",
         "gpubox.provision.safetensors_check",
         stage,
@@ -126,6 +128,7 @@ def test_every_payload_is_its_entry_and_the_gpubox_modules_it_imports_never_the_
                 "verdicts",
             )
         ),
+        "gpubox.safepath",
     )
     # the check finds what it forbids: an entry that imports the simulator is refused
     with pytest.raises(GpuboxError, match="would ship the simulator"):

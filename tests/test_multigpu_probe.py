@@ -17,7 +17,7 @@ import pytest
 from gpubox.hwtune import probe as probe_script
 from gpubox.hwtune import probe_bandwidth
 from gpubox.hwtune.gpu_probe_step import probe_args
-from gpubox.hwtune.probe_verdict import judge, limits
+from gpubox.hwtune.probe_verdict import decide, limits
 from gpubox.hwtune.topology import from_file, gpus_for_tp
 from tests.clirun import gpubox
 
@@ -45,7 +45,7 @@ def by_name(checks):
 def test_synthetic_documents_are_marked_and_judged_healthy(name, gpus, pairs, sets):
     doc = load(name)
     assert doc["synthetic"] is True and "SYNTHETIC" in doc["note"]
-    checks = judge(doc, limits(), expect_gpus=gpus)
+    checks = decide(doc, limits(), expect_gpus=gpus)
     assert [c.name for c in checks if c.status != "ok"] == []
     assert sum(c.name.startswith("p2p ") for c in checks) == pairs
     assert sum(c.name.startswith("allreduce ") for c in checks) == sets
@@ -57,7 +57,7 @@ def test_cross_numa_pair_without_peer_access_is_drift():
     for p in doc["bandwidth"]["probes"]:
         if p["name"] == "p2p" and (p["src"] < 4) != (p["dst"] < 4):
             p.update(peer_access=False, gbps=19.6)
-    c = by_name(judge(doc))
+    c = by_name(decide(doc))
     assert c["p2p gpu0->gpu4"].status == "drift" and "without peer access" in c["p2p gpu0->gpu4"].detail
     assert "ACS" in c["p2p gpu0->gpu4"].repair
     assert c["p2p gpu0->gpu1"].status == "ok"
@@ -68,19 +68,19 @@ def test_slow_tp8_allreduce_is_drift_and_its_floor_is_the_slowest_link():
     doc = load("synthetic_8gpu_pcie.json")
     ar = next(p for p in doc["bandwidth"]["probes"] if p["name"] == "allreduce" and len(p["gpus"]) == 8)
     ar["busbw_gbps"] = 15.0  # 24% of Gen5 x16 (63 GB/s), limit 30%
-    c = by_name(judge(doc))["allreduce 0,1,2,3,4,5,6,7"]
+    c = by_name(decide(doc))["allreduce 0,1,2,3,4,5,6,7"]
     assert c.status == "drift" and "24% of slowest hop" in c.detail and "PCIe 63.0 GB/s" in c.detail
     # the same busbw over a set with one GPU at Gen4 is judged against Gen4 x16 (31.5 GB/s): 48%, ok
     doc2 = copy.deepcopy(doc)
     doc2["nvml"]["gpus"][5]["pcie"].update(gen_max=4, gen_gpu_max=4)
-    assert by_name(judge(doc2))["allreduce 0,1,2,3,4,5,6,7"].status == "ok"
+    assert by_name(decide(doc2))["allreduce 0,1,2,3,4,5,6,7"].status == "ok"
 
 
 def test_nvlink_box_judged_with_an_absolute_busbw_floor():
     doc = load("synthetic_4gpu_h200_nvlink.json")
-    ok = by_name(judge(doc, limits({"allreduce_min_busbw_gbps": 300})))
+    ok = by_name(decide(doc, limits({"allreduce_min_busbw_gbps": 300})))
     assert ok["allreduce 0,1,2,3"].status == "ok" and "min 300 GB/s" in ok["allreduce 0,1,2,3"].detail
-    slow = by_name(judge(doc, limits({"allreduce_min_busbw_gbps": 355})))
+    slow = by_name(decide(doc, limits({"allreduce_min_busbw_gbps": 355})))
     assert slow["allreduce 0,1,2,3"].status == "drift" and slow["allreduce 0,1"].status == "drift"
 
 
@@ -345,7 +345,7 @@ def test_nvlink_p2p_without_topology_facts_is_judged_as_nvlink_not_as_a_pcie_rat
     Gen5 x16 (63 GB/s). Without NVLink facts this was "606% of PCIe" and ok; the figure proves
     another link, so it is judged against the H200's NVLink (450 GB/s per direction)."""
     doc = recorded_h200x2()
-    c = by_name(judge(doc))
+    c = by_name(decide(doc))
     rows = [c["p2p gpu0->gpu1"], c["p2p gpu1->gpu0"], c["allreduce 0,1"]]
     for row in rows:
         assert (
@@ -365,7 +365,7 @@ def test_a_slow_nvlink_pair_beyond_pcie_is_drift():
     for p in doc["bandwidth"]["probes"]:
         if p["name"] == "p2p":
             p["gbps"] = 120.0  # beyond PCIe's 63, 27% of NVLink's 450: a link down or trained slower
-    row = by_name(judge(doc))["p2p gpu0->gpu1"]
+    row = by_name(decide(doc))["p2p gpu0->gpu1"]
     assert row.status == "drift" and row.detail.startswith("P2P slow: 120.0 GB/s = 27% of NVLink/NVSwitch")
     assert "NVLink down" in row.cause
 
@@ -374,7 +374,7 @@ def test_beyond_pcie_on_a_model_without_a_known_nvlink_figure_is_not_judged():
     doc = recorded_h200x2()
     for g in doc["nvml"]["gpus"]:
         g["name"] = "NVIDIA Example Accelerator"
-    row = by_name(judge(doc))["p2p gpu0->gpu1"]
+    row = by_name(decide(doc))["p2p gpu0->gpu1"]
     assert row.status == "skipped" and "did not cross that link (NVLink/NVSwitch" in row.detail
     assert "NVIDIA Example Accelerator" in row.detail and "%" not in row.detail
 
@@ -383,7 +383,7 @@ def test_a_set_of_a_larger_box_without_topology_scales_the_minimum_by_the_mesh_s
     """4x H200 without NVLink facts: a pair is held to 1/3 of the minimum (a full mesh gives a
     pair 1/3 of each GPU's NVLink), the whole box to all of it."""
     doc = without_topology(load("synthetic_4gpu_h200_nvlink.json"))
-    c = by_name(judge(doc))
+    c = by_name(decide(doc))
     pair, box = c["allreduce 0,1"], c["allreduce 0,1,2,3"]
     assert pair.evidence["min_pct"] == round(30 * 1 / 3, 1) and box.evidence["min_pct"] == 30
     assert pair.evidence["reference"] == box.evidence["reference"] == 450.0
@@ -391,7 +391,7 @@ def test_a_set_of_a_larger_box_without_topology_scales_the_minimum_by_the_mesh_s
 
 
 def test_pcie_pairs_within_the_pcie_rate_are_judged_against_pcie_as_before():
-    c = by_name(judge(load("synthetic_8gpu_pcie.json")))
+    c = by_name(decide(load("synthetic_8gpu_pcie.json")))
     row = c["p2p gpu0->gpu1"]
     assert "beyond_pcie" not in row.evidence and "NVLink" not in row.detail
 
@@ -401,5 +401,5 @@ def test_grace_host_copies_beyond_pcie_are_judged_against_nvlink_c2c():
     h2d = next(p for p in doc["bandwidth"]["probes"] if p["name"] == "h2d")
     h2d["gbps"] = 400.0  # beyond Gen5 x16: not over PCIe
     doc["nvml"]["gpus"][0]["name"] = "NVIDIA GH200 480GB"
-    row = by_name(judge(doc))["gpu0 h2d"]
+    row = by_name(decide(doc))["gpu0 h2d"]
     assert row.status == "ok" and row.evidence["reference"] == 450.0 and "NVLink-C2C" in row.detail

@@ -28,7 +28,7 @@ def probe_of(doc, name):
 
 
 def test_real_h200_is_healthy_and_figures_match_the_recording(real):
-    checks = by_name(pv.judge(real))
+    checks = by_name(pv.decide(real))
     assert {n: c.status for n, c in checks.items()} == {
         "nvml": OK,
         "gpu0 state": OK,
@@ -58,14 +58,14 @@ def test_recorded_quick_and_nvml_only_runs_are_healthy():
     for f in ("h200_real_quick.json", "h200_real_nvml_only.json"):
         doc = json.loads((FIX / f).read_text())
         assert pv.report(doc).ok, f
-    only = by_name(pv.judge(json.loads((FIX / "h200_real_nvml_only.json").read_text())))
+    only = by_name(pv.decide(json.loads((FIX / "h200_real_nvml_only.json").read_text())))
     assert only["bandwidth"].status == SKIPPED and "--no-bandwidth" in only["bandwidth"].detail
 
 
 def test_link_trained_x8_under_load_is_drift(real):
     doc = copy.deepcopy(real)
     probe_of(doc, "h2d")["link_under_load"]["width"] = 8
-    c = by_name(pv.judge(doc))["gpu0 link"]
+    c = by_name(pv.decide(doc))["gpu0 link"]
     assert c.status == DRIFT and "x8 of x16 under load" in c.detail and c.repair
 
 
@@ -74,7 +74,7 @@ def test_slot_limited_to_gen3_is_drift_and_rates_follow_the_slot(real):
     g = doc["nvml"]["gpus"][0]
     g["pcie"].update(gen_max=3, gen_current=3)
     probe_of(doc, "h2d")["link_under_load"]["gen"] = 3
-    checks = by_name(pv.judge(doc))
+    checks = by_name(pv.decide(doc))
     assert checks["gpu0 link"].status == DRIFT
     assert "limits it to Gen3" in checks["gpu0 link"].detail
     assert "below the minimum Gen4" in checks["gpu0 link"].detail
@@ -84,7 +84,7 @@ def test_slot_limited_to_gen3_is_drift_and_rates_follow_the_slot(real):
 def test_gen4_under_load_on_a_gen5_link_is_drift(real):
     doc = copy.deepcopy(real)
     probe_of(doc, "h2d")["link_under_load"]["gen"] = 4
-    c = by_name(pv.judge(doc))["gpu0 link"]
+    c = by_name(pv.decide(doc))["gpu0 link"]
     assert c.status == DRIFT and "ran at Gen4 under load, capable of Gen5" in c.detail
 
 
@@ -93,17 +93,17 @@ def test_idle_downtrained_link_without_load_reading_is_ok(real):
     g = doc["nvml"]["gpus"][0]
     g["pcie"]["gen_current"] = 1
     g["clock_event_reasons"] = {"mask": 1, "active": ["gpu_idle"]}
-    c = by_name(pv.judge(doc))["gpu0 link"]
+    c = by_name(pv.decide(doc))["gpu0 link"]
     assert c.status == OK and "power" in c.detail
     g["clock_event_reasons"] = {"mask": 0, "active": []}  # busy and still at Gen1: a finding
-    assert by_name(pv.judge(doc))["gpu0 link"].status == DRIFT
+    assert by_name(pv.decide(doc))["gpu0 link"].status == DRIFT
 
 
 def test_pcie_replays_over_the_limit(real):
     doc = copy.deepcopy(real)
     doc["nvml"]["gpus"][0]["pcie"]["replay_counter"] = 5000
-    assert by_name(pv.judge(doc))["gpu0 link"].status == DRIFT
-    assert by_name(pv.judge(doc, pv.limits({"pcie_replay_max": 10000})))["gpu0 link"].status == OK
+    assert by_name(pv.decide(doc))["gpu0 link"].status == DRIFT
+    assert by_name(pv.decide(doc, pv.limits({"pcie_replay_max": 10000})))["gpu0 link"].status == OK
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_pcie_replays_over_the_limit(real):
 def test_memory_health(real, change, status, words):
     doc = copy.deepcopy(real)
     doc["nvml"]["gpus"][0].update(change)
-    c = by_name(pv.judge(doc))["gpu0 memory"]
+    c = by_name(pv.decide(doc))["gpu0 memory"]
     assert c.status == status and words in c.detail and c.repair
 
 
@@ -151,7 +151,7 @@ def test_thermal_slowdown_under_load_is_drift(real):
         "mask": 0x44,
         "active": ["sw_power_cap", "hw_thermal_slowdown"],
     }
-    c = by_name(pv.judge(doc))["gpu0 clocks"]
+    c = by_name(pv.decide(doc))["gpu0 clocks"]
     assert c.status == DRIFT and "hw_thermal_slowdown" in c.detail and "sw_power_cap" not in c.detail
 
 
@@ -159,19 +159,19 @@ def test_mig_and_persistence(real):
     doc = copy.deepcopy(real)
     g = doc["nvml"]["gpus"][0]
     g["persistence_mode"] = False
-    assert by_name(pv.judge(doc))["gpu0 state"].status == OK
-    assert by_name(pv.judge(doc, pv.limits({"require_persistence": True})))["gpu0 state"].status == DRIFT
+    assert by_name(pv.decide(doc))["gpu0 state"].status == OK
+    assert by_name(pv.decide(doc, pv.limits({"require_persistence": True})))["gpu0 state"].status == DRIFT
     g["mig_mode"] = {"current": 1, "pending": 1}
-    assert "MIG is on" in by_name(pv.judge(doc))["gpu0 state"].detail
+    assert "MIG is on" in by_name(pv.decide(doc))["gpu0 state"].detail
 
 
 def test_slow_copies_against_thresholds(real):
     doc = copy.deepcopy(real)
     probe_of(doc, "h2d")["gbps"] = 20.0
-    c = by_name(pv.judge(doc))["gpu0 h2d"]
+    c = by_name(pv.decide(doc))["gpu0 h2d"]
     assert c.status == DRIFT and "32% of Gen5 x16" in c.detail
     # the recorded 88% passes the default 70% but not a 90% floor from the inventory
-    assert by_name(pv.judge(real, pv.limits({"d2h_min_pct": 90})))["gpu0 d2h"].status == DRIFT
+    assert by_name(pv.decide(real, pv.limits({"d2h_min_pct": 90})))["gpu0 d2h"].status == DRIFT
 
 
 def test_d2d_reference_by_gpu_name(real):
@@ -182,8 +182,8 @@ def test_d2d_reference_by_gpu_name(real):
     assert pv.mem_spec_tbs("Some Future GPU") is None
     doc = copy.deepcopy(real)
     doc["nvml"]["gpus"][0]["name"] = "Some Future GPU"
-    assert by_name(pv.judge(doc))["gpu0 d2d"].status == SKIPPED
-    assert by_name(pv.judge(doc, pv.limits({"mem_bw_tbs": 8.0})))["gpu0 d2d"].status == DRIFT  # 4.28 of 8
+    assert by_name(pv.decide(doc))["gpu0 d2d"].status == SKIPPED
+    assert by_name(pv.decide(doc, pv.limits({"mem_bw_tbs": 8.0})))["gpu0 d2d"].status == DRIFT  # 4.28 of 8
 
 
 def _eight_gpus(real, peer=True, busbw=40.0):
@@ -218,33 +218,33 @@ def _eight_gpus(real, peer=True, busbw=40.0):
 
 
 def test_multi_gpu_pairs_and_allreduce(real):
-    checks = by_name(pv.judge(_eight_gpus(real), expect_gpus=8))
+    checks = by_name(pv.decide(_eight_gpus(real), expect_gpus=8))
     assert checks["nvml"].status == OK
     assert checks["p2p gpu0->gpu1"].status == OK  # 50 of 63 GB/s
     assert checks["p2p gpu0->gpu4"].status == DRIFT  # 12 of 63 = 19% < 40%
     assert checks["allreduce 0,1,2,3"].status == OK  # 40 of 63 = 63% >= 30%
     assert checks["allreduce 0,1,2,3"].evidence["pct"] == round(100 * 40 / 63.0, 1)
     assert checks["allreduce 4,5,6,7"].status == FAILED
-    no_peer = by_name(pv.judge(_eight_gpus(real, peer=False)))["p2p gpu0->gpu1"]
+    no_peer = by_name(pv.decide(_eight_gpus(real, peer=False)))["p2p gpu0->gpu1"]
     assert no_peer.status == DRIFT and "without peer access" in no_peer.detail
-    slow = by_name(pv.judge(_eight_gpus(real, busbw=10.0)))["allreduce 0,1,2,3"]
+    slow = by_name(pv.decide(_eight_gpus(real, busbw=10.0)))["allreduce 0,1,2,3"]
     assert slow.status == DRIFT
     floor = pv.limits({"allreduce_min_busbw_gbps": 100})
-    assert by_name(pv.judge(_eight_gpus(real), floor))["allreduce 0,1,2,3"].status == DRIFT
+    assert by_name(pv.decide(_eight_gpus(real), floor))["allreduce 0,1,2,3"].status == DRIFT
 
 
 def test_missing_gpu_and_driver_mismatch(real):
-    assert by_name(pv.judge(real, expect_gpus=8))["nvml"].status == FAILED
+    assert by_name(pv.decide(real, expect_gpus=8))["nvml"].status == FAILED
     doc = copy.deepcopy(real)
     doc["nvml"]["kernel_module"] = "575.57.08"
-    c = by_name(pv.judge(doc))["nvml"]
+    c = by_name(pv.decide(doc))["nvml"]
     assert c.status == DRIFT and "803" in c.cause
 
 
 def test_xid_during_probe_fails(real):
     doc = copy.deepcopy(real)
     doc["xid"]["events"] = [{"bus_id": "0000:00:06.0", "xid": 79}]
-    c = by_name(pv.judge(doc))["xid"]
+    c = by_name(pv.decide(doc))["xid"]
     assert c.status == FAILED and "XID 79" in c.detail
 
 
@@ -256,7 +256,7 @@ def test_no_gpu_document_is_all_skipped():
         "bandwidth": {"status": "skipped", "reason": "torch not importable"},
         "xid": {"status": "skipped", "reason": "no NVML GPU to watch"},
     }
-    checks = pv.judge(doc)
+    checks = pv.decide(doc)
     assert {c.status for c in checks} == {SKIPPED}
     st, detail, _ = pv.summarize(checks)
     assert st == SKIPPED and "no NVML" in detail and "torch" in detail
@@ -267,9 +267,9 @@ def test_summarize_worst_wins(real):
     doc = copy.deepcopy(real)
     doc["nvml"]["gpus"][0]["remapped_rows"]["failure"] = True
     probe_of(doc, "h2d")["gbps"] = 10.0
-    st, detail, ev = pv.summarize(pv.judge(doc))
+    st, detail, ev = pv.summarize(pv.decide(doc))
     assert st == FAILED and ev["problems"] == ["gpu0 memory", "gpu0 h2d"]
-    assert pv.summarize(pv.judge(real))[0] == OK
+    assert pv.summarize(pv.decide(real))[0] == OK
 
 
 @pytest.mark.parametrize(
@@ -314,6 +314,6 @@ def test_recorded_cli_report_is_reproduced_from_its_probe_document():
 
 def test_same_gpu_pair_from_the_one_gpu_run_is_not_judged_as_p2p():
     doc = json.loads((FIX / "h200_real_p2p_self.json").read_text())
-    c = by_name(pv.judge(doc))["p2p gpu0->gpu0"]
+    c = by_name(pv.decide(doc))["p2p gpu0->gpu0"]
     assert c.status == SKIPPED and "code-path exercise" in c.detail
     assert pv.report(doc).ok

@@ -108,19 +108,16 @@ def advise(
 
 def _write(path: str, text: str) -> None:
     """Atomic: a temporary file beside the target, then a rename (never half a document)."""
-    import os
     from pathlib import Path
 
     from gpubox.errors import GpuboxError
+    from gpubox.safeio import write_text
 
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise GpuboxError(f"cannot write {p}: {exc.strerror}", "choose a writable -o FILE") from None
+        write_text(p, text)  # gpubox.safeio: a new temp renamed in, a link at FILE replaced, not followed
+    except GpuboxError as exc:
+        raise GpuboxError(f"cannot write {p}: {exc.problem}", "choose a writable -o FILE") from None
 
 
 def _print(advices: list) -> None:

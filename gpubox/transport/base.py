@@ -107,6 +107,9 @@ class Transport(ABC):
     """Run commands and touch files on one host. Paths here are real paths (no root prefix)."""
 
     name: str = "?"
+    # The host's root prefix (gpubox_root; set by gpubox.host.Host): the anchor every local write
+    # is made beneath, with no link followed (gpubox.safepath).
+    root: str = "/"
 
     @abstractmethod
     def run(
@@ -134,6 +137,45 @@ class Transport(ABC):
         """Write to a temporary file in the same directory, flush, rename over `path`.
 
         `tmp_name` overrides the temporary's basename (Proxmox's own `<file>.tmp.<pid>`)."""
+
+    def refuse_links(self, path: str) -> None:
+        """Refuse PATH when any existing component of it is a symbolic link (the remote side's
+        `realpath -m` against the canonical spelling: with no link on the way they are equal).
+        The local transport needs none of this: it opens beneath a directory fd, no link followed."""
+        from ..safepath import LINK_WHY, Refused, canonical, system_link_ok
+
+        want = canonical(path)
+        r = self.run(["realpath", "-m", "--", want])
+        if r.rc != 0:
+            return  # no realpath there (busybox without -m): the rename still never follows one
+        got = r.stdout.strip()
+        if got and got != want and not system_link_ok(want, got, self.root):
+            raise Refused(want, f"leads to {got}: a component {LINK_WHY[5:]}")
+
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        """A file others could have written: a regular file (lstat first: a FIFO, device or link
+        is refused before it is opened, so nothing blocks) of at most LIMIT bytes."""
+        from ..safepath import LINK_WHY, Refused
+
+        st = self.stat(path)
+        if st is None:
+            raise FileNotFoundError(path)
+        if _stat.S_ISLNK(st.mode):
+            raise Refused(path, LINK_WHY)
+        if not st.is_file:
+            raise Refused(
+                path, "is not a regular file", "gpubox reads only regular files there; move it away"
+            )
+        if st.size > limit:
+            raise Refused(
+                path, f"is larger than {limit} bytes", "it is not a file gpubox wrote; move it away"
+            )
+        data = self.read_bytes(path)
+        if len(data) > limit:
+            raise Refused(
+                path, f"is larger than {limit} bytes", "it is not a file gpubox wrote; move it away"
+            )
+        return data
 
     @abstractmethod
     def stat(self, path: str) -> FileStat | None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat as _stat
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from typing import Mapping, Sequence
 
-from .. import safeio
+from .. import safepath
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
@@ -148,45 +150,27 @@ class LocalTransport(Transport):
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
-        d = os.path.dirname(path) or "."
-        tmp = os.path.join(d, tmp_name or safeio.tmp_name(path))
-        if mode is None:
-            try:
-                mode = os.stat(path).st_mode & 0o7777
-            except FileNotFoundError:
-                mode = 0o644
-        # A new file, never opened through what stands at that name (a planted symlink): O_EXCL.
-        # A caller-given name (Proxmox's `<file>.tmp.<pid>`) left by a killed run is removed first.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(tmp, flags, mode)
-        except FileExistsError:
-            if not tmp_name:
-                raise
-            os.unlink(tmp)
-            fd = os.open(tmp, flags, mode)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            if isinstance(exc, OSError) and exc.filename is None:  # write(2)/fsync(2) name no file
-                raise OSError(exc.errno, exc.strerror or str(exc), path) from None
-            raise
-        try:  # the rename itself is durable only once the directory is synced
-            dfd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
+        """Through gpubox.safepath, anchored at the host's root prefix: no link followed beneath
+        it, a new temp renamed over the target in the same directory fd, the old file's mode kept
+        (read without following a link) when MODE is None. A caller-given temp name (Proxmox's
+        `<file>.tmp.<pid>`) left by a killed run is removed first (unlinkat, ours only)."""
+        with self._anchored(path, create=True) as (anchor, rel):
+            safepath.write(anchor, rel, data, mode, tmp=tmp_name, keep_mode=mode is None)
+
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        """A regular file of at most LIMIT bytes, no link followed beneath the root prefix; a FIFO
+        or device is refused without blocking."""
+        with self._anchored(path) as (anchor, rel):
+            return safepath.read(anchor, rel, limit)
+
+    @contextmanager
+    def _anchored(self, path: str, create: bool = False):
+        """(Anchor, relative path): the root prefix when PATH lies beneath it, else its parent.
+        CREATE makes a missing root prefix (configuration, like the inventory that names it)."""
+        a, rel = safepath.system_anchor(path, self.root) or safepath.anchor_of(path, [self.root])
+        create = create and a == safepath.canonical(self.root)
+        with safepath.Anchor(a, create=create) as anchor:
+            yield anchor, rel
 
     def stat(self, path: str) -> FileStat | None:
         try:
@@ -202,10 +186,18 @@ class LocalTransport(Transport):
         return sorted(os.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
-        os.makedirs(path, mode=mode, exist_ok=True)
+        """mkdirat one component at a time beneath the root prefix, no link followed."""
+        if safepath.canonical(path) == safepath.canonical(self.root):
+            os.makedirs(path, mode=mode, exist_ok=True)
+            return
+        with self._anchored(path, create=True) as (anchor, rel):
+            os.close(anchor.makedirs(rel, mode))
 
     def remove(self, path: str) -> None:
-        os.unlink(path)
+        """unlinkat relative to the parent's fd, only a file (or link: never its target) of ours."""
+        with self._anchored(path) as (anchor, rel):
+            if not safepath.remove(anchor, rel):
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
 
 
 class _LocalHeld(Held):

@@ -82,11 +82,14 @@ class PctTransport(Transport):
         if mode is None:  # keep the old file's permissions, like the other transports
             old = self.stat(path)
             mode = old.perms if old else 0o644
+        self.refuse_links(posixpath.dirname(path) or "/")
         self.host.write_bytes_atomic(host_tmp, data, mode=0o600)
         try:
             args = ["push", str(self.vmid), host_tmp, ct_tmp, "--perms", oct(mode)[2:]]
             self._pct(*args).check()
-            self.run(["mv", "-f", "--", ct_tmp, path]).check()
+            # -T: a directory (or a link to one) at PATH is an error, never a place to move into;
+            # rename(2) replaces a link at PATH itself instead of following it.
+            self.run(["mv", "-fT", "--", ct_tmp, path]).check()
         finally:
             try:
                 self.host.remove(host_tmp)
@@ -110,7 +113,10 @@ class PctTransport(Transport):
         return sorted(x for x in r.stdout.splitlines() if x)
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
+        self.refuse_links(path)
         self.run(["mkdir", "-p", "-m", oct(mode)[2:], "--", path]).check()
 
     def remove(self, path: str) -> None:
+        """rm -f is unlink(2): a link is removed, never its target; no link on the way."""
+        self.refuse_links(posixpath.dirname(path) or "/")
         self.run(["rm", "-f", "--", path]).check()

@@ -360,15 +360,16 @@ class SSHTransport(Transport):
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
     ) -> None:
         d = posixpath.dirname(path) or "."
+        self.refuse_links(d)  # no link on the way (the directories gpubox writes are root's)
         tmp = posixpath.join(d, tmp_name or safeio.tmp_name(path))
         if mode is None:
             old = self.stat(path)
-            mode = old.perms if old else 0o644
+            mode = old.perms if old and old.is_file else 0o644
         try:
             with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
                 f.write(data)
-            self.sftp.chmod(tmp, mode)
+                f.chmod(mode)  # fsetstat on our handle, never by name
             self.sftp.posix_rename(tmp, path)
         except BaseException:
             try:
@@ -399,9 +400,12 @@ class SSHTransport(Transport):
         return sorted(self.sftp.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
-        self.run(["mkdir", "-p", "-m", oct(mode)[2:], path]).check()
+        self.refuse_links(path)
+        self.run(["mkdir", "-p", "-m", oct(mode)[2:], "--", path]).check()
 
     def remove(self, path: str) -> None:
+        """SFTP remove is unlink(2): a link is removed, never its target; no link on the way."""
+        self.refuse_links(posixpath.dirname(path) or "/")
         self.sftp.remove(path)
 
 

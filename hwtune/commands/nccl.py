@@ -93,9 +93,9 @@ def nccl_export(nccl_profile, fmt, output):
         sys.stdout.write(text)
         return
     path = Path(output)
-    tmp = path.with_name(f".{path.name}.gpubox.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from gpubox.safeio import write_text
+
+    write_text(path, text)  # a new temp renamed over it: a link there is replaced, not followed
 
 
 @nccl.command("check")

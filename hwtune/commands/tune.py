@@ -260,8 +260,10 @@ def tune_ablate(
         timeout=child_timeout,
         leave_one_out=not no_leave_one_out,
     )
-    (out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "ablation.md").write_text(ablate.table_md(result))
+    from gpubox.safeio import write_text
+
+    write_text(out / "ablation.json", json.dumps(result, indent=1) + "\n")
+    write_text(out / "ablation.md", ablate.table_md(result))
     ablate.plot(result, str(out / "ablation.png"))
     if as_json:
         print_json(result)

@@ -11,7 +11,7 @@ One idea per module, from the bottom up (docs/stage.md says what the feature doe
 - readers: buffered and O_DIRECT reads of the source, page-cache residency, the span copy;
 - hashing: the checksums (why XXH3 by default), a file's digest tree, hashing files in place;
 - manifest: the manifest, the journal and the partials (resume); source: the source's files and
-  identity; destination: what the destination holds against the source (assess);
+  identity; destination: what the destination holds against the source (decide);
 - schedule: the work-stealing schedule of ranges; verdicts: the cold probe's kept verdicts;
   probe: how a run reads its source (cold share, the probe, thread count);
 - copier: the Copier; room: space and memory checks; lock: one stager at a time;
@@ -22,7 +22,7 @@ An flock on .NAME.gpubox-stage.lock beside the destination keeps a second stager
 """
 
 from .copier import Copier
-from .destination import assess
+from .destination import decide
 from .errors import StageError
 from .hashing import DEFAULT_HASH, HASH_ALGO, HASHES, LEGACY_ALGO, algorithm, chunk_digests, hash_files
 from .lock import LOCK, Lock
@@ -72,7 +72,7 @@ __all__ = [
     "RichProgress",
     "StageError",
     "algorithm",
-    "assess",
+    "decide",
     "cached_bytes",
     "cgroup_memory",
     "check",

@@ -49,7 +49,10 @@ class Copier(ColdProbe):
         self.workers, self.sync, self.advance, self.on_file = workers, sync, advance, on_file
         self.resume = resume or {}
         self.jlock = threading.Lock()
-        self.journal = open(os.path.join(dest, JOURNAL), "a")
+        fd = os.open(
+            os.path.join(dest, JOURNAL), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644
+        )
+        self.journal = os.fdopen(fd, "a")
         self.done: dict[str, dict] = {}
         self.setting = read_mode_setting()
         self.direct = hasattr(os, "O_DIRECT") and fstype(src) in DIRECT_FS and self.setting != "buffered"

@@ -11,7 +11,7 @@ from .manifest import MANIFEST, PARTIAL, SCHEMA, dest_files, load_journal, load_
 from .source import fingerprint
 
 
-def assess(
+def decide(
     src_files: dict[str, dict], dest: str, *, verify: bool = False, workers: int | None = None
 ) -> dict:
     """Compare the destination with the source: what is staged, what must be (re)copied and why."""

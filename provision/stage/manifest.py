@@ -15,6 +15,8 @@ import errno
 import json
 import os
 
+from gpubox import safepath
+
 from . import sizes
 from .errors import StageError
 from .hashing import LEGACY_ALGO
@@ -30,27 +32,42 @@ def temp_path(path: str) -> str:
     return path + PARTIAL
 
 
-def load_json(path: str):
-    """The JSON document at path, or None (missing, unreadable, or cut short)."""
+READ_LIMIT = 256 << 20  # a manifest or journal of a model of many thousand files is a few MiB
+
+
+def _read_bounded(path: str) -> bytes:
+    """A manifest or journal: a regular file (not a link, FIFO or device: O_NOFOLLOW|O_NONBLOCK,
+    then fstat) of at most READ_LIMIT bytes; anything else reads as absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        with open(path, "rb") as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError, OSError):
+        return safepath.read_fd(fd, path, READ_LIMIT)
+    except safepath.Refused:
+        raise FileNotFoundError(path) from None
+    finally:
+        os.close(fd)
+
+
+def load_json(path: str):
+    """The JSON document at path, or None (missing, unreadable, not a regular file, too large, or
+    cut short)."""
+    try:
+        return json.loads(_read_bounded(path))
+    except (FileNotFoundError, ValueError, OSError, RecursionError):
         return None
 
 
 def _journal_lines(dest: str):
     try:
-        with open(os.path.join(dest, JOURNAL), "rb") as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by the interruption
-                if isinstance(e, dict) and isinstance(e.get("rel"), str):
-                    yield e
-    except FileNotFoundError:
-        pass
+        data = _read_bounded(os.path.join(dest, JOURNAL))
+    except OSError:
+        return
+    for line in data.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the interruption
+        if isinstance(e, dict) and isinstance(e.get("rel"), str):
+            yield e
 
 
 def load_journal(dest: str) -> dict[str, dict]:
@@ -120,7 +137,12 @@ def write_atomic(path: str, data: bytes, sync: bool) -> None:
     """path holds data, or (on any failure) what it held before: written beside it, then renamed."""
     tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as f:
+        try:
+            os.unlink(tmp)  # a leftover (or planted) temp: the name, never what it points to
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             if sync:
                 f.flush()

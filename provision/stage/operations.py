@@ -6,11 +6,15 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import stat
 import time
+
+from gpubox import safepath
+from gpubox.safepath import canonical
 
 from . import sizes
 from .copier import Copier
-from .destination import assess
+from .destination import decide
 from .errors import StageError
 from .hashing import algorithm
 from .lock import Lock
@@ -47,7 +51,7 @@ def check(
     """Is dest a complete, current copy of src? Reads only (stat, headers; hashes with verify)."""
     t0 = time.monotonic()
     files = scan(src, follow_links=follow_links)
-    a = assess(files, dest, verify=verify, workers=workers)
+    a = decide(files, dest, verify=verify, workers=workers)
     problems = []
     if not a["manifest"]:
         problems.append(
@@ -122,7 +126,7 @@ def stage(
     t0 = time.monotonic()
     algo = algorithm(hash)
     workers = workers or default_workers()
-    src, dest = os.path.abspath(src), os.path.abspath(dest)
+    src, dest = canonical(os.path.abspath(src)), canonical(os.path.abspath(dest))
     files = _source(src, dest, follow_links=follow_links, require_tokenizer=require_tokenizer, force=force)
     if tmpfs is None:
         tmpfs = fstype(existing(dest)) == "tmpfs"
@@ -178,8 +182,14 @@ def _source(src: str, dest: str, *, follow_links: bool, require_tokenizer: bool,
     """The source's files (scan), refused before anything is written when it overlaps the
     destination (a copy into itself would never end) or is not a complete model (an incomplete
     copy would be staged and served; --force copies it as it is)."""
-    if dest == src or dest.startswith(src.rstrip("/") + "/") or src.startswith(dest.rstrip("/") + "/"):
-        raise StageError(f"source {src} and destination {dest} overlap", "stage into a separate directory")
+    # judged on the resolved paths too: a destination that reaches into the source through a link
+    # (or the source into the destination) would write into the persistent source
+    for s, d in ((src, dest), (os.path.realpath(src), os.path.realpath(dest))):
+        if d == s or d.startswith(s.rstrip("/") + "/") or s.startswith(d.rstrip("/") + "/"):
+            raise StageError(
+                f"source {src} and destination {dest} overlap", "stage into a separate directory"
+            )
+    own_destination(dest)
     files = scan(src, follow_links=follow_links)
     src_problems = stc.check_model(src, files, require_tokenizer)
     if src_problems and not force:
@@ -227,7 +237,7 @@ def _finished(summary: dict, t0: float, **kw) -> dict:
 def _dry_run(files: dict, dest: str, verify: bool, workers: int, room_kw: dict) -> dict:
     """What a run would do, without the lock and without writing: the files to copy and why, and
     whether the room check would refuse (reported, not raised: a dry run shows what apply meets)."""
-    a = assess(files, dest, verify=verify, workers=workers)
+    a = decide(files, dest, verify=verify, workers=workers)
     todo = a["todo"]
     need = sum(files[r]["size"] for r in todo)
     try:
@@ -250,11 +260,11 @@ def _dry_run(files: dict, dest: str, verify: bool, workers: int, room_kw: dict) 
 
 
 def _plan(files: dict, dest: str, *, verify: bool, workers: int, algo: str) -> tuple[dict, dict]:
-    """What the destination holds (assess) and which ranges of an interrupted run's partials can be
+    """What the destination holds (decide) and which ranges of an interrupted run's partials can be
     resumed (each is re-hashed before it is kept). Under the lock, so no other stager changes it
     between this and the copy. Every other leftover partial is removed here: it is nobody's work
     any more and holds tmpfs memory."""
-    a = assess(files, dest, verify=verify, workers=workers)
+    a = decide(files, dest, verify=verify, workers=workers)
     ranges = resumable(dest, a["todo"], files, algo)
     for rel in partials(dest):
         if rel[: -len(PARTIAL)] not in ranges:
@@ -262,11 +272,42 @@ def _plan(files: dict, dest: str, *, verify: bool, workers: int, algo: str) -> t
     return a, ranges
 
 
+def own_destination(dest: str) -> None:
+    """The destination is a directory of gpubox's own, or absent: not a link, not someone else's,
+    writable by nobody else (a directory in /dev/shm that another user made first, or /dev/shm
+    itself, is refused before anything is written)."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise StageError(f"destination {dest} {safepath.LINK_WHY}", "give the real directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StageError(
+            f"destination {dest} is not a directory", "move it away, or choose another destination"
+        )
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        raise StageError(
+            f"destination {dest} is not a directory of gpubox's own (uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o})",
+            "stage into a directory of its own, e.g. /dev/shm/<model>",
+        )
+
+
 def _fix_modes(dest: str, files: dict, modes: dict) -> list[str]:
-    """Permissions follow the source: a kept file whose mode was changed is set back in place (a
-    chmod, no copy). Returns the files fixed (the summary's modes_fixed)."""
-    for rel in sorted(modes):
-        os.chmod(os.path.join(dest, rel), files[rel]["mode"])
+    """Permissions follow the source: a kept file whose mode was changed is set back in place (an
+    fchmod on the file opened with no link followed beneath the destination, no copy). Returns the
+    files fixed (the summary's modes_fixed)."""
+    if not modes:
+        return []
+    with safepath.Anchor(dest) as anchor:
+        for rel in sorted(modes):
+            fd = anchor.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fchmod(fd, files[rel]["mode"])
+            finally:
+                os.close(fd)
     return sorted(modes)
 
 

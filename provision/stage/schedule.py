@@ -59,7 +59,9 @@ class FileJob:
                 self.ident = (st.st_dev, st.st_ino)
                 # 0600 until complete; _finish gives it the source's mode (never wider on the way).
                 # A partial with journaled ranges is kept (resume); any other starts empty.
-                flags = os.O_WRONLY | os.O_CREAT | (0 if self.resume else os.O_TRUNC)
+                # O_NOFOLLOW: a link planted at NAME.partial (next to a forged journal) is refused,
+                # never truncated or written through
+                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (0 if self.resume else os.O_TRUNC)
                 self.dfd = os.open(self.partial, flags, 0o600)
 
     def close(self) -> None:

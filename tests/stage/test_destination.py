@@ -1,4 +1,4 @@
-"""What the destination holds against the source (destination.assess): found by the cheap check, by
+"""What the destination holds against the source (destination.decide): found by the cheap check, by
 --verify, and repaired."""
 
 import os
