@@ -109,8 +109,8 @@ def _trim(doc: dict[str, Any]) -> dict[str, Any]:
 
 def validate(doc: Any, where: str = "result document") -> None:
     """Refuse anything that is not a gpubox.bench/1 document naming its box and run
-    (bench.result_model.record_check)."""
-    from .result_model import record_check
+    (bench.result_rules.record_check)."""
+    from .result_rules import record_check
 
     record_check(doc, where)
 

@@ -77,8 +77,8 @@ def finish(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
 def validate(doc: dict[str, Any]) -> list[str]:
     """Problems with a document, [] when it follows the schema (what consumers rely on): the
     model's read rules and its stricter rules for a document gpubox writes
-    (bench.result_model.write_problems)."""
-    from .result_model import write_problems
+    (bench.result_rules.write_problems)."""
+    from .result_rules import write_problems
 
     return write_problems(doc)
 
