@@ -22,6 +22,7 @@ import httpx
 
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
+from gpubox.readlimit import read_regular
 from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Step
 
 from . import history, results, schema
@@ -45,8 +46,8 @@ def latest_result(box, out_dir: str | Path | None = None) -> dict[str, Any] | No
     docs = []
     for p in d.glob("*.json"):
         try:
-            doc = json.loads(p.read_text())
-        except (OSError, ValueError):
+            doc = json.loads(read_regular(p, schema.MAX_BYTES, what="result"))
+        except (OSError, ValueError, GpuboxError):  # a FIFO or device among the results: skipped
             continue
         if schema.problem(doc) is None and history.doc_key(doc) == key:  # damaged files never count
             docs.append(doc)

@@ -23,20 +23,22 @@ import copy
 import fcntl
 import json
 import os
-import stat
 import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpubox.errors import GpuboxError
+from gpubox.errors import GpuboxError, os_error
 from gpubox.identity import encode_name
+from gpubox.readlimit import read_fd
 from gpubox.safeio import append, makedirs, open_fd, write_atomic
 from gpubox.state import state_dir
 
 from .result_model import BOX_ID_RE as _BOX_KEY  # one definition
 from .result_read import SCHEMA  # noqa: F401 - history.SCHEMA, for the writers of failed runs
+
+MAX_STORE_BYTES = 1 << 30  # a store of a line per run: years of nightly runs are a few MiB
 
 
 def history_dir(base: Path | None = None) -> Path:
@@ -168,11 +170,10 @@ def _read_store(path: Path) -> str:
         fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return ""
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise GpuboxError(f"{path} is not a regular file", "move it away: it is a history store")
-    with os.fdopen(fd, "rb") as f:
-        return f.read().decode(errors="replace")
+    except OSError as exc:
+        raise os_error(exc) from None
+    with os.fdopen(fd, "rb") as f:  # a FIFO or a device there: one line, never a hang
+        return read_fd(f.fileno(), MAX_STORE_BYTES, path, what="history store").decode(errors="replace")
 
 
 def _run_id_of(line: str) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -268,6 +269,22 @@ def tail(path: Path | str, lines: int = 20) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
+_CAUSE = re.compile(r"\b(\w*(?:Error|Exception)|error|ERROR|FATAL|Fatal|CUDA)\b[:\s]")
+
+
+def cause_line(log_tail: str) -> str | None:
+    """The line of a server's log tail that names why it stopped: the first that carries an error
+    or exception name (vLLM and SGLang print the root cause first and "See root cause above"
+    after it), without gpubox's own header line and a leading log level; None when none does."""
+    for line in log_tail.splitlines():
+        text = line.strip()
+        if not text or text.startswith("# gpubox:") or "see root cause above" in text.lower():
+            continue
+        if _CAUSE.search(text):
+            return re.sub(r"^(?:ERROR|CRITICAL|FATAL)\s+", "", text)[:300]
+    return None
+
+
 class Server:
     """A server process in its own process group, logging to a file.
 
@@ -347,10 +364,14 @@ class Server:
 
     def crashed(self, when: str) -> LaunchError:
         rc = self.proc.returncode if self.proc else None
+        log = tail(self.log_path)
+        cause = cause_line(log)
         return LaunchError(
-            f"server exited with status {rc} {when} (log {self.log_path})",
+            f"server exited with status {rc} {when}"
+            + (f": {cause}" if cause else "")
+            + f" (log {self.log_path})",
             "see the log tail; fix the server command or the box",
-            tail(self.log_path),
+            log,
         )
 
     def wait_ready(self, timeout: float = 900.0, poll: float = 0.1) -> float:

@@ -46,14 +46,19 @@ def _num(v: Any) -> float | None:
 
 
 def _lbl(v: Any) -> str:
-    return "" if v is None else str(v)
+    """A label value from a document: control characters and bidi overrides shown escaped
+    (gpubox.escape.terminal), so `cat` or `curl` of the textfile cannot drive a terminal;
+    prometheus_client then escapes backslash, quote and newline as its format requires."""
+    from gpubox.escape import terminal
+
+    return "" if v is None else terminal(v)
 
 
 def render(
     doc: dict[str, Any] | None, doctor: dict[str, Any] | None = None, *, box: str | None = None
 ) -> str:
     """Exposition text for a judged result document and/or a doctor RunReport dict."""
-    box = box or (doc or {}).get("box") or (doctor or {}).get("box") or "-"
+    box = _lbl(box or (doc or {}).get("box") or (doctor or {}).get("box") or "-")
     reg = CollectorRegistry()
 
     def g(name: str, doc_: str, labels=("box",)) -> Gauge:

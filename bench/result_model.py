@@ -33,6 +33,8 @@ from .result_read import (
 )
 
 NUM = "number?"
+POS = "pos?"  # a rate or length that is divided by: > 0, bounded so arithmetic stays finite
+NONNEG = "nonneg?"  # a duration or a fraction: >= 0, bounded the same way
 
 # method -> how people name it (the seed report's words). Unknown methods print as given.
 METHOD_NAMES = {
@@ -68,18 +70,20 @@ class _Part(Model):
 @dataclass
 class Percentiles(_Part):
     TITLE: ClassVar[str] = "percentiles: `ttft_s`, `tpot_ms`, `e2e_s`"
-    p50: float | None = spec(NUM, "median")
-    p90: float | None = spec(NUM, "90th percentile")
-    p99: float | None = spec(NUM, "99th percentile")
-    mean: float | None = spec(NUM, "mean")
+    p50: float | None = spec(NONNEG, "median")
+    p90: float | None = spec(NONNEG, "90th percentile")
+    p99: float | None = spec(NONNEG, "99th percentile")
+    mean: float | None = spec(NONNEG, "mean")
 
 
 @dataclass
 class Acceptance(_Part):
     TITLE: ClassVar[str] = "measurements[].acceptance"
-    mean_length: float | None = spec(NUM, "mean accepted length per draft step (tokens)")
-    rate: float | None = spec(NUM, "accepted / drafted tokens")
-    per_position: list[float | None] | None = spec(("list?", NUM), "acceptance rate at each draft position")
+    mean_length: float | None = spec(POS, "mean accepted length per draft step (tokens)")
+    rate: float | None = spec(NONNEG, "accepted / drafted tokens")
+    per_position: list[float | None] | None = spec(
+        ("list?", NONNEG), "acceptance rate at each draft position"
+    )
     drafts: int | None = spec("int?", "draft steps counted")
     draft_tokens: int | None = spec("int?", "tokens drafted")
     accepted: int | None = spec("int?", "drafted tokens accepted")
@@ -90,9 +94,9 @@ class Sample(_Part):
     TITLE: ClassVar[str] = "measurements[].samples[]"
     rep: int | None = spec("int?", "repetition the request belongs to (0-based)")
     ttft_s: float | None = spec(
-        NUM, "time to first token, from the socket write (s); null when the request failed"
+        NONNEG, "time to first token, from the socket write (s); null when the request failed"
     )
-    e2e_s: float | None = spec(NUM, "time to the last token, from the socket write (s)")
+    e2e_s: float | None = spec(NONNEG, "time to the last token, from the socket write (s)")
     output_tokens: int | None = spec("any", "tokens generated (`usage.completion_tokens`)", shape="int?")
     prompt_tokens: int | None = spec(
         "any", "prompt tokens as the server counted them (`usage.prompt_tokens`)", shape="int?"
@@ -135,15 +139,15 @@ class Measurement(_Part):
     status: str = spec(("enum", STATUSES), "whether it ran; failed/skipped say why", default="ok")
     reason: str | None = spec("str?", "why failed/skipped, one line")
     repetitions: int | None = spec("int?", "repetitions measured")
-    tok_s: float | None = spec(NUM, "median over reps of per-request decode tok/s (null unless ok)")
-    tok_s_spread: list[float | None] | None = spec(("list?", NUM), "min, max over repetitions")
-    aggregate_tok_s: float | None = spec(NUM, "sum of output tokens / wall time (concurrency's headline)")
+    tok_s: float | None = spec(POS, "median over reps of per-request decode tok/s (null unless ok)")
+    tok_s_spread: list[float | None] | None = spec(("list?", NONNEG), "min, max over repetitions")
+    aggregate_tok_s: float | None = spec(POS, "sum of output tokens / wall time (concurrency's headline)")
     ttft_s: Percentiles | None = spec(("model?", Percentiles), "time to first token (s)")
     tpot_ms: Percentiles | None = spec(
         ("model?", Percentiles), "time per output token (ms): (E2E - TTFT) / (n - 1)"
     )
     e2e_s: Percentiles | None = spec(("model?", Percentiles), "request latency (s)")
-    tokens_per_chunk: float | None = spec(NUM, "output tokens per stream chunk")
+    tokens_per_chunk: float | None = spec(POS, "output tokens per stream chunk")
     errors: int | None = spec("int?", "failed requests in this measurement")
     acceptance: Acceptance | None = spec(
         ("model?", Acceptance), "speculative-decoding counters; null when the server exposes none"
@@ -200,7 +204,7 @@ class Server(_Part):
     log_tail: str | list[str] | None = spec(
         "any", "the log's last lines", shape="string, list of string, or null"
     )
-    startup_s: float | None = spec(NUM, "seconds until the server answered")
+    startup_s: float | None = spec(NONNEG, "seconds until the server answered")
     max_model_len: int | None = spec("int?", "context length the server reports")
     log: str | None = spec("any", "the server's log file", shape="str?")
     url: str | None = spec("any", "the server measured (`bench run --url`)", shape="str?")
@@ -320,7 +324,7 @@ class BenchResult(_Part):
     profile: str | None = spec("str?", "`health` | `full` | `custom`")
     tool: Tool | None = spec(("model?", Tool), "the gpubox that measured")
     simulated: bool | None = spec("bool?", "true when the server is gpubox's simulator")
-    sim_speed: float | None = spec(NUM, "simulator speed factor k: figures are k x the modelled box")
+    sim_speed: float | None = spec(POS, "simulator speed factor k: figures are k x the modelled box")
     url: str | None = spec("str?", "set by `gpubox bench run --url` (no launch)")
     facts: Facts | None = spec(("model?", Facts), "the box as it was measured (report appendix)")
     servers: list[Server] = spec(

@@ -55,19 +55,19 @@ def parse(text: str | bytes, where: str) -> Any:
 def read_text(path: str | Path) -> str:
     """One result file's text, bounded and UTF-8; ResultError naming the file."""
     from gpubox.errors import os_error
+    from gpubox.readlimit import NotRegular, read_regular
 
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = read_regular(p, MAX_BYTES, what="result")  # a FIFO or /dev/zero: one line, at once
+    except NotRegular as exc:
+        raise ResultError(exc.problem, "give one result document (a regular JSON file)") from None
     except IsADirectoryError:
         raise ResultError(f"{p}: is a directory", "name the result JSON file itself") from None
     except FileNotFoundError:
         raise ResultError(f"{p}: no such file", "check the path of the result JSON") from None
     except OSError as exc:
         raise os_error(exc) from None
-    if len(data) > MAX_BYTES:
-        raise ResultError(f"{p}: larger than {MAX_BYTES >> 20} MiB", "give one result document")
     try:
         return data.decode()
     except UnicodeDecodeError as exc:

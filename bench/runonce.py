@@ -95,6 +95,9 @@ def _version() -> str:
     return __version__
 
 
+CHILD_BOOT = "import sys;sys.path[:]=[p for p in sys.path if p[:1]=='/'];from gpubox.cli import main;main()"
+
+
 def run_benchmark(
     inventory: str | None,
     box: str,
@@ -108,7 +111,10 @@ def run_benchmark(
     The child takes the same per-box lock as any `gpubox bench`; `lock_path` (held by us) tells
     it that its parent already holds it."""
     t0 = time.time()
-    argv = [sys.executable, "-m", "gpubox.cli"]
+    # Not `-m gpubox.cli`: that puts the working directory first on sys.path, and a `gpubox/`
+    # folder there would be imported instead of gpubox (a healthy box recorded as failed). The
+    # child drops '' and relative entries before importing anything of ours (-P needs 3.11).
+    argv = [sys.executable, "-c", CHILD_BOOT]
     if inventory:
         argv += ["-i", str(inventory)]
     argv += ["bench", box, "--profile", profile, "--json"]

@@ -43,7 +43,12 @@ from gpubox.facts import Fact
 # $, ;, backslashes) means neither systemd's specifier/variable expansion nor /bin/sh (cron) can
 # reinterpret a value, so no quoting layer is needed.
 _SAFE = re.compile(r"^[A-Za-z0-9_./:@+=,-]+$")
-_SPAN = re.compile(r"^\s*(\d+)\s*(s|sec|m|min|h|d)?\s*$")
+_SPAN = re.compile(r"^\s*(\d{1,12})\s*(s|sec|m|min|h|d)?\s*$", re.A)  # ASCII digits only
+MAX_SPAN = 366 * 86400  # a year and a day: systemd and cron both carry it; beyond is a typo
+# What an OnCalendar= spec is made of (systemd.time(7) "Calendar Events"): weekdays, dates,
+# times, ranges/lists/repetitions, `~` (last days), a timezone name; a shorthand like `daily`.
+# Checked before systemd-analyze (and where there is none), so `--help` or `-x` never reaches it.
+_CAL_TOKEN = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9*:./,~+_-]*$", re.A)
 _UNIT_S = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, None: 1}
 MIN_EVERY = 300
 DEFAULTS = {
@@ -67,7 +72,25 @@ def parse_span(text: Any, what: str) -> int:
     m = _SPAN.match(str(text))
     if not m or int(m.group(1)) <= 0:
         raise GpuboxError(f"{what} {text!r} is not a time span", "write it like 30min, 6h or 1d")
-    return int(m.group(1)) * _UNIT_S[m.group(2)]
+    seconds = int(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds > MAX_SPAN:
+        raise GpuboxError(
+            f"{what} {text!r} is longer than {format_span(MAX_SPAN)}", "write a span of at most a year"
+        )
+    return seconds
+
+
+def calendar_shape(spec: Any) -> str:
+    """A strict check of an OnCalendar spec's form, needing no systemd: at most 4 blank-separated
+    tokens of calendar characters, none starting with `-` (an option to systemd-analyze)."""
+    text = str(spec) if spec is not None else ""
+    tokens = text.split(" ")
+    if not text or len(tokens) > 4 or not all(_CAL_TOKEN.fullmatch(t) for t in tokens):
+        raise GpuboxError(
+            f"--on-calendar {text!r} is not a calendar spec",
+            'see systemd.time(7); e.g. "*-*-* 00/6:00:00", "Mon..Fri 03:00" or daily',
+        )
+    return text
 
 
 def format_span(seconds: int) -> str:
@@ -98,17 +121,14 @@ def unit_base(vmid: int) -> str:
 
 def check_calendar(spec: str, host=None) -> str:
     """Validate an OnCalendar spec with `systemd-analyze calendar` (on the target, else here)."""
-    if not spec or "\n" in spec or "%" in spec:
-        raise GpuboxError(
-            f"--on-calendar {spec!r} is not a calendar spec", 'e.g. "*-*-* 00/6:00:00" or daily'
-        )
-    argv = ["systemd-analyze", "calendar", spec]
+    calendar_shape(spec)
+    argv = ["systemd-analyze", "calendar", "--", spec]  # `--`: a spec is never an option
     r = host.run(argv, timeout=20) if host is not None else None
     if r is None or r.rc == 127:
         exe = shutil.which("systemd-analyze")
         if not exe:
-            return spec  # nothing to validate with; systemd itself will log a bad spec
-        p = subprocess.run([exe, "calendar", spec], capture_output=True, text=True, timeout=20)
+            return spec  # nothing more to validate with: calendar_shape above was the strict check
+        p = subprocess.run([exe, "calendar", "--", spec], capture_output=True, text=True, timeout=20)
         rc, err = p.returncode, p.stderr
     else:
         rc, err = r.rc, r.stderr
@@ -205,6 +225,8 @@ def spec_from(box, **cli: Any) -> Spec:
             f"--every {cfg['every']} is shorter than {format_span(MIN_EVERY)}",
             "a health benchmark occupies the GPUs for minutes; schedule it hours apart",
         )
+    if cfg["on_calendar"]:
+        calendar_shape(cfg["on_calendar"])  # every front end, before anything is written
     if cfg["on"] not in ("container", "host"):
         raise GpuboxError(f"schedule on {cfg['on']!r} is not a place", "use container or host")
     if cfg["mechanism"] not in ("auto", "systemd", "cron"):

@@ -104,6 +104,8 @@ _TYPES = {
     "int": "integer",
     "posint": "integer >= 1",
     "number": "number",
+    "pos": "number > 0 (at most 1e12)",
+    "nonneg": "number >= 0 (at most 1e12)",
     "any": "any",
 }
 

@@ -10,9 +10,10 @@ one-line error (exit 2). Keys the model does not declare are kept as they are, a
 the keys read is remembered, so `from_dict(x).to_dict() == x` key order included: a reader never
 rewrites a document it did not mean to change.
 
-A spec is a type name ("str", "bool", "int", "posint", "number", "any"; a trailing "?" allows
-null), or ("enum", values), ("list", inner), ("map", None) for a free object, ("model", Class)
-for a nested model; a "?" after the kind ("list?", "model?", "map?") allows null.
+A spec is a type name ("str", "bool", "int", "posint", "number", "pos" (> 0), "nonneg" (>= 0),
+"any"; a trailing "?" allows null; pos and nonneg are at most MAX_FIGURE), or ("enum", values),
+("list", inner), ("map", None) for a free object, ("model", Class) for a nested model; a "?"
+after the kind ("list?", "model?", "map?") allows null.
 """
 
 from __future__ import annotations
@@ -23,13 +24,25 @@ from typing import Any, ClassVar, TypeVar
 
 M = TypeVar("M", bound="Model")
 
+MAX_FIGURE = 1e12  # tok/s, seconds, milliseconds: far above any real figure, far below overflow
 WORDS = {
     "str": "a string",
     "bool": "true or false",
     "int": "a whole number",
     "posint": "a whole number >= 1",
     "number": "a finite number",
+    "pos": f"a number > 0 and <= {MAX_FIGURE:g}",  # a rate or length that is divided by
+    "nonneg": f"a number >= 0 and <= {MAX_FIGURE:g}",  # a duration or a fraction
 }
+
+
+def figure(v: Any) -> bool:
+    """A number from a document that arithmetic may use (checked for its range by the caller)."""
+    return (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and (not isinstance(v, float) or math.isfinite(v))
+    )
 
 
 class Problem(ValueError):
@@ -121,9 +134,13 @@ def _scalar(v: Any, sp: str, path: str) -> Any:
         "int": isinstance(v, int) and not isinstance(v, bool),
         "posint": isinstance(v, int) and not isinstance(v, bool) and v >= 1,
         "number": isinstance(v, (int, float)) and not isinstance(v, bool),
+        "pos": figure(v) and 0 < v <= MAX_FIGURE,
+        "nonneg": figure(v) and 0 <= v <= MAX_FIGURE,
     }[t]
-    if ok and t == "number" and isinstance(v, float) and not math.isfinite(v):
+    if t in ("number", "pos", "nonneg") and isinstance(v, float) and not math.isfinite(v):
         raise Problem(f"{where(path)}: {const(v)} is not a finite number")
+    if not ok and t in ("pos", "nonneg") and figure(v):  # a number out of range: say which bound
+        raise Problem(f"{where(path)}: {short(v)} is not {WORDS[t]}")
     if not ok:
         raise Problem(f"{where(path)}: {kind_of(v)} ({short(v)}), expected {WORDS[t]}")
     return v

@@ -76,18 +76,6 @@ def not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> GpuboxError:
     )
 
 
-def read_text_file(path, *, what: str = "file") -> str:
-    """A local text file, or a one-line GpuboxError (missing, unreadable, not UTF-8)."""
-    try:
-        data = open(path, "rb").read()
-    except OSError as exc:
-        raise os_error(exc) from None
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise not_utf8(f"{what} {path}", data, exc) from None
-
-
 _OS_FIX = {
     "EROFS": "the file system is read-only: remount it read-write or choose another path",
     "EPERM": "the file may be immutable (lsattr; chattr -i) or the operation needs root",

@@ -20,6 +20,8 @@ import yaml
 
 from .errors import InventoryError
 from .invschema import check_box, check_host
+from .invspell import check_spellings
+from .readlimit import NotRegular, read_regular
 
 INVENTORY_ENV = "GPUBOX_INVENTORY"
 CONTAINER_GROUP = "gpu_containers"
@@ -80,13 +82,32 @@ _CheckLoader.add_constructor("!vault", lambda loader, node: "<vault>")
 _CheckLoader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
 
 
+_VARS_DIRS = ("group_vars", "host_vars")
+_VARS_SUFFIXES = ("", ".yml", ".yaml", ".json")  # what Ansible loads from group_vars/host_vars
+
+
 def _yaml_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    out = []
-    for p in sorted(path.rglob("*")):
-        if p.suffix in (".yml", ".yaml") and p.is_file() and ".git" not in p.parts:
-            out.append(p)
+    """Every file Ansible will parse as YAML for this inventory: the file itself (or the YAML files
+    of the directory) and the group_vars/ and host_vars/ beside it. Entries that are not regular
+    files (a FIFO, a device) are listed too, so the bounded read refuses them before Ansible
+    blocks on them."""
+    if path.is_dir():
+        base, out = path, []
+        for p in sorted(path.rglob("*")):
+            if ".git" in p.parts or p.is_dir():
+                continue
+            in_vars = any(part in _VARS_DIRS for part in p.relative_to(path).parts[:-1])
+            if p.suffix in (".yml", ".yaml") or (in_vars and p.suffix in _VARS_SUFFIXES) or not p.is_file():
+                out.append(p)
+        return out
+    base, out = path.parent, [path]
+    for d in _VARS_DIRS:
+        top = base / d
+        if not top.is_dir():
+            continue
+        for p in sorted(top.rglob("*")):
+            if not p.is_dir() and (p.suffix in _VARS_SUFFIXES or not p.is_file()):
+                out.append(p)
     return out
 
 
@@ -96,7 +117,8 @@ def _precheck(path: Path) -> None:
     for f in _yaml_files(path):
         text = _read_source(f)
         try:
-            _bounded(f, text)
+            root = _bounded(f, text)
+            check_spellings(f, root)
             data = yaml.load(text, Loader=_CheckLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
@@ -104,6 +126,10 @@ def _precheck(path: Path) -> None:
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise InventoryError(
                 f"malformed YAML at {where}: {problem}", "fix the file's syntax (yamllint shows the spot)"
+            ) from None
+        except ValueError as exc:  # a scalar the resolver typed but cannot convert (`0x_`, `1:_`)
+            raise InventoryError(
+                f"malformed YAML in {f}: {' '.join(str(exc).split())[:200]}", "fix the value's spelling"
             ) from None
         in_vars_dir = any(part in ("group_vars", "host_vars") for part in f.parts)
         if data is not None and not isinstance(data, dict):
@@ -117,15 +143,15 @@ MAX_NODES = 200_000  # YAML nodes after alias expansion (a real inventory has hu
 
 def _read_source(f: Path) -> str:
     try:
-        data = f.read_bytes()
+        data = read_regular(f, MAX_BYTES, what="inventory file")
+    except NotRegular as exc:
+        raise InventoryError(
+            exc.problem, f"an inventory file is a regular file of at most {MAX_BYTES >> 20} MiB"
+        ) from None
     except OSError as exc:
         from .errors import os_error
 
         raise os_error(exc) from None
-    if len(data) > MAX_BYTES:
-        raise InventoryError(
-            f"{f} is {len(data)} bytes", f"an inventory file over {MAX_BYTES >> 20} MiB is refused"
-        )
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
@@ -134,19 +160,20 @@ def _read_source(f: Path) -> str:
         raise not_utf8(f"inventory file {f}", data, exc) from None
 
 
-def _bounded(f: Path, text: str) -> None:
+def _bounded(f: Path, text: str):
     """Refuse a YAML alias bomb (billion laughs) before anything expands it.
 
     PyYAML shares aliased nodes, but Ansible's loader, its variable merging and templating copy
     them out: nine levels of nine aliases are 387 million values, minutes and gigabytes. So the
     node graph is composed (cheap: aliases stay shared) and its expanded size counted with
-    memoisation; a recursive alias counts as unbounded."""
+    memoisation; a recursive alias counts as unbounded. Returns the composed root for the
+    spelling check (gpubox.invspell)."""
     try:
         root = yaml.compose(text, Loader=_CheckLoader)
     except RecursionError:
         raise InventoryError(f"{f} nests too deeply", "flatten the structure") from None
     if root is None:
-        return
+        return None
     memo: dict[int, int] = {}
     active: set[int] = set()
 
@@ -185,6 +212,7 @@ def _bounded(f: Path, text: str) -> None:
         size(root)
     except RecursionError:
         raise InventoryError(f"{f} nests too deeply", "flatten the structure") from None
+    return root
 
 
 @dataclass

@@ -8,6 +8,7 @@ gpubox does not know are left to Ansible. Ranges: Proxmox accepts vmids 100..999
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, Callable
 
 from .errors import InventoryError
@@ -20,9 +21,13 @@ def _int_in(lo: int, hi: int) -> Rule:
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             return f"a {type(v).__name__}, not a whole number {lo}..{hi}"
         if isinstance(v, str):
-            if not v.strip().isdigit() or not v.isascii():
+            text = v.strip()
+            if not text.isascii() or not text.isdigit():
                 return f"not a whole number {lo}..{hi}"
-            v = int(v)
+            if len(text) > 1 and text.startswith("0"):
+                # "0200" from -e or a quoted value: Ansible templates it as written (0200.conf)
+                return f"not a plain decimal number (leading zero); write {int(text)}"
+            v = int(text)
         return None if lo <= v <= hi else f"outside {lo}..{hi}"
 
     return rule
@@ -39,9 +44,17 @@ def _str(v: Any) -> str | None:
 
 
 def _abs_path(v: Any) -> str | None:
+    """An absolute path in one spelling: `//`, `/./` and `..` components are refused with the
+    canonical form to write, so every gate after this one judges the same path the kernel
+    opens (a trailing `/` is allowed: it names the same directory)."""
     if not isinstance(v, str) or not v.startswith("/"):
         return "not an absolute path"
-    return "a path with a NUL byte" if "\0" in v else None
+    if "\0" in v:
+        return "a path with a NUL byte"
+    canon = "/" + posixpath.normpath(v).lstrip("/")
+    if v.rstrip("/") != canon.rstrip("/") and v != "/":
+        return f"not a canonical path (`//`, `.` or `..`); write {canon}"
+    return None
 
 
 def _bool(v: Any) -> str | None:

@@ -8,7 +8,9 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape
+from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -26,13 +28,55 @@ PIPE_WIDTH = 160
 
 class OutputConsole(Console):
     """A rich Console that never loses text: tables fold their cells where a column is too narrow
-    (rich's default is to cut them with an ellipsis), at any width."""
+    (rich's default is to cut them with an ellipsis), at any width.
+
+    It is also the terminal boundary: every piece of text it writes, whatever field or table it
+    came from, passes gpubox.escape.terminal at render time (`_render_buffer`), so an escape
+    sequence or a bidi override in a new field cannot reach the terminal even where the caller
+    forgot `plain()`. Rich's own styling is added after that, as control codes of its own. Markup
+    that does not parse (`[/x]` from a stored field in a markup string) prints the string as
+    written instead of ending the command with an internal error."""
 
     def print(self, *objects: Any, **kw: Any) -> None:
         for o in objects:
             if isinstance(o, Table):
                 fold(o)
-        super().print(*objects, **kw)
+        try:
+            super().print(*objects, **kw)
+        except MarkupError:
+            super().print(*(_defused(o) for o in objects), **kw)
+
+    def _render_buffer(self, buffer) -> str:
+        from .escape import terminal
+
+        safe = [
+            seg if seg.control or not seg.text else Segment(terminal(seg.text, newlines=True), seg.style)
+            for seg in buffer
+        ]
+        return super()._render_buffer(safe)
+
+
+def _markup(value: Any) -> Any:
+    """A markup string as rich would render it, or the string as written where its markup does
+    not parse (a `[/x]` that came from a document)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return Text.from_markup(value)
+    except MarkupError:
+        return Text(value)
+
+
+def _defused(obj: Any) -> Any:
+    """OBJ with every markup string that does not parse (top level, or a table's title, caption,
+    headers and cells) replaced by its text as written; valid markup is kept."""
+    if isinstance(obj, Table):
+        obj.title, obj.caption = _markup(obj.title), _markup(obj.caption)
+        for c in obj.columns:
+            c.header, c.footer = _markup(c.header), _markup(c.footer)
+            c._cells = [_defused(x) for x in c._cells]
+        return obj
+    return _markup(obj)
 
 
 def fold(t: Table) -> Table:

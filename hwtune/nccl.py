@@ -33,6 +33,7 @@ import yaml
 
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
+from gpubox.readlimit import read_regular
 from gpubox.suggest import close
 
 HERE = Path(__file__).resolve().parent
@@ -329,7 +330,7 @@ def profile_dirs() -> list[Path]:
 
 def _load_profile_file(path: Path) -> Profile:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(read_regular(path, 4 << 20, what="NCCL profile").decode())
     except yaml.YAMLError as exc:
         raise GpuboxError(
             f"profile {path} is not valid YAML: {str(exc).splitlines()[0]}", "fix its syntax"

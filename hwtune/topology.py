@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpubox.errors import GpuboxError
+from gpubox.readlimit import read_regular
 
 from .pcie import list_functions
 
@@ -300,7 +301,7 @@ def discover_local() -> Topology:
 def from_file(path: str) -> Topology:
     """A topology recorded earlier: nvml_probe.py output or `gpubox gpus --json` output."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(read_regular(path, 64 << 20, what="topology file"))
     except OSError as exc:
         raise GpuboxError(
             f"cannot read {path}: {exc.strerror}", "give the path of a topology JSON file"

@@ -18,6 +18,7 @@ AREA = Area(
         "demo": "gpubox.provision.commands.demo:demo",
         "lxc": "gpubox.provision.commands.lxc:lxc",
         "stage": "gpubox.provision.commands.stage:stage",
+        "backups": "gpubox.provision.commands.backups:backups",
     },
     hooks={"doctor": "gpubox.provision.recover:doctor_dict"},  # bench's run-once exports it
 )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gpubox.diffs import unified
 
 from .devices import HostDevices
-from .lxcconf import Line, LxcConf, Section, format_line
+from .lxcconf import Line, LxcConf, Section, fields, format_line, odd_characters
 from .lxcmodel import DYNAMIC_MAJORS, StartModel, devn_path, parse_rule
 
 ALLOW = "lxc.cgroup2.devices.allow"
@@ -72,7 +72,7 @@ class Review:
 
 
 def _mount_fields(value: str) -> tuple[str, str, str] | None:
-    f = value.split()
+    f = fields(value)
     if len(f) < 4:
         return None
     return f[0], f[1], f[3]
@@ -282,7 +282,27 @@ def decide(
     )
     new_conf = LxcConf([Section(conf.main.name, conf.main.header, new_lines), *conf.sections[1:]])
     _check_start(ed, new_lines)
-    return Review(ed.issues, old, new_conf.render(), ed.warnings)
+    return Review(ed.issues, old, new_conf.render(), _odd_lines(conf) + ed.warnings)
+
+
+def _odd_lines(conf: LxcConf) -> list[str]:
+    """Name every line holding a character another line splitter would break it at (a bare CR,
+    U+2028...) or a NUL: Proxmox reads such a line as one (split on \\n only), so a rule after a
+    U+2028 in a comment is part of the comment for Proxmox and for gpubox alike; a person reading
+    the file in an editor may see two lines. Named, never reinterpreted."""
+    out, n = [], 0
+    for s in conf.sections:
+        for l in ([Line(s.header)] if s.header else []) + s.lines:
+            n += 1
+            odd = odd_characters(l.raw)
+            if odd:
+                shown = l.raw.rstrip("\r\n")
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                out.append(
+                    f"line {n} holds {' and '.join(odd)}, which Proxmox keeps inside the line "
+                    f"(it splits lines at \\n only): {shown!r}"
+                )
+    return out
 
 
 def _drop_duplicates(ed: _Edit) -> None:

@@ -25,10 +25,52 @@ MAIN, PENDING = "main", "pve:pending"
 MAX_BYTES = 1024 * 1024  # pmxcfs limit per file (docs/facts.md)
 CONF_MODE = 0o640  # the only mode pmxcfs allows; never chmod/copystat there (docs/facts.md)
 
-_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I)
-_SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I)
-_LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
-_KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
+# pve-container reads the file as bytes: its \s is ASCII whitespace, [a-z] with /i is ASCII, \d
+# ASCII digits. re.ASCII gives Python the same classes (without it \s also matches U+2028, \x1c,
+# \x85..., [a-z] with re.I matches the Kelvin sign).
+_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I | re.A)
+_SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I | re.A)
+_LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$", re.A)
+_KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$", re.A)
+WS = " \t\n\v\f\r"  # Perl's \s on bytes, C's isspace(): the only whitespace Proxmox and LXC see
+# What Python's str.splitlines() would also end a line at, and NUL: kept inside the line (as
+# Proxmox keeps them) and named by `odd_characters`.
+_ODD = re.compile("[\r\0\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_ODD_NAMES = {
+    "\r": "a carriage return (CR)",
+    "\0": "a NUL byte",
+    "\x0b": "a vertical tab",
+    "\x0c": "a form feed",
+    "\x1c": "a file separator (0x1c)",
+    "\x1d": "a group separator (0x1d)",
+    "\x1e": "a record separator (0x1e)",
+    "\x85": "a next-line character (U+0085)",
+    "\u2028": "a line separator (U+2028)",
+    "\u2029": "a paragraph separator (U+2029)",
+}
+
+
+def split_lines(text: str) -> list[str]:
+    """The file's lines with their endings, split on \\n only, as pve-container's parse_pct_config
+    does (`split(/\\n/, $raw)`, src/PVE/LXC/Config.pm). str.splitlines() would also split on CR,
+    U+2028 and others, and so read a comment's tail as a rule Proxmox never sees (or the reverse)."""
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def fields(value: str) -> list[str]:
+    """A value's blank-separated fields as LXC splits them (ASCII whitespace only)."""
+    return [f for f in re.split(f"[{WS}]+", value) if f]
+
+
+def odd_characters(raw: str) -> list[str]:
+    """Characters in one line that another line splitter would end the line at (a CR other than
+    the CR of a CRLF ending, U+2028...), or NUL: what a person reading it may not see."""
+    body = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
+    return sorted({_ODD_NAMES[c] for c in _ODD.findall(body)})
 
 
 @dataclass
@@ -44,12 +86,12 @@ class Line:
 
     @property
     def blank(self) -> bool:
-        return not self.raw.strip()
+        return not self.raw.strip(WS)
 
 
 def parse_line(raw: str) -> Line:
     text = raw.rstrip("\r\n")
-    if not text.strip() or text.startswith("#"):
+    if not text.strip(WS) or text.startswith("#"):
         return Line(raw)
     m = _LXC.match(text)
     if m:
@@ -84,7 +126,7 @@ class LxcConf:
     @classmethod
     def parse(cls, text: str) -> "LxcConf":
         sections = [Section(MAIN)]
-        for raw in text.splitlines(keepends=True):
+        for raw in split_lines(text):
             stripped = raw.rstrip("\r\n")
             if _PENDING.match(stripped):
                 sections.append(Section(PENDING, raw))

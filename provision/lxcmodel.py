@@ -130,10 +130,16 @@ def _truthy(v: str) -> bool:
     return str(v).strip().lower() in ("1", "yes", "on", "true")
 
 
+def _fields(value: str) -> list[str]:
+    """Blank-separated fields as lxc splits them: ASCII whitespace only (C isspace), never the
+    Unicode separators str.split() also breaks at (U+2028, U+0085, 0x1c...)."""
+    return re.split(r"[ \t\n\v\f\r]+", value.strip(" \t\n\v\f\r")) if value.strip(" \t\n\v\f\r") else []
+
+
 def _devpath_rule(value: str, host_rdev) -> Rule | None:
     """lxc cgfsng.c device_cgroup_rule_parse_devpath: `<path> <access>` (trailing text ignored),
     the path stat()ed on the host: a char/block node becomes its `c|b MAJ:MIN` rule."""
-    f = value.split()
+    f = _fields(value)
     if len(f) < 2 or not f[1] or any(ch not in "rwm" for ch in f[1][:3]):
         return None
     rd = host_rdev(f[0])
@@ -237,7 +243,7 @@ class StartModel:
                         m.skipped.append(f"Failed to parse device rule {short}={value}")
                 m.rules.append((idx, key, value, rule))
             elif key == MOUNT:
-                f = value.split()
+                f = _fields(value)
                 if len(f) >= 4:
                     m.mounts.append(Mount(idx, f[0], f[1].strip("/"), f[3].split(",")))
         for mt in m.mounts:  # lxc mount_entry: a missing source fails unless `optional`

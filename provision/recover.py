@@ -18,8 +18,10 @@ from typing import Any
 from rich.markup import escape
 
 from gpubox import areas, selection
+from gpubox.boxlock import lock_for
 from gpubox.errors import GpuboxError, Interrupted
 from gpubox.pipeline import Node, run_pipeline
+from gpubox.readlimit import NotRegular, read_regular
 from gpubox.state import state_dir
 from gpubox.steps import RunReport, Step, StepResult, evidence_dict
 
@@ -165,7 +167,7 @@ def recover(
     notes = []
     if last.exists() and not dry_run:
         try:
-            prev = json.loads(last.read_text())
+            prev = json.loads(read_regular(last, 16 << 20, what="last-run record"))
             bad = [
                 s["name"]
                 for s in prev.get("steps", [])
@@ -173,8 +175,8 @@ def recover(
             ]
             if bad:
                 notes.append(f"previous run stopped at {bad[0]}; picking up from a fresh check of every step")
-        except (ValueError, KeyError):
-            pass
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, NotRegular):
+            pass  # a damaged or planted record only costs this note
     chosen = selected(collect_steps(ctx), skip, only)
     if bench and any(s.measures for s in chosen):
         from gpubox.bench.runner import resolve_run
@@ -183,12 +185,13 @@ def recover(
     # A measuring step is not run as a step: recover benchmarks itself once the repairs are done
     # (a benchmark is a measurement, not a change), when --skip/--only kept it.
     nodes = [Node(s) for s in chosen if not s.measures]
-    if not dry_run:
-        refused = _consent_first(ctx, nodes)
+    start, done = _progress(ctx)
+    # The plan asked about is the plan applied: one hold of the box lock covers both (reentrant).
+    with lock_for(ctx, "plan" if dry_run else "apply"):
+        refused = None if dry_run else _consent_first(ctx, nodes)
         if refused is not None:
             return Outcome(refused, notes=notes + ["nothing was changed: the plan above was not accepted"])
-    start, done = _progress(ctx)
-    report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
+        report = run_pipeline(ctx, nodes, "plan" if dry_run else "apply", on_start=start, on_result=done)
     outcome = Outcome(report, notes=notes)
     if bench and not dry_run and any(s.measures for s in chosen):
         problems = remaining_problems(report)
@@ -360,7 +363,7 @@ def _bench_and_report(ctx, outcome: Outcome, profile, out_dir, report_format, un
         StepResult(
             "bench",
             ctx.box.container.name,
-            "ok" if verdict.get("status") == "healthy" else "drift",
+            {"healthy": "ok", "degraded": "drift"}.get(verdict.get("status"), "failed"),
             detail=f"verdict {verdict.get('status')}: " + (reasons or headline(doc)),
             seconds=time.monotonic() - t0,
             title="verification benchmark",

@@ -6,7 +6,11 @@ What a server needs to load a model, checked without the hub and without reading
 - every `.safetensors` file parses: an 8-byte little-endian header length, then that many bytes of
   JSON; each tensor's `data_offsets` lie inside the data area, match dtype x shape, and the file
   size equals 8 + header length + the largest data end (a truncated copy fails this);
-- config.json (and, for a main model, a tokenizer) is present.
+- every `.gguf` file starts with the GGUF magic and a defined version (1..3, little-endian uint32);
+- config.json (and, for a main model, a tokenizer) is present, unless the model is a single file:
+  a directory whose weights are one `.gguf` or one `.safetensors` at its top, with no config.json
+  and no index (a GGUF or single-checkpoint layout that llama.cpp and vLLM serve by the file's
+  path); then that file's header is its completeness check.
 Where a file comes from a Hugging Face cache (`snapshots/<rev>/<name>` symlinked to
 `blobs/<sha256>`), the blob's name is the hub's sha256 of an LFS file: `hub_sha256()` returns it so the
 copier can check it while copying.
@@ -41,6 +45,9 @@ DTYPE_BYTES = {
     "F8_E8M0": 1,
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+WEIGHTS = (".safetensors", ".gguf", ".bin", ".pt")
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (1, 2, 3)  # the versions ggml's GGUF specification (docs/gguf.md) defines; 3 is current
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -111,6 +118,38 @@ def check_shard(path: str) -> tuple[list[str], set[str]]:
     return problems, names
 
 
+def check_gguf(path: str) -> list[str]:
+    """Problems of one .gguf file's header: the magic `GGUF`, then the version as a little-endian
+    uint32 (the first 8 bytes of the format; a reader checks them before it trusts the rest)."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        return [f"{name}: cannot read ({exc.strerror})"]
+    if len(head) < 8:
+        return [f"{name}: {len(head)} bytes, too short for a GGUF header"]
+    if head[:4] != GGUF_MAGIC:
+        return [f"{name}: not a GGUF file (magic {head[:4]!r}, not {GGUF_MAGIC!r})"]
+    (version,) = struct.unpack("<I", head[4:])
+    if version not in GGUF_VERSIONS:
+        return [f"{name}: GGUF version {version}, not one of {', '.join(map(str, GGUF_VERSIONS))}"]
+    return []
+
+
+def single_file_model(files) -> str | None:
+    """The one weights file of a single-file model, else None: no config.json and no index, and the
+    only weights are one `.gguf` or one `.safetensors` at the top of the directory. Such a model
+    needs no config or tokenizer beside it (a GGUF holds its own; a lone checkpoint is served by its
+    path), so its header check (check_gguf, check_shard) is what says it is complete."""
+    if "config.json" in files or INDEX in files:
+        return None
+    weights = [r for r in files if r.endswith(WEIGHTS)]
+    if len(weights) == 1 and weights[0].endswith((".gguf", ".safetensors")) and "/" not in weights[0]:
+        return weights[0]
+    return None
+
+
 def check_model(root: str, files: dict | None = None, require_tokenizer: bool = True) -> list[str]:
     """Problems that would stop a server loading the model directory `root` (empty list = fine).
 
@@ -122,9 +161,10 @@ def check_model(root: str, files: dict | None = None, require_tokenizer: bool = 
             for f in names:
                 files[os.path.relpath(os.path.join(dirpath, f), root)] = None
     problems: list[str] = []
-    if "config.json" not in files:
+    single = single_file_model(files) is not None
+    if "config.json" not in files and not single:
         problems.append("config.json is missing")
-    if require_tokenizer and not any(t in files for t in TOKENIZER_FILES):
+    if require_tokenizer and not single and not any(t in files for t in TOKENIZER_FILES):
         problems.append(f"no tokenizer ({' / '.join(TOKENIZER_FILES)}) is present")
     held: dict[str, set[str]] = {}
     for rel in sorted(files):
@@ -132,6 +172,8 @@ def check_model(root: str, files: dict | None = None, require_tokenizer: bool = 
             p, names = check_shard(os.path.join(root, rel))
             problems += p
             held[rel] = names
+        elif rel.endswith(".gguf"):
+            problems += check_gguf(os.path.join(root, rel))
     if INDEX in files:
         try:
             with open(os.path.join(root, INDEX), "rb") as f:

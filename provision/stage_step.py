@@ -40,6 +40,7 @@ from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Step
 from . import stage as engine
 
 REMOTE_TIMEOUT = 6 * 3600  # a 52 GB copy from slow NFS can take a while
+_PYTHON_CHECKED: set[int] = set()  # hosts whose python answered payload.check_python
 
 
 def _gb(n: int) -> str:
@@ -116,6 +117,11 @@ def copier(host, req: dict, progress=None) -> dict:
     from gpubox.progress import Relay, without_progress
     from gpubox.transport import payload
 
+    # One short call first: a copy may be given hours, a python that is too old or silent must
+    # not be (payload.check_python, once per host and run).
+    if id(host) not in _PYTHON_CHECKED:
+        payload.check_python(host)
+        _PYTHON_CHECKED.add(id(host))
     relay = Relay(progress=progress)
     try:
         r = payload.run(

@@ -162,3 +162,33 @@ def test_ctrl_c_in_the_benchmark_says_what_the_repairs_changed(tmp_path, monkeyp
     lines = ei.value.summary()
     assert any(l.startswith("already changed: numa-balancing") for l in lines), lines
     assert lines[-1] == "interrupted while running: bench (the verification benchmark)"
+
+
+@pytest.mark.parametrize(
+    "log,want",
+    [
+        (
+            "# gpubox: python -m vllm ...\nINFO loading\nERROR RuntimeError: CUDA error: unknown error\n"
+            "ERROR Engine core initialization failed. See root cause above.\n",
+            "RuntimeError: CUDA error: unknown error",
+        ),
+        ("INFO a\nValueError: max_model_len 40000 > 32768\n", "ValueError: max_model_len 40000 > 32768"),
+        ("INFO all fine\nINFO still fine\n", None),
+    ],
+)
+def test_the_server_log_cause_line(log, want):
+    from gpubox.bench.launcher import cause_line
+
+    assert cause_line(log) == want
+
+
+def test_a_server_that_fails_to_start_is_failed_with_its_cause(tmp_path, capsys):
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box", ["server_fail"], gpus=2)
+    rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "recover", "ct200", "--yes", "--json")
+    doc = json.loads(out)
+    bench = {s["name"]: s for s in doc["steps"]}["bench"]
+    assert rc == 1 and bench["status"] == "failed", bench
+    reasons = " ".join(r["message"] for r in doc["benchmark"]["verdict"]["reasons"])
+    assert "CUDA error: unknown error" in reasons

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from gpubox.errors import GpuboxError
 
 from .advice_evidence import (
+    ReasonIndex,
     allreduce_busbw,
     budget_reasons,
     finding_reasons,
@@ -104,11 +105,31 @@ def config_of(m: Measurement) -> Config:
     return Config(m.tp, str(m.label), m.method, m.budget)
 
 
-def _titles(run: ResultDoc, pid: str, m: Measurement) -> tuple[str, str, str]:
+def _lens(run: ResultDoc) -> tuple[list, set]:
+    """The decode output lengths (sorted) and the concurrency output lengths of a run: read once
+    per run, not once per point (a point per measurement made that quadratic)."""
+    decode, conc = set(), set()
+    for x in run.measurements:
+        if x.workload == "decode" and x.output_len:
+            decode.add(x.output_len)
+        elif x.workload == "concurrency":
+            conc.add(x.output_len)
+    return sorted(decode, key=_order), conc
+
+
+def _order(v):
+    """A sort key for values of mixed type from documents (ints first, then the rest as text)."""
+    return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+
+
+def _titles(
+    run: ResultDoc, pid: str, m: Measurement, lens_of: tuple[list, set] | None = None
+) -> tuple[str, str, str]:
     """(title, 'at ...' phrase, unit) of a workload point."""
     w = m.workload
+    decode_lens, conc_lens = lens_of or _lens(run)
     if w == "decode":
-        lens = sorted({x.output_len for x in run.select("decode") if x.output_len})
+        lens = decode_lens
         n = m.output_len
         kind = "single request"
         if len(lens) > 1 and n == lens[0]:
@@ -117,8 +138,7 @@ def _titles(run: ResultDoc, pid: str, m: Measurement) -> tuple[str, str, str]:
             kind = "long decode"
         return f"{kind}, {n}-token output", f"at {n}-token outputs", "tok/s"
     if w == "concurrency":
-        lens = {x.output_len for x in run.select("concurrency")}
-        tail = f", {m.output_len}-token outputs" if len(lens) > 1 else ""
+        tail = f", {m.output_len}-token outputs" if len(conc_lens) > 1 else ""
         return (
             f"C={m.concurrency} concurrent requests{tail}",
             f"at C={m.concurrency}{tail}",
@@ -167,9 +187,10 @@ def workload_points(run: ResultDoc, history: list[ResultDoc]) -> list[WorkloadAd
     for m in run.measurements:
         groups.setdefault(point_id(m), []).append(m)
     out = []
+    lens_of = _lens(run)
     for pid, ms in groups.items():
         first = ms[0]
-        title, where, unit = _titles(run, pid, first)
+        title, where, unit = _titles(run, pid, first, lens_of)
         ok = [m for m in ms if m.value is not None]
         ranking = sorted(
             (Candidate(config_of(m), m.key, m.value, point_noise(m, history), m.accept_len) for m in ok),
@@ -204,17 +225,29 @@ def _contender_gaps(run: ResultDoc, points: list[WorkloadAdvice]) -> None:
     ranked = [w for w in points if w.best is not None]
     across = [w for w in ranked if len({p.config.tp for p in w.ranking}) > 1]  # TP decided here
     winners = list(dict.fromkeys(w.best.config for w in (across or ranked)))
+    wanted: dict[tuple, int] = {}  # (tp, label) -> how many winners carry it
+    for c in winners:
+        wanted[(c.tp, c.label)] = wanted.get((c.tp, c.label), 0) + 1
+    tried_at: dict[str, set] = {}
+    for m in run.measurements:  # one pass: each point's tried configurations
+        tried_at.setdefault(point_id(m), set()).add((m.tp, m.label))
     for w in points:
-        tried = {(m.tp, m.label) for m in run.measurements if point_id(m) == w.id}
-        missing = [c for c in winners if (c.tp, c.label) not in tried]
-        if missing:
-            w.gaps.append(
-                Gap(
-                    "not_measured",
-                    f"{' and '.join(c.name for c in missing)} {w.where} not measured",
-                    w.id,
-                )
-            )
+        tried = tried_at.get(w.id, set())
+        n_missing = len(winners) - sum(wanted.get(t, 0) for t in tried)
+        if not n_missing:
+            continue
+        # the first few by name: scanning stops after them (each skipped winner is a tried one)
+        shown = []
+        for c in winners:
+            if (c.tp, c.label) not in tried:
+                shown.append(c.name)
+                if len(shown) == _MAX_NAMED:
+                    break
+        more = f" and {n_missing - len(shown)} more" if n_missing > len(shown) else ""
+        w.gaps.append(Gap("not_measured", f"{' and '.join(shown)}{more} {w.where} not measured", w.id))
+
+
+_MAX_NAMED = 5  # winners named in one gap; a run of thousands of configurations stays readable
 
 
 def _noise_gaps(w: WorkloadAdvice) -> None:
@@ -266,6 +299,7 @@ def advise(
         notes.append(f"the probe's all-reduce figures are not used: it is of other GPUs ({why})")
         probe = None
     ref, busbw, logs = ref_len(run), allreduce_busbw(probe), logs or {}
+    reasons_of = ReasonIndex(fs)  # once per run: a point looks only at the findings it can use
     for w in points:
         if w.best is None:
             continue
@@ -277,7 +311,7 @@ def advise(
         br, bg = budget_reasons(run, w)
         w.reasons += br
         w.gaps += bg
-        w.reasons += finding_reasons(w, fs, ref)
+        w.reasons += finding_reasons(w, reasons_of, ref)
         w.reasons = list(dict.fromkeys(w.reasons))
         _noise_gaps(w)
     _contender_gaps(run, points)

@@ -201,27 +201,61 @@ def method_reason(w: WorkloadAdvice) -> list[str]:
     ]
 
 
-def finding_reasons(w: WorkloadAdvice, fs: list[Observation], ref: int | None) -> list[str]:
+def finding_reasons(w: WorkloadAdvice, fs: list[Observation] | "ReasonIndex", ref: int | None) -> list[str]:
+    """The findings that explain W's winner, in the findings' order. FS may be a ReasonIndex
+    built once per run (advise does): then only the findings that can match W are looked at,
+    so the cost per point does not grow with the number of configurations."""
+    idx = fs if isinstance(fs, ReasonIndex) else ReasonIndex(fs)
     b = w.best.config
+    cands = list(idx.drift.get(_key(b.label), ()))
+    if w.kind == "long_context":
+        cands += idx.long.get(_key(w.context_tokens), ())
+    elif w.kind == "concurrency":
+        cands += idx.conc.get((f"tp{b.tp}", _key(w.concurrency)), ())
+    elif w.kind == "decode" and w.output_len == ref:
+        cands += idx.auto_flat
     out = []
-    for f in fs:
-        n = f.numbers
-        if (
-            w.kind == "long_context"
-            and f.id.startswith("long_context_")
-            and n.get("context_tokens") == w.context_tokens
-        ):
-            out.append(f.text)
-        elif (
-            w.kind == "concurrency"
-            and f.id == "concurrency_gain"
-            and f"tp{b.tp}" in n
-            and w.concurrency == max(v["c_high"] for v in n.values())
-        ):
+    for _, f in sorted(cands, key=lambda pf: pf[0]):
+        if f.id == "acceptance_drift":
+            out.append("caution: " + f.text)
+        elif f.id == "concurrency_gain":
             if f.text.startswith(method_name(b.method, b.budget)):
                 out.append(f.text)
-        elif w.kind == "decode" and w.output_len == ref and f.id == "auto_flat":
+        else:
             out.append(f.text)
-        elif f.id == "acceptance_drift" and n.get("label") == b.label:
-            out.append("caution: " + f.text)
     return out
+
+
+def _key(v):
+    """V as a dict key (a value from a document may be unhashable: then it matches nothing)."""
+    try:
+        hash(v)
+    except TypeError:
+        return object()
+    return v
+
+
+class ReasonIndex:
+    """The run's findings by what a point must match to use them: long-context findings by
+    context size, concurrency gains by (tpN, highest C), acceptance drift by label; each with its
+    position, so a point's reasons keep the findings' order."""
+
+    def __init__(self, fs: list[Observation]):
+        self.long: dict = {}
+        self.conc: dict = {}
+        self.drift: dict = {}
+        self.auto_flat: list = []
+        for pos, f in enumerate(fs):
+            n = f.numbers
+            if f.id.startswith("long_context_"):
+                self.long.setdefault(_key(n.get("context_tokens")), []).append((pos, f))
+            elif f.id == "concurrency_gain":
+                highs = [v["c_high"] for v in n.values() if isinstance(v, dict) and "c_high" in v]
+                if highs:
+                    top = _key(max(highs))
+                    for k in n:
+                        self.conc.setdefault((k, top), []).append((pos, f))
+            elif f.id == "auto_flat":
+                self.auto_flat.append((pos, f))
+            if f.id == "acceptance_drift":
+                self.drift.setdefault(_key(n.get("label")), []).append((pos, f))

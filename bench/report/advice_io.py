@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from gpubox.errors import GpuboxError
+from gpubox.readlimit import read_regular
 
 from .data import ResultDoc
 
 PROBE_SCHEMA = "gpubox.probe/1"
+MAX_PROBE_BYTES = 16 << 20  # a probe document is a few KiB; a FIFO or /dev/zero is refused at once
 LOG_TAIL_BYTES = 256 * 1024  # vLLM logs its KV cache size at start; the tail of a long log may miss it
 
 
@@ -21,7 +23,7 @@ def load_probe(path: str | Path) -> dict[str, Any]:
     --json` (its "probe" key). Anything else is bad input (GpuboxError, exit 2)."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc = json.loads(read_regular(p, MAX_PROBE_BYTES, what="probe document").decode("utf-8"))
     except FileNotFoundError:
         raise GpuboxError(f"{p}: no such file", "check the path of the probe JSON") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -53,12 +53,24 @@ def history_noise(key: str, history: list[ResultDoc]) -> Noise | None:
     for r in history[-HISTORY_RUNS:]:
         if r.verdict.status != "healthy":
             continue  # a degraded run is a regression, not noise
-        m = next((x for x in r.measurements if x.key == key), None)
+        m = _by_key(r).get(key)
         if m is not None and m.value is not None:
             vals.append(m.value)
     if len(vals) < MIN_HISTORY:
         return None
     return Noise(statistics.stdev(vals), "history", f"{len(vals)} earlier healthy runs of the box")
+
+
+def _by_key(r: ResultDoc) -> dict:
+    """A run's measurements by key, built once per run: a lookup per measurement by scanning the
+    earlier run made advise quadratic in the number of measurements."""
+    index = r.__dict__.get("_advice_by_key")
+    if index is None or index[0] is not r.measurements:
+        by: dict = {}
+        for x in r.measurements:
+            by.setdefault(x.key, x)  # the first with that key, as the scan found it
+        index = r.__dict__["_advice_by_key"] = (r.measurements, by)
+    return index[1]
 
 
 def point_noise(m: Measurement, history: list[ResultDoc]) -> Noise:

@@ -26,6 +26,16 @@ from ..result_model import method_name as method_name
 from ..result_model import method_order as method_order
 from ..result_read import SCHEMA, STATUSES, WORKLOADS  # noqa: F401 - one definition
 
+_ANY = object()
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
 
 @dataclass
 class ResultDoc:
@@ -58,14 +68,37 @@ class ResultDoc:
         return self.result.servers
 
     def select(self, workload: str | None = None, **where: Any) -> list[Measurement]:
-        """Measurements of a workload whose fields equal `where` (any status)."""
+        """Measurements of a workload whose fields equal `where` (any status), in document order.
+
+        Served from an index by (workload, tp, label), built once per run: the findings ask once
+        per configuration, and a scan of every measurement per question was quadratic in a run
+        with many configurations."""
+        tp, label = where.get("tp", _ANY), where.get("label", _ANY)
+        if workload and tp is not _ANY and label is not _ANY and _hashable(tp) and _hashable(label):
+            pool = self._index().get((workload, tp, label), [])
+            rest = {k: v for k, v in where.items() if k not in ("tp", "label")}
+        else:
+            pool, rest = self.measurements, where
+            if workload:
+                pool = self._index().get(workload, [])
         out = []
-        for m in self.measurements:
-            if workload and m.workload != workload:
-                continue
-            if all(getattr(m, k) == v for k, v in where.items()):
+        for m in pool:
+            if all(getattr(m, k) == v for k, v in rest.items()):
                 out.append(m)
         return out
+
+    def _index(self) -> dict:
+        cached = self.__dict__.get("_select_index")
+        if cached is not None and cached[0] is self.measurements and cached[1] == len(self.measurements):
+            return cached[2]
+        index: dict = {}
+        for m in self.measurements:
+            index.setdefault(m.workload, []).append(m)
+            tp, label = m.tp, m.label
+            if _hashable(tp) and _hashable(label):
+                index.setdefault((m.workload, tp, label), []).append(m)
+        self.__dict__["_select_index"] = (self.measurements, len(self.measurements), index)
+        return index
 
     def get(self, workload: str, **where: Any) -> Measurement | None:
         found = self.select(workload, **where)
@@ -73,10 +106,14 @@ class ResultDoc:
 
     def labels(self, workload: str | None = None) -> list[tuple[str, str | None, int | None]]:
         """Distinct (label, method, budget) in display order."""
-        seen = {}
-        for m in self.select(workload):
-            seen.setdefault(m.label, (m.label, m.method, m.budget))
-        return sorted(seen.values(), key=lambda t: method_order(*t))
+        cache = self.__dict__.setdefault("_labels_cache", {})
+        key = (workload, len(self.measurements))
+        if key not in cache:  # once per run and workload: findings ask per configuration
+            seen = {}
+            for m in self.select(workload):
+                seen.setdefault(m.label, (m.label, m.method, m.budget))
+            cache[key] = sorted(seen.values(), key=lambda t: method_order(*t))
+        return list(cache[key])
 
     def gpu_numa(self) -> dict[int, int | None]:
         """GPU index -> NUMA node from the facts; -1 or missing means unknown (docs/facts.md "A real GPU machine")."""

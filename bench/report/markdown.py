@@ -13,6 +13,8 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from gpubox.escape import terminal
+
 from .latex import TEMPLATES
 
 _MD_SPECIAL = set("\\`*_[]<>|#~$^&")
@@ -32,12 +34,13 @@ def md_escape(value) -> str:
     """Plain text -> Markdown that shows exactly that text (inline; newlines become spaces)."""
     if isinstance(value, MdSafe):
         return str(value)
-    return "".join("\\" + c if c in _MD_SPECIAL else (" " if c in "\r\n" else c) for c in str(value))
+    text = terminal(str(value).replace("\r", " ").replace("\n", " "))  # ESC, C1, bidi: shown escaped
+    return "".join("\\" + c if c in _MD_SPECIAL else c for c in text)
 
 
 def md_code_block(value) -> MdSafe:
     """A fenced block whose fence is longer than any backtick run inside (CommonMark rule)."""
-    text = str(value)
+    text = terminal(value, newlines=True)  # a log tail in a block: control characters shown escaped
     run = longest = 0
     for c in text:
         run = run + 1 if c == "`" else 0
@@ -93,12 +96,21 @@ def md_environment() -> jinja2.Environment:
     return env
 
 
+def _html_finalize(value):
+    """Every value a template prints: control characters and bidi overrides shown escaped, before
+    jinja's autoescape (markupsafe) escapes the HTML; Markup the templates built is left alone."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return terminal(value, newlines=True)
+    return value
+
+
 def html_environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_html_finalize,
         undefined=jinja2.StrictUndefined,
     )
 

@@ -8,6 +8,7 @@ never a guess. Thresholds are named constants so the wording ("flat", "slower") 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,10 @@ def ref_len(run: ResultDoc) -> int | None:
     lens = [m.output_len for m in run.select("decode") if m.ok and m.output_len]
     if not lens:
         return None
-    return PREFERRED_LEN if PREFERRED_LEN in lens else max(set(lens), key=lens.count)
+    if PREFERRED_LEN in lens:
+        return PREFERRED_LEN
+    counts = Counter(lens)  # lens.count per distinct length was quadratic in the measurements
+    return max(set(lens), key=counts.__getitem__)
 
 
 def decode_ok(run: ResultDoc, tp: int, label: str, out: int | None) -> Measurement | None:
@@ -79,7 +83,13 @@ def auto_label(run: ResultDoc) -> str | None:
 
 
 def tps(run: ResultDoc, workload: str | None = None) -> list[int]:
-    return sorted({m.tp for m in run.select(workload)})
+    """The TP sizes measured (for a workload); computed once per run and workload: the findings
+    ask once per configuration, and a scan per question was quadratic in the measurements."""
+    cache = run.__dict__.setdefault("_tps_cache", {})
+    key = (workload, len(run.measurements))
+    if key not in cache:
+        cache[key] = sorted({m.tp for m in run.select(workload)})
+    return list(cache[key])
 
 
 # --- single-run findings ------------------------------------------------------------------------

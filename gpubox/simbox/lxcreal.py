@@ -226,8 +226,8 @@ def probe_binary() -> Path:
 
 # -- pct config -> LXC config -------------------------------------------------------------------
 
-_LXC_LINE = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
-_KEY_LINE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.*?)\s*$")
+_LXC_LINE = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$", re.A)
+_KEY_LINE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.*?)\s*$", re.A)
 
 
 def main_entries(text: str) -> list[tuple[str, str]]:
@@ -237,7 +237,7 @@ def main_entries(text: str) -> list[tuple[str, str]]:
     for line in text.replace("\r\n", "\n").split("\n"):
         if re.match(r"^\[[^\]]+\]\s*$", line):
             break
-        if not line.strip() or line.startswith("#"):
+        if not line.strip(" \t\n\v\f\r") or line.startswith("#"):
             continue
         m = _LXC_LINE.match(line) or _KEY_LINE.match(line)
         if m:

@@ -36,8 +36,22 @@ from typing import Sequence
 
 from ..errors import GpuboxError
 
-# The fixed first stage: reads the loader's length and source from stdin and runs it.
-BOOT = "import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),'gpubox-payload','exec'))"
+# The fixed first stage: drops the working directory (and any relative entry) from sys.path before
+# anything else is imported, so a `json.py` in the container's cwd is never run; then reads the
+# loader's length and source from stdin and runs it. `python -c` puts '' (the cwd) first on
+# sys.path; -I would drop it too but also PYTHONPATH and the user site a container's libraries may
+# live in, and -P needs python 3.11.
+BOOT = (
+    "import sys;sys.path[:]=[p for p in sys.path if p[:1]=='/'];_i=sys.stdin.buffer;"
+    "exec(compile(_i.read(int(_i.readline())),'gpubox-payload','exec'))"
+)
+# The oldest python the payloads run on: the loader checks it first, before the entry runs (and
+# so before a copier has copied anything), and `check_python` asks in one short call.
+MIN_PYTHON = (3, 9)
+CHECK_TIMEOUT = 30  # seconds for the cheap version call: a silent interpreter is found in these
+# The entry's stdout is framed by these (with a nonce per run): what an interpreter prints before
+# the entry starts or at its exit (atexit, a .pth, sitecustomize) is not the answer.
+BEGIN, END = "<<gpubox-payload-begin %s>>", "<<gpubox-payload-end %s>>"
 LOADER = Path(__file__).with_name("payload_loader.py")
 SIMULATOR = "gpubox.simbox"
 # Never shipped and not followed: this runner is the control side's (a module that runs payloads
@@ -69,10 +83,11 @@ class Payload:
     def argv(self, python: str = "python3", args: Sequence[str] = (), flags: Sequence[str] = ()) -> list[str]:
         return [str(python), *flags, "-c", BOOT, self.entry, self.short, *map(str, args)]
 
-    def stdin(self, input: bytes | str | None = None) -> bytes:
+    def stdin(self, input: bytes | str | None = None, nonce: str = "-") -> bytes:
         loader = _loader()
         rest = input.encode() if isinstance(input, str) else (input or b"")
-        return b"%d\n%s%d\n%s%s" % (len(loader), loader, len(self.zip), self.zip, rest)
+        head = ("%s %d.%d" % (nonce, *MIN_PYTHON)).encode()
+        return b"%d\n%s%s\n%d\n%s%s" % (len(loader), loader, head, len(self.zip), self.zip, rest)
 
     def describe(self) -> str:
         """One line for a dry run or a log: what travels on stdin with the argv."""
@@ -93,6 +108,7 @@ def unpack(stream: bytes) -> tuple[dict[str, bytes], bytes]:
     input after it (for the simulated box's python3, which answers for one entry)."""
     n, _, rest = stream.partition(b"\n")
     rest = rest[int(n) :]
+    _head, _, rest = rest.partition(b"\n")  # nonce and minimum python
     n, _, rest = rest.partition(b"\n")
     data, rest = rest[: int(n)], rest[int(n) :]
     with zipfile.ZipFile(io.BytesIO(data)) as z:
@@ -113,10 +129,63 @@ def run(
     on_stderr=None,
     flags: Sequence[str] = (),
 ):
-    """Run ENTRY's payload with the python3 of HOST (a gpubox Host or a Transport); its CmdResult."""
+    """Run ENTRY's payload with the python3 of HOST (a gpubox Host or a Transport); its CmdResult,
+    whose stdout is what the entry printed (between the run's markers) and nothing else."""
+    import secrets
+
     p = build(entry)
+    nonce = secrets.token_hex(8)
     kw = {"on_stderr": on_stderr} if on_stderr is not None else {}
-    return host.run(p.argv(python, args, flags), input=p.stdin(input), timeout=timeout, **kw)
+    r = host.run(p.argv(python, args, flags), input=p.stdin(input, nonce), timeout=timeout, **kw)
+    r.stdout = framed(r.stdout, nonce)
+    return r
+
+
+def framed(stdout: str, nonce: str) -> str:
+    """The entry's own output in STDOUT: after the begin marker, before the end marker. Without
+    the begin marker the entry never ran (the loader refused, python failed): STDOUT as it is.
+    Without the end marker the entry ended the process itself (os._exit, a signal): all after
+    the begin marker."""
+    begin, end = BEGIN % nonce + "\n", "\n" + END % nonce + "\n"
+    i = (stdout or "").find(begin)
+    if i < 0:
+        return stdout
+    body = stdout[i + len(begin) :]
+    j = body.rfind(end)
+    return body if j < 0 else body[:j]
+
+
+def check_python(host, python: str = "python3", timeout: float = CHECK_TIMEOUT) -> str:
+    """One cheap call before a long payload run: PYTHON answers within TIMEOUT and is new enough.
+    Its version ("3.11"), or GpuboxError naming the interpreter and the fix. A run of hours (a
+    model copy, a benchmark) is started only on an interpreter that answered."""
+    code = "import sys;sys.stdout.write('%d.%d' % sys.version_info[:2])"
+    where = getattr(host, "name", "the box")
+    try:
+        r = host.run([str(python), "-I", "-c", code], timeout=timeout)
+    except GpuboxError as exc:
+        raise GpuboxError(
+            f"{where}: `{python}` did not answer a version check within {timeout:g} s ({exc.problem})",
+            "check the interpreter there (gpubox_python), or what makes it hang at start",
+        ) from None
+    if r.rc == 127:
+        raise GpuboxError(f"{where}: `{python}` is not there", "install python3 there, or set gpubox_python")
+    text = (r.stdout or "").strip()
+    try:
+        have = tuple(int(x) for x in text.split("."))
+    except ValueError:
+        have = ()
+    if r.rc != 0 or len(have) != 2:
+        tail = ((r.stderr or "").strip().splitlines() or [f"exit {r.rc}"])[-1]
+        raise GpuboxError(
+            f"{where}: `{python}` did not give its version: {tail}", "check the interpreter there"
+        )
+    if have < MIN_PYTHON:
+        raise GpuboxError(
+            f"{where}: `{python}` is python {text}; gpubox's box-side code needs >= {'%d.%d' % MIN_PYTHON}",
+            "install a newer python3 there, or set gpubox_python to one",
+        )
+    return text
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,7 @@ which has no gpubox. STANDALONE and stdlib-only, Python >= 3.6: this file's sour
 stdin, read and exec'd by the one-line `-c` bootstrap (payload.BOOT).
 
 What arrives on stdin, after this source:
-    <length of the zip>\\n<the zip>[the entry's own stdin, if any]
+    <nonce> <minimum python>\\n<length of the zip>\\n<the zip>[the entry's own stdin, if any]
 and in argv: ENTRY DIGEST ARGS... (ENTRY a dotted module, DIGEST the zip's sha256 prefix).
 
 The zip is opened from memory and its modules are served by a meta-path finder placed first, so
@@ -66,6 +66,14 @@ class PayloadModules(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
 def main():
     stdin = sys.stdin.buffer
     entry, digest = sys.argv[1], sys.argv[2]
+    nonce, need = stdin.readline().decode("ascii").split()
+    want = tuple(int(x) for x in need.split("."))
+    if sys.version_info[:2] < want:  # before anything runs: a copier must not copy first
+        sys.stderr.write(
+            "gpubox payload: %s is python %d.%d; %s needs python >= %s\n"
+            % (sys.executable, sys.version_info[0], sys.version_info[1], entry, need)
+        )
+        sys.exit(2)
     size = int(stdin.readline())
     data = stdin.read(size)
     if len(data) != size or not hashlib.sha256(data).hexdigest().startswith(digest):
@@ -73,7 +81,24 @@ def main():
         sys.exit(2)
     sys.meta_path.insert(0, PayloadModules(data, "<gpubox payload %s>" % digest, entry))
     sys.argv = [entry] + sys.argv[3:]  # runpy puts the entry's file name in argv[0]
-    runpy.run_module(entry, run_name="__main__", alter_sys=True)
+    # The entry's answer between two markers with this run's nonce: lines an interpreter prints
+    # before it (sitecustomize) or at exit (atexit, a .pth) fall outside and are not parsed.
+    # A nonce of "-" (a payload run by hand, not through payload.run) asks for no frame.
+    if nonce == "-":
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        return
+    out = sys.stdout
+    out.write("\n<<gpubox-payload-begin %s>>\n" % nonce)
+    out.flush()
+    try:
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+    finally:
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        out.write("\n<<gpubox-payload-end %s>>\n" % nonce)
+        out.flush()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import posixpath
 import stat as _stat
 from typing import Mapping, Sequence
 
-from .. import safeio
+from .. import readlimit, safeio
 from .base import CmdResult, FileStat, Held, LineCallback, Transport, validate_argv
 
 
@@ -67,12 +67,47 @@ class PctTransport(Transport):
     def read_bytes(self, path: str) -> bytes:
         # base64 because the host transport hands back decoded text: raw `cat` would mangle any
         # byte that is not UTF-8.
-        r = self.run(["base64", "-w0", "--", path])
-        if r.rc != 0:
+        # One call: find(1) prints the file's type and size, and only a regular file under the
+        # bound is read at all (a FIFO would block base64, /dev/zero would never end).
+        limit = readlimit.HOST_FILE_LIMIT
+        r = self.run(
+            [
+                "find",
+                "-L",
+                path,
+                "-maxdepth",
+                "0",
+                "-printf",
+                "%y %s\\n",
+                "-type",
+                "f",
+                "-size",
+                f"-{limit + 1}c",
+                "-exec",
+                "base64",
+                "-w0",
+                "--",
+                "{}",
+                ";",
+            ]
+        )
+        if r.rc != 0 or not r.stdout:
             if "No such file" in r.stderr:
                 raise FileNotFoundError(path)
             r.check()
-        return base64.b64decode(r.stdout)
+        head, _, body = r.stdout.partition("\n")
+        kind, _, size = head.partition(" ")
+        where = f"{self.name}:{path}"
+        if kind in ("N", "L"):  # a dangling link: missing, as base64 would have said
+            raise FileNotFoundError(path)
+        if kind != "f":
+            raise readlimit.NotRegular(
+                f"{where} is {_FIND_KINDS.get(kind, 'not a regular file')}, not a regular file",
+                "give a regular file",
+            )
+        if not size.isdigit() or int(size) > limit:
+            raise readlimit.too_large(where, limit, "file", int(size) if size.isdigit() else None)
+        return base64.b64decode(body)
 
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
@@ -120,3 +155,13 @@ class PctTransport(Transport):
         """rm -f is unlink(2): a link is removed, never its target; no link on the way."""
         self.refuse_links(posixpath.dirname(path) or "/")
         self.run(["rm", "-f", "--", path]).check()
+
+
+# find(1) -printf %y letters -> words
+_FIND_KINDS = {
+    "p": "a FIFO (named pipe)",
+    "c": "a character device",
+    "b": "a block device",
+    "s": "a socket",
+    "d": "a directory",
+}

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 import paramiko
 
-from .. import safeio
+from .. import readlimit, safeio
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
 
@@ -349,8 +349,18 @@ class SSHTransport(Transport):
     # -- files -----------------------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes:
         try:
+            # stat first: SFTP's open of a FIFO blocks on the server, /dev/zero never ends.
+            st = self.sftp.stat(path)
+            if st.st_mode is not None and not _stat.S_ISREG(st.st_mode):
+                raise readlimit.NotRegular(
+                    f"{self.name}:{path} is {readlimit.kind_of(st.st_mode)}, not a regular file",
+                    "give a regular file",
+                )
             with self.sftp.open(path, "rb") as f:
-                return f.read()
+                data = f.read(readlimit.HOST_FILE_LIMIT + 1)
+            if len(data) > readlimit.HOST_FILE_LIMIT:
+                raise readlimit.too_large(f"{self.name}:{path}", readlimit.HOST_FILE_LIMIT, "file", None)
+            return data
         except IOError as exc:
             if getattr(exc, "errno", None) == 2:
                 raise FileNotFoundError(path) from None

@@ -124,7 +124,7 @@ def nccl_check(file, use_env, fmt, as_json):
             True,
         )
     else:
-        from gpubox.errors import read_text_file
+        from gpubox.readlimit import read_text_file
 
         from ..nccl import Issue, unsafe_lines
 

@@ -13,6 +13,7 @@ import click
 from gpubox.clihelp import box_context, json_option, state
 from gpubox.errors import GpuboxError
 from gpubox.output import console, print_json, render_report
+from gpubox.readlimit import read_regular
 
 from .. import probe as probe_script
 from ..gpu_probe_step import _int, box_limits, run_remote
@@ -144,7 +145,11 @@ def probe(
         name = host = socket.gethostname() if local else Path(input_path).name
     if input_path:
         try:
-            text = Path(input_path).read_text()
+            text = read_regular(input_path, 64 << 20, what="probe file").decode()
+        except UnicodeDecodeError:
+            raise GpuboxError(
+                f"{input_path} is not UTF-8 text", "give the path of a probe JSON file"
+            ) from None
         except OSError as exc:
             raise GpuboxError(
                 f"cannot read {input_path}: {exc.strerror}", "give the path of a probe JSON file"

@@ -121,9 +121,9 @@ class ColdProbe:
         others' (schedule.Schedule), so the last shard is still split. Why not one per range: tmpfs holds
         the inode lock for each write to a file, and a second writer spins on it; why more than one
         per file: the reads and checksums of a second writer overlap the first one's writes.
-        Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds (benchmarks/results/stage.md, run H):
-        8 threads 0.93 s / 6.2 CPU-s, 12 threads 0.80 s / 7.4 CPU-s, 16 threads 0.79 s / 9.3 CPU-s
-        (`xargs -P16 cp` 0.81 s / 4.7, `cp -r` 4.3 CPU-s)."""
+        Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds
+        (benchmarks/results/stage.md, run H): 8 threads 0.93 s / 6.2 CPU-s, 12 threads 0.80 s /
+        7.4 CPU-s, 16 threads 0.79 s / 9.3 CPU-s (`xargs -P16 cp` 0.81 s / 4.7, `cp -r` 4.3 CPU-s)."""
         multi = sum(1 for j in jobs if j.n > 1 or j.whole)
         return min(self.workers, max(2, math.ceil(WRITERS_PER_FILE * multi)))
 
@@ -133,7 +133,8 @@ class ColdProbe:
         PREFETCH ahead where set), in four phases (PROBE_PHASES). What the probe reads is the copy's own
         first bytes of those ranges: written into the partial and hashed, the hash kept on the job
         (job.heads), so the copy goes on from there and no byte is read twice (the probe that read
-        pieces apart from the copy cost ~8% of an 8 GB cold run on the device VM, benchmarks/results/stage.md).
+        pieces apart from the copy cost ~8% of an 8 GB cold run on the device VM,
+        benchmarks/results/stage.md).
         A piece that failed (O_DIRECT refused) keeps no head: its range is copied whole later.
         Returns {"direct": GB/s, "buffered": GB/s} (a mode that failed: 0)."""
         q = len(pick) // len(PROBE_PHASES)

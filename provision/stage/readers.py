@@ -16,10 +16,10 @@ sendfile in 8 MiB calls + hashing from a MAP_POPULATE mapping of the destination
 page) was slower on 16 cores too: 8 GB warm 1.29 s against 0.83 s, the same CPU.
 
 Reading a cold source: after a reboot the source is not in the page cache. Two ways to read it,
-and which is faster depends on the box (measured, benchmarks/results/stage.md: on a 16-core VM `xargs -P16 cp`'s
-buffered reads reached 1.66 GB/s and one O_DIRECT stream per file 1.47; on a 32-core one 2.28 and
-2.23; on the 2-core VM O_DIRECT took half the CPU of buffered reads), so a short probe decides
-(probe.ColdProbe):
+and which is faster depends on the box (measured, benchmarks/results/stage.md: on a 16-core VM
+`xargs -P16 cp`'s buffered reads reached 1.66 GB/s and one O_DIRECT stream per file 1.47; on a
+32-core one 2.28 and 2.23; on the 2-core VM O_DIRECT took half the CPU of buffered reads), so a
+short probe decides (probe.ColdProbe):
 - O_DIRECT: the device writes into our buffer, no page-cache insertion (allocation, LRU, later
   reclaim; the pages would also be charged to the container's memory cgroup next to the tmpfs
   copy). DIRECT_BLOCK per read, probe.COLD_THREADS threads: enough requests in flight.

@@ -31,6 +31,7 @@ def fstype(path: str) -> str | None:
 
 
 def existing(path: str) -> str:
+    """path, or the nearest directory above it that exists (the room of a destination not made yet)."""
     while not os.path.exists(path):
         path = os.path.dirname(path) or "/"
     return path
@@ -87,7 +88,8 @@ def check_room(
         if need + mem_margin > limit - used:
             problems.append(
                 f"tmpfs pages count against the container's memory: limit {size_text(limit)}, "
-                f"{size_text(used)} in use, {size_text(limit - used)} left; staging {size_text(need)} would leave "
+                f"{size_text(used)} in use, {size_text(limit - used)} left; "
+                f"staging {size_text(need)} would leave "
                 f"{size_text(limit - used - need)} (< {size_text(mem_margin)} margin)"
             )
     if problems:

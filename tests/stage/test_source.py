@@ -10,9 +10,8 @@ import pytest
 from gpubox.provision import safetensors_check as stc
 from gpubox.provision import stage as st
 from gpubox.simbox.model import make_model
-from tests.stage.kit import (
-    _stage,
-)
+from tests.clirun import gpubox
+from tests.stage.kit import _stage
 
 
 def test_truncated_source_shard_refused_before_copying(model, tmp_path):
@@ -66,3 +65,25 @@ def test_hf_cache_sha256_checked(tmp_path):
     with pytest.raises(st.StageError, match="differs from the hub's"):
         _stage(snap, tmp_path / "d2")
     assert not (tmp_path / "d2" / st.MANIFEST).exists()
+
+
+def test_a_single_file_model_stages_without_force_and_a_bad_header_is_one_line(tmp_path, capsys):
+    """One .gguf (no config.json, no tokenizer) is a model: staged and checked as staged, no
+    --force; the same directory with a broken GGUF header is refused before anything is written,
+    exit 2, one line naming the file and the fix."""
+    src, dest = tmp_path / "persistent" / "Q", tmp_path / "shm" / "Q"
+    src.mkdir(parents=True)
+    gguf = src / "model-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") * 2 + b"\1" * 4096)
+    code, out, err = gpubox(capsys, "stage", src, dest, "--json")
+    assert code == 0, err
+    assert json.loads(out)["copied"] == 1 and (dest / gguf.name).read_bytes() == gguf.read_bytes()
+    c = st.check(str(src), str(dest), verify=True)
+    assert c["staged"] is True and c["problems"] == [] and c["verified"] == 1
+    gguf.write_bytes(b"GGML" + gguf.read_bytes()[4:])
+    fresh = tmp_path / "shm" / "R"
+    code, out, err = gpubox(capsys, "stage", src, fresh)
+    assert code == 2 and out == "" and not fresh.exists()
+    assert err.count("\n") == 1 and f"source {src} is not a complete model: " in err
+    assert "model-Q4_K_M.gguf: not a GGUF file (magic b'GGML', not b'GGUF')" in err
+    assert "(repair the source (or pass --force to copy it as it is))" in err

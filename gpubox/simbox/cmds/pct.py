@@ -39,10 +39,11 @@ from ..core import SimBox, StandinError
 from ..devnodes import mknod
 
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"  # where a Perl `die` without "\n" says it died
-_HDR_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I)
-_HDR_SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I)
-_LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
-_KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
+# re.A: Config.pm matches bytes, so \s, \d and [a-z]/i are ASCII there
+_HDR_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.I | re.A)
+_HDR_SNAP = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I | re.A)
+_LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$", re.A)
+_KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$", re.A)
 # A few typed keys of Config.pm's $confdesc: check_type turns their values into 0/1 / integers,
 # which is what a rewrite then stores (the rest are strings and stay as written).
 _BOOL = {"onboot", "unprivileged", "template", "console", "protection", "debug"}
@@ -82,7 +83,7 @@ def parse_config(raw: str, vmid: int, warn: Warn | None = None) -> dict:
     res: dict = {"digest": hashlib.sha1(raw.encode()).hexdigest(), "snapshots": {}, "pending": {}}
     conf, descr = res, ""
     for line in raw.split("\n"):
-        if not line.strip():
+        if not line.strip(" \t\n\v\f\r"):  # m/^\s*$/ on bytes
             continue
         m = _HDR_SNAP.match(line)
         if _HDR_PENDING.match(line) or m:
@@ -104,7 +105,7 @@ def parse_config(raw: str, vmid: int, warn: Warn | None = None) -> dict:
                 warn(f"vm {vmid} - {key} is deprecated, this will be a hard error in the future!")
             conf.setdefault("lxc", []).append([key, value])
             continue
-        m = re.match(r"^(description):\s*(.*\S)\s*$", line)
+        m = re.match(r"^(description):\s*(.*\S)\s*$", line, re.A)
         if m:
             descr += unquote(m.group(2))
             continue
