@@ -83,6 +83,9 @@ class State:
 
             self._inventory = Inventory(self.inventory_path)
             adopt_state_dir(self._inventory)
+            from .commands.sim import load_for
+
+            load_for(self._inventory)
         return self._inventory
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .errors import InventoryError
 from .inventory import Box, HostEntry
 from .state import backup_path
 from .transport.base import CmdResult, FileStat, Transport
+from .transport.fsops import FileOps
 from .transport.local import LocalTransport
 
 BACKUP_LIMIT = 16 << 20  # the files gpubox rewrites are configs of a few KiB
@@ -164,7 +165,9 @@ def transport_for(entry: HostEntry, *, via: "Host | None" = None, vmid: int | No
     conn = str(entry.get("gpubox_connection") or entry.get("ansible_connection") or "ssh")
     if conn == "local":
         return LocalTransport(
-            entry.name, become=str(entry.get("ansible_become", "")).lower() in ("1", "true", "yes")
+            entry.name,
+            become=str(entry.get("ansible_become", "")).lower() in ("1", "true", "yes"),
+            ops=_local_ops(entry),
         )
     if conn in ("ssh", "paramiko", "ansible.builtin.ssh", "ansible.builtin.paramiko_ssh"):
         from .transport.ssh import SSHTransport
@@ -183,6 +186,25 @@ def transport_for(entry: HostEntry, *, via: "Host | None" = None, vmid: int | No
         f"{entry.name}: unsupported connection {conn!r}",
         "use ansible_connection local or ssh, or gpubox_connection pct",
     )
+
+
+# Hosts whose files follow rules of their own (gpubox.transport.fsops): functions HostEntry ->
+# FileOps | None, asked in order when a local transport is made. The code that knows such hosts
+# registers one (the simulator, for the pmxcfs rules of a simulated box's /etc/pve).
+OPS_PROVIDERS: list[Callable[[HostEntry], FileOps | None]] = []
+
+
+def register_ops_provider(fn: Callable[[HostEntry], FileOps | None]) -> None:
+    if fn not in OPS_PROVIDERS:
+        OPS_PROVIDERS.append(fn)
+
+
+def _local_ops(entry: HostEntry) -> FileOps | None:
+    for provider in OPS_PROVIDERS:
+        ops = provider(entry)
+        if ops is not None:
+            return ops
+    return None
 
 
 def connect(entry: HostEntry, role: str = "host") -> Host:

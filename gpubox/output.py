@@ -21,8 +21,11 @@ STYLE = {OK: "green", FIXED: "cyan", DRIFT: "yellow", FAILED: "bold red", SKIPPE
 
 
 # Width when the output is no terminal (a file, a pipe, cron mail) and COLUMNS is not set: rich
-# would take 80 there; commands, unit lines and udev rules then wrap mid-word. Wider is still
-# cut nowhere: every table cell folds (never "…") and diffs wrap (OutputConsole).
+# would take 80 there. Tables wrap to this width at spaces, but a word longer than its cell (a
+# path, a command line) is never split there: the table grows as wide as its longest word needs
+# (OutputConsole.print), and a line printed outside a table is never wrapped at all, so what a
+# person copies or a script greps is whole. On a terminal, or with COLUMNS set, the width is the
+# terminal's and cells fold to fit (never "…").
 PIPE_WIDTH = 160
 
 
@@ -37,14 +40,27 @@ class OutputConsole(Console):
     that does not parse (`[/x]` from a stored field in a markup string) prints the string as
     written instead of ending the command with an internal error."""
 
+    def __init__(self, *a: Any, piped: bool = False, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.piped = piped  # no terminal: never split a word (see PIPE_WIDTH)
+
     def print(self, *objects: Any, **kw: Any) -> None:
         for o in objects:
             if isinstance(o, Table):
                 fold(o)
+        width = self.width
+        if self.piped:
+            tables = [o for o in objects if isinstance(o, Table)]
+            if tables:  # as wide as the longest unbreakable word needs, else PIPE_WIDTH
+                wide = self.options.update_width(1 << 16)  # measured unclamped by this width
+                self.width = max([width] + [self.measure(t, options=wide).minimum for t in tables])
+                kw.setdefault("soft_wrap", False)
         try:
             super().print(*objects, **kw)
         except MarkupError:
             super().print(*(_defused(o) for o in objects), **kw)
+        finally:
+            self.width = width  # rich clamps print(width=) to the console's: widen it for this print only
 
     def _render_buffer(self, buffer) -> str:
         from .escape import terminal
@@ -95,9 +111,10 @@ def console(stderr: bool = False) -> Console:
         tty = stream.isatty()
     except (AttributeError, ValueError):
         tty = False
-    if not tty and not os.environ.get("COLUMNS"):
+    piped = not tty and not os.environ.get("COLUMNS")
+    if piped:
         width = PIPE_WIDTH
-    return OutputConsole(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+    return OutputConsole(stderr=stderr, highlight=False, soft_wrap=piped, width=width, piped=piped)
 
 
 def plain(value: Any) -> Text:

@@ -94,7 +94,7 @@ def topology_class(ctx) -> str:
     return str(cls)
 
 
-def gate_cause(gate: dict) -> tuple[str, str]:
+def gate_cause(gate: dict, profile: str) -> tuple[str, str]:
     """(cause, repair) of a refusal, from what the gate saw: a profile that was not measured is not
     "slower" -- nothing shows it helps here, which is reason enough to keep NCCL's own tuning."""
     verdicts = {r.get("verdict") for r in gate.get("rows") or []}
@@ -113,7 +113,7 @@ def gate_cause(gate: dict) -> tuple[str, str]:
         return (
             "nothing was measured (no TP size with more than one GPU, or the runs failed): no measurement "
             "shows the profile helps here",
-            f"{keep}, or measure where NCCL runs: `gpubox probe --local --nccl-compare {gate.get('profile')}`",
+            f"{keep}, or measure where NCCL runs: `gpubox probe --local --nccl-compare {profile}`",
         )
     return "the profile gains nothing measurable over NCCL's own tuning", keep
 
@@ -121,7 +121,7 @@ def gate_cause(gate: dict) -> tuple[str, str]:
 def misfit(prof: Profile, gate: dict | None, topology: str | None) -> Finding | None:
     """Refused: by the A/B gate of `tune nccl --measure`, or written for another topology class."""
     if gate_refuses(gate):
-        cause, repair = gate_cause(gate)
+        cause, repair = gate_cause(gate, prof.name)
         return Finding.failed(
             f"profile {prof.name} refused by the A/B gate: " + " | ".join(gate["reasons"]),
             cause=cause,

@@ -19,6 +19,7 @@ AREA = Area(
         "lxc": "gpubox.provision.commands.lxc:lxc",
         "stage": "gpubox.provision.commands.stage:stage",
         "backups": "gpubox.provision.commands.backups:backups",
+        "autostart": "gpubox.provision.commands.autostart:autostart",
     },
     hooks={"doctor": "gpubox.provision.recover:doctor_dict"},  # bench's run-once exports it
 )

@@ -383,7 +383,7 @@ def _review_rules(ed: _Edit) -> None:
                 ),
             )
             continue
-        if ed.mode == "devN":
+        if ed.mode == "devN" and r.major not in _kept_mount_majors(ed):
             _drop_rule(ed, i, Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
 
 
@@ -414,9 +414,44 @@ def _unparsable_rule(ed: _Edit, i: int, l: Line, ours: bool, val: str) -> None:
         )
 
 
+def _mount_rank(ed: _Edit, f) -> tuple[bool, bool]:
+    """How good a mount entry is at passing its node: first, whether its source is the host's
+    device node (an absolute path the host has as a device: lxc reads a relative source against
+    its own working directory, finds nothing, and an `optional,create=file` entry then leaves an
+    empty regular file at the target); then whether it is `bind,optional`."""
+    src = f[0] if f else ""
+    rd = ed.rdev(src) if src.startswith("/") else None
+    return (bool(rd) and isinstance(rd, tuple) and rd[0] == "c", _good_mount(f))
+
+
+def _optional_left_out(ed: _Edit, target: str) -> bool:
+    """Whether a mount target is an optional node (nvidia-modeset, nvidia-caps) that no boot of the
+    host creates: converting to devN keeps its `optional` mount, since a devN entry for it would
+    stop the start on a boot without it."""
+    path = "/" + target.strip("/")
+    optional = (
+        path == "/dev/nvidia-modeset" or path == "/dev/nvidia-caps" or path.startswith("/dev/nvidia-caps/")
+    )
+    return optional and not any(p == path or p.startswith(path + "/") for p in ed.hd.at_boot)
+
+
+def _kept_mount_majors(ed: _Edit) -> set[int]:
+    """Majors of the nodes the optional mounts kept in devN mode pass (`_optional_left_out`):
+    their rules are not redundant."""
+    out: set[int] = set()
+    for l in ed.lines:
+        f = _mount_fields(l.value or "") if l.key == MOUNT else None
+        if not f or not _optional_left_out(ed, f[1]):
+            continue
+        t = "/" + f[1].strip("/")
+        out |= {n.have[0] for n in ed.hd.nodes if n.have and (n.path == t or n.path.startswith(t + "/"))}
+    return out
+
+
 def _review_mounts(ed: _Edit) -> None:
     """Pass 4: NVIDIA mount entries. In devN mode they go (devN passes the node); two onto one
-    target keep the `bind,optional` one (else the first)."""
+    target keep the one whose source is the host's node, then the `bind,optional` one, else the
+    first (`_mount_rank`)."""
     by_target: dict[str, int] = {}
     for i in range(len(ed.lines)):
         l = ed.cur(i)
@@ -425,14 +460,19 @@ def _review_mounts(ed: _Edit) -> None:
         f = _mount_fields(l.value or "")
         if f is None:
             continue
-        if ed.mode == "devN" and _is_nvidia_path(f[0]) and _is_nvidia_target(f[1]):
+        if (
+            ed.mode == "devN"
+            and _is_nvidia_path(f[0])
+            and _is_nvidia_target(f[1])
+            and not _optional_left_out(ed, f[1])
+        ):
             ed.drop.add(i)
             ed.issues.append(Issue("redundant", f"`{l.raw.strip()}` is redundant with devN entries"))
             continue
         t = f[1].strip("/")
         if t in by_target:
             j = by_target[t]
-            keep_new = _good_mount(f) and not _good_mount(_mount_fields(ed.cur(j).value or ""))
+            keep_new = _mount_rank(ed, f) > _mount_rank(ed, _mount_fields(ed.cur(j).value or ""))
             loser = j if keep_new else i
             ed.issues.append(
                 Issue("conflict", f"`{ed.cur(loser).raw.strip()}` mounts onto {t} like another line")
@@ -539,6 +579,13 @@ def _additions(ed: _Edit, model: StartModel, nodes, node_mode: str) -> tuple[lis
         if model.providers(n.path):
             if rd and not model.permitted(*rd):
                 missing_majors.setdefault(rd[0], names.get(rd[0], "nvidia"))
+            continue
+        if node_mode == "devN" and not n.required and n.path not in ed.hd.at_boot:
+            ed.warnings.append(
+                f"{n.path} is left out: optional, and nothing makes the host create it at every boot, "
+                "so a devN entry for it would stop the start on a boot without it (a devN entry for it "
+                "makes host-devices persist its creation)"
+            )
             continue
         if node_mode == "devN":
             while k in used:

@@ -1,7 +1,7 @@
 """The container-config step: the main section of /etc/pve/lxc/<vmid>.conf agrees with the host's
 NVIDIA devices (provision.confedit decides the edit; tests/steps/container-config/*.json).
 
-Its repair is `ConfigCommit` (Proxmox's lock + digest re-check + renameat2 exchange, not a plain
+Its repair is `ConfigCommit` (Proxmox's lock + digest re-check + rename() + re-read, not a plain
 file write). `ShowConfigFirst` runs first in host-devices' plan when that loads nvidia-uvm: it keeps
 this step's finding as a dry run shows it, so the commit after modprobe is proven to be it."""
 
@@ -25,7 +25,9 @@ from .devices import (
     with_uvm_major,
 )
 from .lxc import (
+    UDEV_RULE,
     ConfText,
+    FileText,
     HostRdev,
     OwnedRecord,
     gpus_wanted,
@@ -33,7 +35,8 @@ from .lxc import (
     record_majors,
     referenced_paths,
 )
-from .lxcconf import LxcConf, conf_path, digest, write_conf
+from .lxcconf import NO_QUORUM, LxcConf, conf_path, digest, no_quorum, write_conf
+from .nodehints import boot_created
 
 # ctx.memo key: container-config's finding as shown before host-devices loaded nvidia-uvm
 SHOWN_CONFIG = "container-config/shown-before-modprobe"
@@ -45,6 +48,8 @@ class ConfigFacts:
     devices: DeviceScan
     rdev: dict[str, tuple[str, int, int] | None] = field(default_factory=dict)  # referenced_paths
     recorded: list[int] = field(default_factory=list)  # majors gpubox recorded as NVIDIA's
+    boot_rule: str = ""  # the udev rule gpubox persists: which optional nodes every boot creates
+    read_only: bool = False  # the file shows as pmxcfs shows it without quorum (lxcconf.no_quorum)
     # in a run where host-devices has just loaded nvidia-uvm: the config text the dry run showed
     # before (ShowConfigFirst), or None when that plan wrote nothing
     shown: "ShownConfig | None" = None
@@ -98,10 +103,10 @@ def _exists(rdev: dict[str, Any]):
 @dataclass
 class ConfigCommit(Action):
     """The container config's new main section, committed against the digest it was read at:
-    Proxmox's lock file, a digest re-check under it, a symlink refusal and a
-    renameat2(RENAME_EXCHANGE) commit re-checked afterwards (provision.lxcconf.write_conf), which
-    a plain `Write` (tmp + rename, no lock, no re-check) would lose; it also records the NVIDIA
-    majors as gpubox's. A dry run shows its diff; it runs no command."""
+    no quorum refused before anything is written, Proxmox's lock file, a digest re-check under it,
+    a symlink refusal and a rename() re-read afterwards (provision.lxcconf.write_conf; pmxcfs has
+    no RENAME_EXCHANGE), which a plain `Write` (tmp + rename, no lock, no re-check) would lose; it
+    also records the NVIDIA majors as gpubox's. A dry run shows its diff; it runs no command."""
 
     vmid: int
     text: str
@@ -161,7 +166,15 @@ class ContainerConfigStep(Step):
             return ConfigFacts(text, DeviceScan("", 0))  # not edited: nothing else is needed
         scan = ctx.fact(DeviceScanFact, gpus_wanted(ctx))
         rdev = ctx.fact(HostRdev, tuple(referenced_paths(text, host_devices(scan))))
-        return ConfigFacts(text, scan, rdev, ctx.fact(OwnedRecord, vmid).majors, shown)
+        return ConfigFacts(
+            text,
+            scan,
+            rdev,
+            ctx.fact(OwnedRecord, vmid).majors,
+            shown=shown,
+            boot_rule=ctx.fact(FileText, UDEV_RULE),
+            read_only=no_quorum(ctx.host.stat(conf_path(vmid))),
+        )
 
     def decide(self, facts: ConfigFacts, opts: ConfigOptions) -> Finding:
         """The review's finding; in a run where host-devices has just loaded nvidia-uvm, also the
@@ -203,6 +216,7 @@ class ContainerConfigStep(Step):
                 evidence=ev,
             )
         hd = host_devices(facts.devices)
+        hd.at_boot = boot_created(facts.boot_rule)
         rev, predicted = self._decide_edit(conf, hd, facts, opts)
         ev.issues = [{"kind": i.kind, "text": i.text} for i in rev.issues]
         ev.warnings = rev.warnings
@@ -213,6 +227,15 @@ class ContainerConfigStep(Step):
             note += (
                 f" (nvidia-uvm is loaded by host-devices first: its rule is written with the major "
                 f"read then, predicted {predicted})"
+            )
+        if rev.changed and facts.read_only:
+            # pmxcfs without quorum refuses every write (EACCES): said now, in doctor and dry runs
+            # too, not first met by the commit (which refuses it as well, before any backup)
+            return Finding.failed(
+                f"{'; '.join(i.text for i in rev.issues)}{note}; {NO_QUORUM}",
+                cause="this node has no quorum: pmxcfs refuses every write to /etc/pve (EACCES)",
+                repair=f"bring the cluster back to quorum (pvecm status), then gpubox lxc fix {opts.box}",
+                evidence=ev,
             )
         refused = [i for i in rev.issues if not i.fixable and i.kind != "devN-node-missing"]
         if refused and rev.changed:

@@ -83,6 +83,9 @@ class HostDevices:
     # every char major registered, also those whose name another major has too (the H200's
     # /proc/devices lists infiniband_verbs at 231 and 244): `majors` keeps one major per name
     char_majors: frozenset[int] = frozenset()
+    # optional nodes the host's boot files create at every boot (provision.nodehints.boot_created):
+    # only those may become devN entries, which stop the start when the node is absent
+    at_boot: frozenset[str] = frozenset()
 
     @property
     def frontend(self) -> int | None:
@@ -240,7 +243,9 @@ def with_uvm_major(hd: HostDevices, major: int) -> HostDevices:
         Node(n.path, (major, UVM_NODES[n.path]), n.have, n.is_char, n.required) if n.path in UVM_NODES else n
         for n in hd.nodes
     ]
-    return HostDevices({**hd.majors, "nvidia-uvm": major}, hd.gpus, nodes, hd.char_majors | {major})
+    return HostDevices(
+        {**hd.majors, "nvidia-uvm": major}, hd.gpus, nodes, hd.char_majors | {major}, hd.at_boot
+    )
 
 
 def read_host_devices(host, gpus: int | None = None) -> HostDevices:

@@ -27,7 +27,7 @@ from .lxc import (
     needed_modprobe_runs,
     persist_files,
 )
-from .nodehints import devn_paths, required_missing
+from .nodehints import BOOT_RUNS, devn_paths, required_missing
 
 
 @dataclass
@@ -122,7 +122,8 @@ class HostDevicesStep(Step):
             problems.append(f"{path} missing: a devN entry of the container requires it (the start fails)")
             if run:
                 devn_runs.append(run)
-        want_files = persist_files(hd.gpus)
+        # an optional node a devN entry requires is created at every boot too (nodehints.BOOT_RUNS)
+        want_files = persist_files(hd.gpus, [p for p in facts.devn or {} if p in BOOT_RUNS])
         missing = (
             [p for p, text in want_files.items() if (facts.persist or {}).get(p, "") != text]
             if opts.persist

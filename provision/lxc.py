@@ -120,10 +120,19 @@ def needed_modprobe_runs(hd: HostDevices) -> list[list[str]]:
     return modprobe_argvs(hd.gpus, gpu_nodes=gpu, uvm=uvm)
 
 
-def persist_files(gpus: int) -> dict[str, str]:
+def persist_files(gpus: int, optional: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
     """Boot-time creation of the uvm nodes: nothing on a Proxmox host runs CUDA, so nothing else
-    creates /dev/nvidia-uvm (docs/facts.md "NVIDIA device nodes")."""
+    creates /dev/nvidia-uvm (docs/facts.md "NVIDIA device nodes"). `optional`: optional nodes the
+    container's devN entries require (/dev/nvidia-modeset): their nvidia-modprobe run is added, so
+    the start does not depend on what the driver happens to create."""
+    from .nodehints import BOOT_RUNS
+
     gpu_run, uvm_run = " ".join(gpu_nodes_argv(gpus)), " ".join(UVM_ARGV)
+    extra = "".join(
+        f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia", RUN+="/usr/bin/{" ".join(BOOT_RUNS[p])}"\n'
+        for p in sorted(set(optional))
+        if p in BOOT_RUNS
+    )
     return {
         MODULES_LOAD: (
             "# Written by gpubox: load nvidia-uvm at boot (LXC GPU containers need it).\nnvidia-uvm\n"
@@ -132,7 +141,7 @@ def persist_files(gpus: int) -> dict[str, str]:
             "# Written by gpubox: create /dev/nvidia-uvm{,-tools} and the GPU nodes when the "
             "modules\n# load, before pve-guests starts the containers.\n"
             f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia", RUN+="/usr/bin/{gpu_run}"\n'
-            f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia_uvm", RUN+="/usr/bin/{uvm_run}"\n'
+            f'ACTION=="add", SUBSYSTEM=="module", KERNEL=="nvidia_uvm", RUN+="/usr/bin/{uvm_run}"\n' + extra
         ),
     }
 

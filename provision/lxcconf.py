@@ -22,8 +22,10 @@ from gpubox.errors import GpuboxError
 from gpubox.state import backup_path
 
 MAIN, PENDING = "main", "pve:pending"
-MAX_BYTES = 1024 * 1024  # pmxcfs limit per file (docs/facts.md)
-CONF_MODE = 0o640  # the only mode pmxcfs allows; never chmod/copystat there (docs/facts.md)
+MAX_BYTES = (
+    1024 * 1024
+)  # pmxcfs's limit per file: exactly this much is allowed (pve-cluster src/pmxcfs/memdb.h)
+CONF_MODE = 0o640  # the only mode pmxcfs allows (pmxcfs.c cfs_fuse_chmod); never chmod/copystat there
 
 # pve-container reads the file as bytes: its \s is ASCII whitespace, [a-z] with /i is ASCII, \d
 # ASCII digits. re.ASCII gives Python the same classes (without it \s also matches U+2028, \x1c,
@@ -199,102 +201,76 @@ def read_conf(host, vmid: int) -> tuple[LxcConf, str]:
 
 
 # -- safe write ------------------------------------------------------------------------------------
+#
+# /etc/pve is pmxcfs on every Proxmox host (pve-cluster src/pmxcfs/): renameat2's RENAME_EXCHANGE
+# and RENAME_NOREPLACE fail EINVAL there, chmod to anything but 0640 and chown fail EPERM, a file
+# may hold 1 MiB, a vmid that is already a guest elsewhere is refused EEXIST, and without quorum
+# every write fails EACCES. So the one commit path is Proxmox's own (pve-common File.pm
+# file_set_contents): `<file>.tmp.<pid>`, then rename(); gpubox re-reads the file under the lock
+# just before the rename and once more after it.
 
-_REMOTE_COMMIT = (  # constant script; every input arrives as a positional argument ($1..$3)
+PMXCFS_GID = 33  # www-data on Debian: pmxcfs shows it as every entry's group (pmxcfs.c cfs.gid)
+NO_QUORUM = "/etc/pve is read-only: this node has no quorum (pvecm status)"
+NO_QUORUM_FIX = "bring the cluster back to quorum, then re-run; nothing was written"
+
+_REMOTE_COMMIT = (  # constant script; every input arrives as a positional argument ($1..$4)
     'set -e; [ -L "$1" ] && { echo "is a symbolic link" >&2; exit 4; }; '
     '[ "$(sha1sum < "$1" | cut -c1-40)" = "$2" ] || { echo "changed since check" >&2; exit 3; }; '
-    'mv -f -- "$3" "$1"'
+    'mv -f -- "$3" "$1"; '
+    '[ "$(sha1sum < "$1" | cut -c1-40)" = "$4" ] || { echo "changed after the rename" >&2; exit 5; }'
 )
 
 
-def _rename(src: str, dst: str) -> bool:
-    """The commit point (a seam the crash test cuts at): an atomic exchange where the kernel and
-    filesystem can (True: `src` now holds the old file), else a plain rename (False)."""
-    if _exchange(src, dst):
-        return True
-    os.replace(src, dst)
-    return False
+def _refuse_without_quorum(host, path: str) -> None:
+    """pmxcfs shows every file 0440 (directories 0555) while the node has no quorum, and refuses
+    every write with EACCES (pve-cluster src/pmxcfs/cfs-plug-memdb.c tree_entry_stat): say so
+    before anything is written, the backup included."""
+    if no_quorum(host.stat(path)):
+        raise GpuboxError(NO_QUORUM, NO_QUORUM_FIX)
 
 
-_RENAME_EXCHANGE = 2  # linux include/uapi/linux/fcntl.h
+def no_quorum(st) -> bool:
+    """Whether a file under /etc/pve (its FileStat) shows as pmxcfs shows files while the node has
+    no quorum: root:www-data without the owner's write bit (0440)."""
+    return st is not None and st.is_file and st.gid == PMXCFS_GID and not st.perms & 0o200
 
 
-def _exchange(a: str, b: str) -> bool:
-    """renameat2(RENAME_EXCHANGE): swap two paths atomically. False where the filesystem or
-    kernel cannot (pmxcfs is FUSE and may refuse it; then the plain re-check + rename is used)."""
-    import ctypes
-    import errno
+def _save_backup(host, path: str, old: bytes) -> str:
+    """The old file on the control node before anything changes on the host: a backup directory
+    that is full (ENOSPC) or unwritable stops the write with the config unchanged."""
+    from gpubox.safeio import write_atomic
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd = -100
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-        return False
-    raise OSError(err, os.strerror(err), b)
-
-
-def _commit(host, path: str, tmp: str, real: str, expect_digest: str) -> None:
-    """Put `tmp` in place of `real` unless `real` changed since `check` read it.
-
-    The file is re-read right before the commit; where the kernel can, the commit is an atomic
-    exchange and the file swapped out is checked once more afterwards, then swapped back if
-    someone wrote it in between without the lock (their edit is kept, ours refused). This closes
-    the window between the last re-read and rename() that a plain rename leaves open."""
-    with open(real, "rb") as f:  # re-read just before the commit
-        again = f.read()
-    _refuse_if_changed_or_locked(host, path, again, expect_digest)
-    if not _rename(tmp, real):
-        return
-    with open(tmp, "rb") as f:  # what we just swapped out
-        was = f.read()
-    if digest(was) != expect_digest:
-        _exchange(tmp, real)  # give the file back as the other writer left it
+        return str(write_atomic(backup_path(host.name, path), old, mode=0o600))
+    except GpuboxError as exc:
         raise GpuboxError(
-            f"{path} changed while it was being replaced (digest {digest(was)[:12]} != "
-            f"{expect_digest[:12]}): not replaced, the other edit is kept",
-            "someone edited it without Proxmox's lock: re-run to check again",
-        )
-    os.unlink(tmp)
-
-
-def _refuse_symlink(real: str, path: str) -> None:
-    """pmxcfs has no symlinks (docs/facts.md), so a linked config is not a Proxmox-managed file: replacing
-    the link by a regular file would leave its target with the old lines. Policy: refuse, say so."""
-    if os.path.islink(real):
+            f"{path} not changed: its backup could not be written: {exc.problem}", exc.fix
+        ) from None
+    except OSError as exc:
         raise GpuboxError(
-            f"{path} is a symbolic link (to {os.readlink(real)}): not replacing it with a regular file",
-            "Proxmox's /etc/pve has no symlinks: point gpubox_root at the real "
-            "config or replace the link by the file, then re-run",
+            f"{path} not changed: its backup could not be written: {exc.strerror or exc}",
+            "free space in gpubox's state directory (or set GPUBOX_STATE_DIR), then re-run",
+        ) from None
+
+
+def _os_failure(exc: OSError, host, path: str, vmid: int) -> GpuboxError:
+    """What pmxcfs's refusals mean, in one line."""
+    import errno
+
+    if exc.errno == errno.EACCES:
+        st = host.stat(path)
+        if st is None or not st.perms & 0o200:
+            return GpuboxError(NO_QUORUM, NO_QUORUM_FIX)
+    if exc.errno == errno.EEXIST:
+        return GpuboxError(
+            f"{path}: pmxcfs refuses it: VMID {vmid} is also a VM or a container on another node (File exists)",
+            "check `pvesh get /cluster/resources --type vm`; the file was not changed",
         )
+    if exc.errno == errno.EFBIG:
+        return GpuboxError(f"{path}: the new config is over pmxcfs's 1 MiB per file", "shorten the file")
+    from gpubox.errors import os_error
 
-
-def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: float = 10) -> str:
-    """Replace the container config the way Proxmox does; returns the backup's path.
-
-    Refuses a `lock:`ed config; takes Proxmox's lock file; writes `<file>.tmp.<pid>` in the same
-    directory (mode 0640, no chmod/copystat: pmxcfs refuses them); re-reads the file under the lock
-    just before rename() and aborts if its digest differs from `expect_digest` (what `check`
-    read). A crash at any point leaves the old or the new file, never a mix.
-    """
-    data = text.encode()
-    if len(data) >= MAX_BYTES:
-        raise GpuboxError(f"new config is {len(data)} bytes", "pmxcfs files must stay under 1 MiB")
-    new = LxcConf.parse(text)
-    if new.render() != text:  # cannot happen; guards the renderer
-        raise GpuboxError("internal: config does not round-trip", "report this")
-    path = conf_path(vmid)
-    real = host.path(path)
-    tmp = f"{real}.tmp.{os.getpid()}"  # pve-common src/PVE/File.pm file_set_contents: "$filename.tmp.$$"
-    if host.transport.is_local:
-        _refuse_symlink(real, path)
-        return _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
-    return _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
+    return os_error(exc)
 
 
 def _refuse_if_changed_or_locked(host, path: str, old: bytes, expect_digest: str) -> None:
@@ -311,10 +287,99 @@ def _refuse_if_changed_or_locked(host, path: str, old: bytes, expect_digest: str
         )
 
 
+def _changed_after(path: str, got: bytes) -> GpuboxError:
+    return GpuboxError(
+        f"{path} changed right after it was replaced (digest {digest(got)[:12]} is not what gpubox "
+        "wrote): another writer without Proxmox's lock; the other edit is kept",
+        "look at the file and who writes it, then re-run",
+    )
+
+
+def _rename(ops, src: str, dst: str) -> bool:
+    """The commit point (a seam the crash test cuts at): an atomic exchange where the filesystem
+    can (True: `src` now holds the file swapped out), else rename() as Proxmox commits (False:
+    always so on pmxcfs, whose rename takes no flags: EINVAL)."""
+    if ops.exchange(src, dst):
+        return True
+    ops.replace(src, dst)
+    return False
+
+
+def _commit(host, ops, path: str, tmp: str, real: str, expect_digest: str, data: bytes) -> None:
+    """Put `tmp` in place of `real` unless `real` changed since `check` read it, and prove it took.
+
+    Under Proxmox's lock: the file is re-read right before the commit (a writer that holds the
+    lock cannot have changed it since). On pmxcfs the commit is rename(); afterwards the file is
+    re-read and compared with what was written, so a writer that ignores the lock and wrote after
+    the rename is caught (its edit is kept, gpubox's reported as not in place). Where the
+    filesystem has RENAME_EXCHANGE (a plain directory), the file swapped out is checked too and
+    swapped back if someone wrote it between the re-read and the swap; pmxcfs leaves that window
+    (microseconds, lock-ignoring writers only) open, as it does for Proxmox's own writes."""
+    _refuse_if_changed_or_locked(host, path, ops.read_bytes(real), expect_digest)
+    if _rename(ops, tmp, real):
+        was = ops.read_bytes(tmp)  # what we just swapped out
+        if digest(was) != expect_digest:
+            ops.exchange(tmp, real)  # give the file back as the other writer left it
+            raise GpuboxError(
+                f"{path} changed while it was being replaced (digest {digest(was)[:12]} != "
+                f"{expect_digest[:12]}): not replaced, the other edit is kept",
+                "someone edited it without Proxmox's lock: re-run to check again",
+            )
+        ops.unlink(tmp)
+    got = ops.read_bytes(real)
+    if got != data:
+        raise _changed_after(path, got)
+
+
+def _refuse_symlink(real: str, path: str) -> None:
+    """pmxcfs has no symlinks but its own `lxc` -> `nodes/<node>/lxc` (docs/lxc.md), so a linked
+    config file is not a Proxmox-managed file: replacing the link by a regular file would leave its
+    target with the old lines. Policy: refuse, say so."""
+    if os.path.islink(real):
+        raise GpuboxError(
+            f"{path} is a symbolic link (to {os.readlink(real)}): not replacing it with a regular file",
+            "Proxmox's /etc/pve has no symlinks: point gpubox_root at the real "
+            "config or replace the link by the file, then re-run",
+        )
+
+
+def write_conf(host, vmid: int, text: str, expect_digest: str, *, lock_timeout: float = 10) -> str:
+    """Replace the container config the way Proxmox does; returns the backup's path.
+
+    Refuses a node without quorum and a `lock:`ed config before anything is written; takes
+    Proxmox's lock file; saves the backup (a full backup directory stops here); writes
+    `<file>.tmp.<pid>` in the same directory (no chmod/copystat: pmxcfs refuses them); re-reads the
+    file under the lock just before rename() and aborts if its digest differs from `expect_digest`
+    (what `check` read); re-reads it after the rename and fails if it is not what was written. A
+    crash at any point leaves the old or the new file, never a mix; a leftover temp of a killed
+    run is removed by the next (`gpubox.provision.confjournal`).
+    """
+    data = text.encode()
+    if len(data) > MAX_BYTES:
+        raise GpuboxError(f"new config is {len(data)} bytes", "pmxcfs files hold at most 1 MiB")
+    new = LxcConf.parse(text)
+    if new.render() != text:  # cannot happen; guards the renderer
+        raise GpuboxError("internal: config does not round-trip", "report this")
+    path = conf_path(vmid)
+    real = host.path(path)
+    tmp = f"{real}.tmp.{os.getpid()}"  # pve-common src/PVE/File.pm file_set_contents: "$filename.tmp.$$"
+    _refuse_without_quorum(host, path)
+    if host.transport.is_local:
+        _refuse_symlink(real, path)
+        return _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
+    return _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
+
+
 def _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout) -> str:
     import fcntl
     import time
 
+    from gpubox.transport.fsops import POSIX
+    from gpubox.transport.local import write_all
+
+    from . import confjournal
+
+    ops = getattr(host.transport, "ops", POSIX)
     lock_real = host.path(lock_path(vmid))
     os.makedirs(os.path.dirname(lock_real), exist_ok=True)
     with open(lock_real, "a") as lk:
@@ -330,61 +395,92 @@ def _write_local(host, vmid, path, real, tmp, data, expect_digest, lock_timeout)
                         "a Proxmox task is changing the container: re-run when it is done",
                     ) from None
                 time.sleep(0.1)
-        with open(real, "rb") as f:
-            old = f.read()
+        confjournal.sweep(host, vmid)
+        old = ops.read_bytes(real)
         _refuse_if_changed_or_locked(host, path, old, expect_digest)
-        saved = backup_path(host.name, path)
-        saved.write_bytes(old)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, CONF_MODE)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            _refuse_symlink(real, path)
-            _commit(host, path, tmp, real, expect_digest)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return str(saved)
+        saved = _save_backup(host, path, old)
+        with confjournal.writing(host, vmid, tmp):
+            try:
+                fd = ops.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, CONF_MODE
+                )
+            except FileExistsError:
+                raise GpuboxError(
+                    f"{path}.tmp.{os.getpid()} exists and is not a temp of a gpubox run that ended",
+                    "another writer's temp: re-run when it is gone",
+                ) from None
+            except OSError as exc:
+                raise _os_failure(exc, host, path, vmid) from None
+            try:
+                try:
+                    write_all(ops, fd, data)
+                    ops.fsync(fd)
+                finally:
+                    ops.close(fd)
+                _refuse_symlink(real, path)
+                _commit(host, ops, path, tmp, real, expect_digest, data)
+            except BaseException as exc:
+                if os.path.lexists(tmp):
+                    try:
+                        ops.unlink(tmp)
+                    except OSError:
+                        pass
+                if isinstance(exc, OSError):
+                    raise _os_failure(exc, host, path, vmid) from None
+                raise
+        return saved
 
 
 def _write_remote(host, vmid, path, real, tmp, data, expect_digest, lock_timeout) -> str:
+    from . import confjournal
+
+    confjournal.sweep(host, vmid)
     old = host.read_bytes(path)
     _refuse_if_changed_or_locked(host, path, old, expect_digest)
-    saved = backup_path(host.name, path)
-    saved.write_bytes(old)
-    host.transport.write_bytes_atomic(tmp, data, mode=CONF_MODE)
-    lock_real = host.path(lock_path(vmid))
-    host.run(["mkdir", "-p", posixpath.dirname(lock_real)], become=True)
-    r = host.run(
-        [
-            "flock",
-            "-w",
-            str(int(lock_timeout)),
-            lock_real,
-            "sh",
-            "-c",
-            _REMOTE_COMMIT,
-            "sh",
-            real,
-            expect_digest,
-            tmp,
-        ],
-        become=True,
-        timeout=lock_timeout + 30,
-    )
-    if r.rc != 0:
-        host.run(["rm", "-f", "--", tmp], become=True)
-        if r.rc == 4:
-            raise GpuboxError(
-                f"{path} is a symbolic link: not replacing it with a regular file",
-                "Proxmox's /etc/pve has no symlinks: replace the link by the file, then re-run",
-            )
-        if r.rc == 3:
-            raise GpuboxError(
-                f"{path} changed since it was checked", "someone else edited it: re-run to check again"
-            )
-        r.check()
-    return str(saved)
+    saved = _save_backup(host, path, old)
+    with confjournal.writing(host, vmid, tmp):
+        try:
+            # 0640: what pmxcfs shows whatever is asked; the transport makes no chmod where the
+            # new file has it already, and accepts a refused chmod that left it no more open.
+            host.transport.write_bytes_atomic(tmp, data, mode=CONF_MODE)
+        except OSError as exc:
+            raise _os_failure(exc, host, path, vmid) from None
+        lock_real = host.path(lock_path(vmid))
+        host.run(["mkdir", "-p", posixpath.dirname(lock_real)], become=True)
+        r = host.run(
+            [
+                "flock",
+                "-w",
+                str(int(lock_timeout)),
+                lock_real,
+                "sh",
+                "-c",
+                _REMOTE_COMMIT,
+                "sh",
+                real,
+                expect_digest,
+                tmp,
+                digest(data),
+            ],
+            become=True,
+            timeout=lock_timeout + 30,
+        )
+        if r.rc != 0:
+            host.run(["rm", "-f", "--", tmp], become=True)
+            if r.rc == 4:
+                raise GpuboxError(
+                    f"{path} is a symbolic link: not replacing it with a regular file",
+                    "Proxmox's /etc/pve has no symlinks: replace the link by the file, then re-run",
+                )
+            if r.rc == 3:
+                raise GpuboxError(
+                    f"{path} changed since it was checked", "someone else edited it: re-run to check again"
+                )
+            if r.rc == 5:
+                raise _changed_after(path, host.read_bytes(path))
+            if "Permission denied" in r.stderr:
+                _refuse_without_quorum(host, path)
+            if "File exists" in r.stderr:
+                raise _os_failure(OSError(17, "File exists"), host, path, vmid)
+            r.check()
+    return saved

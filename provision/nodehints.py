@@ -9,7 +9,9 @@ every devN path from the host's node and the start aborts when the node is absen
 /dev/nvidia-modeset ... Failed to run autodev hooks"), NVIDIA/enroot#15, NVIDIA/libnvidia-container#388.
 
 So host-devices reads the devN paths of the container's main section and creates the nodes
-those entries require (each with the nvidia-modprobe run that makes exactly that node).
+those entries require (each with the nvidia-modprobe run that makes exactly that node), and makes
+the boot files create them too (`BOOT_RUNS`); container-config adds a devN entry for an optional
+node only when the boot files create it (`boot_created`), else it leaves the node out and says so.
 """
 
 from __future__ import annotations
@@ -26,6 +28,24 @@ RUNS = {
     "/dev/nvidia-uvm": ["nvidia-modprobe", "-u", "-c0"],
     "/dev/nvidia-uvm-tools": ["nvidia-modprobe", "-u", "-c0"],
 }
+
+
+# Optional nodes gpubox can make the host create at every boot: path -> the run the udev rule adds.
+BOOT_RUNS = {"/dev/nvidia-modeset": ["nvidia-modprobe", "-m"]}
+_MODPROBE_RUN = re.compile(r'RUN\+="[^"]*nvidia-modprobe((?:\s+-[A-Za-z0-9]+)+)\s*"')
+
+
+def boot_created(udev_rule: str) -> frozenset[str]:
+    """The optional nodes a udev rule's nvidia-modprobe runs create at boot (pure): `-m` makes
+    /dev/nvidia-modeset (nvidia-modprobe.c). Comment lines count for nothing."""
+    out = set()
+    for line in (udev_rule or "").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for m in _MODPROBE_RUN.finditer(line):
+            if "-m" in m.group(1).split():
+                out.add("/dev/nvidia-modeset")
+    return frozenset(out)
 
 
 def devn_paths(conf_text: str) -> list[str]:

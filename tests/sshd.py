@@ -171,8 +171,9 @@ def _wait_ready(srv: SSHServer, deadline: float) -> None:
     raise RuntimeError(f"sshd on {srv.host}:{srv.port} not ready in time: {srv.log_text()[-2000:]}")
 
 
-def start_sshd(base: Path, addr: str = "127.0.0.1", attempts: int = 3) -> SSHServer:
-    """Start one sshd on `addr` (free port) with keys and config under `base`."""
+def start_sshd(base: Path, addr: str = "127.0.0.1", attempts: int = 3, sftp_opts: str = "") -> SSHServer:
+    """Start one sshd on `addr` (free port) with keys and config under `base`; `sftp_opts` go to
+    its sftp-server (e.g. `-P setstat,fsetstat`: a target that refuses chmod, as pmxcfs does)."""
     base.mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o700)
     if os.geteuid() == 0:
@@ -212,7 +213,7 @@ def start_sshd(base: Path, addr: str = "127.0.0.1", attempts: int = 3) -> SSHSer
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
                     "LogLevel VERBOSE",
-                    f"Subsystem sftp {sftp}",
+                    f"Subsystem sftp {sftp} {sftp_opts}".rstrip(),
                     "",
                 ]
             )

@@ -267,7 +267,15 @@ def test_syntax_check_every_playbook(tmp_path):
     inv.write_text((ROOT / "inventory" / "example.yml").read_text())
     books = [
         str(PLAYBOOKS / b)
-        for b in ("recover.yml", "doctor.yml", "tune.yml", "stage.yml", "bench.yml", "install.yml")
+        for b in (
+            "recover.yml",
+            "doctor.yml",
+            "tune.yml",
+            "stage.yml",
+            "bench.yml",
+            "install.yml",
+            "autostart.yml",
+        )
     ]
     p = subprocess.run(
         ["ansible-playbook", "--syntax-check", "-i", str(inv), *books],

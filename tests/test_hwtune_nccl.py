@@ -315,6 +315,6 @@ def test_a_refusal_names_what_the_gate_saw(rows, fits, want):
     """`tune nccl --measure` said "slower" when nothing was measured: the cause follows the rows."""
     from gpubox.hwtune.nccl_env_step import gate_cause
 
-    cause, repair = gate_cause({"profile": "p", "rows": rows, "fits_topology": fits})
+    cause, repair = gate_cause({"rows": rows, "fits_topology": fits}, "p")
     assert want in cause and "gpubox_nccl_profile" in repair
     assert ("slower" in cause) == (want == "slower")

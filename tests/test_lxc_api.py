@@ -397,6 +397,7 @@ def test_api_without_the_token_in_the_environment_is_bad_input(tmp_path, capsys,
         rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "lxc", "fix", "ct200", "--json")
     finally:
         fake.close()
-    assert rc == 2 and out == ""
+    # with --json the one error line is also a JSON object on stdout (gpubox.cli.fail)
+    assert rc == 2 and json.loads(out) == {"error": err.strip(), "exit_code": 2}
     assert "PVE_TOKEN_SECRET_TEST" in err and "export" in err and len(err.strip().splitlines()) == 1
     assert fake.log == []

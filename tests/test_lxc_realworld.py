@@ -95,6 +95,9 @@ def test_real_config(path, host):
     model = StartModel.build(entries, rdev)
     assert model.errors == []
     for n in hd.pass_nodes():
+        if not n.required and any(w.startswith(f"{n.path} is left out") for w in rev.warnings):
+            assert not model.providers(n.path)  # an optional node no boot creates: not made a devN entry
+            continue
         assert model.providers(n.path), f"{n.path} absent"
         devn = any(p == n.path for _, _, p in model.devn)
         assert devn or model.permitted(*n.want), f"{n.path} denied"
@@ -154,3 +157,21 @@ def test_foreign_unparsable_rule_is_reported_untouched(host):
     assert not [i for i in rev.issues if not i.fixable] and "c  120:0 rwm" in rev.new
     assert any("cannot parse" in w and "skips it" in w for w in rev.warnings)
     assert os.path.exists(host.path("/dev/nvidia0"))
+
+
+def test_two_mounts_onto_one_target_keep_the_one_whose_source_is_the_hosts_node(host):
+    """A real role's README binds nvidia-modeset twice, relative source first: the relative one
+    goes (lxc does not read it on the host; its `optional,create=file` leaves an empty regular
+    file), the absolute one stays, whatever the order."""
+    hd = read_host_devices(host, 2)
+    rdev = host_rdev_under(host.path("/"))
+    text = (REAL / "simoncaron_role_relative_modeset_dup.conf").read_text()
+    rel = "lxc.mount.entry: dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file\n"
+    absolute = "lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file\n"
+    swapped = text.replace(rel, "@@").replace(absolute, rel).replace("@@", absolute)
+    for t in (text, swapped):
+        rev = decide(LxcConf.parse(t), hd, None, rdev)
+        assert absolute in rev.new and rel not in rev.new, rev.new
+        assert any(
+            i.kind == "conflict" and "dev/nvidia-modeset dev/nvidia-modeset" in i.text for i in rev.issues
+        )

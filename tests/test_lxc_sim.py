@@ -192,16 +192,26 @@ def test_devn_mode_rewrites_to_devn_and_starts(tmp_path, capsys):
     rc, doc = _json(capsys, sim, "fix", "ct200", "--yes")
     assert rc == 0, doc
     main = _conf(sim).decode().split("\n[")[0]
-    assert "dev3: /dev/nvidia-uvm,mode=0666\n" in main and "lxc.cgroup2.devices.allow: c 195" not in main
-    assert "lxc.mount.entry: /dev/nvidia" not in main
+    assert "dev3: /dev/nvidia-uvm,mode=0666\n" in main and "c 508:" not in main
+    # the rules left are those of the optional mounts kept below (modeset 195:254, caps 235)
+    assert [l for l in main.splitlines() if l.startswith("lxc.cgroup2")] == [
+        "lxc.cgroup2.devices.allow: c 195:* rwm",
+        "lxc.cgroup2.devices.allow: c 235:* rwm",
+    ]
+    # the optional nodes no boot creates keep their `optional` mounts: a devN entry would stop the start
+    # on a boot without them (issue 38)
+    assert [l.split()[1] for l in main.splitlines() if l.startswith("lxc.mount.entry: /dev/nvidia")] == [
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-caps",
+    ]
     assert _boots(sim) == 0  # the running container only needed the live rule
     pct.main(SimBox.load(sim.dest), ["reboot", "200"])  # the next start uses the devN entries
     # update_lxc_config: `c MAJ:MIN rw` from the host node's st_rdev at this start
     assert "c 511:0 rw" in sim.read_state()["containers"]["200"]["cgroup_allow"]
     # gpubox writes mode=0666 (devN nodes are 0660 root:root by default: LXC.pm
-    # create_passthrough_device_node); the caps nodes keep the default
+    # create_passthrough_device_node); the caps nodes come through their directory mount, as on the host
     assert oct(os.stat(sim.cpath("/dev/nvidia-uvm")).st_mode & 0o777) == "0o666"
-    assert oct(os.stat(sim.cpath("/dev/nvidia-caps/nvidia-cap1")).st_mode & 0o777) == "0o660"
+    assert oct(os.stat(sim.cpath("/dev/nvidia-caps/nvidia-cap1")).st_mode & 0o777) == "0o400"
     rc, doc = _json(capsys, sim, "check", "ct200")
     assert rc == 0
 

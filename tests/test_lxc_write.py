@@ -100,7 +100,7 @@ def test_over_one_mib_is_refused(host):
 def _crash_before_rename(root, old_digest):
     from gpubox.inventory import HostEntry
 
-    lxcconf._rename = lambda src, dst: os._exit(9)  # the process dies at the commit point
+    lxcconf._rename = lambda ops, src, dst: os._exit(9)  # the process dies at the commit point
     h = Host(HostEntry("pve1", {"gpubox_root": root}), LocalTransport("pve1"))
     write_conf(h, 200, NEW, old_digest)
 
@@ -150,3 +150,11 @@ def test_remote_commit_path_aborts_on_changed_digest(host, monkeypatch):
     with pytest.raises(GpuboxError, match="changed since"):
         write_conf(h, 200, NEW, digest(OLD))
     assert open(_real(host), "rb").read() == OLD + b"cores: 2\n" and _leftovers(host) == []
+
+
+def test_a_read_only_file_on_a_plain_directory_is_not_taken_for_no_quorum(host):
+    """Only pmxcfs's own look (root:www-data, 0440) names the missing quorum; root writes a 0440
+    file elsewhere (tests/test_lxc_pmxcfs.py has the pmxcfs side)."""
+    os.chmod(_real(host), 0o440)
+    write_conf(host, 200, NEW, digest(OLD))
+    assert open(_real(host)).read() == NEW

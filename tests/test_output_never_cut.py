@@ -67,3 +67,17 @@ def test_narrow_tables_fold_instead_of_cutting():
     )
     for m in doc["measurements"]:
         assert m["key"] in first, m["key"]
+
+
+def test_piped_output_never_splits_a_path_or_a_command(tmp_path):
+    """To a file, a table wraps at spaces but a word longer than its cell (here an inventory path of
+    over 200 characters inside a repair hint) is never split: the table grows to fit it."""
+    deep = tmp_path / ("d" * 120) / ("e" * 100)
+    sim = build(deep / "box", ["numa_balancing"], gpus=2)
+    inv = str(sim.inventory_path)
+    assert len(inv) > 200
+    rc, out, err = _run(["-i", inv, "doctor", "ct200"], tmp_path)
+    assert rc == 1, err
+    assert any(inv in line for line in out.splitlines()), out[-3000:]
+    short = [line for line in out.splitlines() if "numa_balancing" in line and inv not in line]
+    assert all(len(line) <= len(inv) + 200 for line in short)  # the rest still wraps

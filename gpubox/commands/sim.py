@@ -1,5 +1,5 @@
 """`gpubox sim create DIR [--fault F ...]` / `gpubox sim rm DIR`: build (and remove) a simulated box
-to try gpubox on."""
+to try gpubox on; `gpubox sim reboot DIR [--driver-upgrade]` replays a host reboot on it."""
 
 from __future__ import annotations
 
@@ -61,3 +61,52 @@ def rm(dest: str) -> None:
     from ..simbox import remove
 
     click.echo(f"removed {remove(dest)}")
+
+
+@sim.command("reboot")
+@click.argument("dest", type=click.Path(file_okay=False, exists=True))
+@click.option(
+    "--driver-upgrade", is_flag=True, help="The NVIDIA driver was upgraded: nvidia-uvm gets a new major."
+)
+@json_option
+def reboot_(dest: str, driver_upgrade: bool, as_json: bool) -> None:
+    """Replay a Proxmox host reboot on the simulated box in DEST, with each phase's time."""
+    from pathlib import Path
+
+    from ..errors import GpuboxError
+    from ..simbox import reboot as rb
+
+    if not Path(dest, "sim.json").is_file():
+        raise GpuboxError(
+            f"{dest} is not a simulated box (no sim.json)", "make one with gpubox demo --keep DIR"
+        )
+    out = rb.reboot(dest, driver_upgrade)
+    if as_json:
+        print_json(out.to_dict())
+        return
+    from rich.markup import escape
+
+    from ..output import console
+
+    con = console()
+    from ..escape import terminal
+
+    for line in out.log:  # the hooks' own output: escaped before it reaches the terminal
+        con.print(f"  [dim]{escape(terminal(line))}[/]", soft_wrap=True)
+    for p in out.phases:
+        con.print(f"{p.seconds:7.2f} s  {escape(p.name)}: {escape(p.detail)}", soft_wrap=True)
+    if out.healthy_after is not None:
+        con.print(f"power on -> healthy verdict, no command typed: {out.healthy_after:.1f} s")
+    elif out.verdict:
+        con.print(f"the post-start health check says {escape(out.verdict)}: run gpubox doctor")
+    else:
+        con.print(
+            "no health check ran: nothing is automatic (gpubox autostart install BOX); run gpubox doctor"
+        )
+
+
+def load_for(inventory) -> None:
+    """Load the simulator when the inventory names a simulated host, so that host's files follow
+    the simulated box's rules (its /etc/pve is pmxcfs: gpubox.simbox.pmxcfs)."""
+    if any(h.get("gpubox_simulated") is True for h in inventory.hosts.values()):
+        import gpubox.simbox  # noqa: F401 - registers the simulated box's file rules

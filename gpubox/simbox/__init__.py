@@ -25,7 +25,13 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
+from ..host import register_ops_provider
 from .core import SimBox, StandinError  # noqa: F401
+from .pmxcfs import ops_for
+
+# A simulated box's host reaches its /etc/pve through pmxcfs's rules in every process that
+# knows the simulator (the CLI loads it for an inventory of simulated hosts: gpubox.commands.sim).
+register_ops_provider(ops_for)
 
 PIECES = ["base", "lxc", "cuda", "pci", "nccl", "model", "server", "persist", "gpulost"]
 

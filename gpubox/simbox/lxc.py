@@ -22,6 +22,7 @@ FAULTS = {
     "conf_pending": "the container config has a [pve:pending] section (pending memory/swap change)",
     "conf_locked": "the container config carries `lock: backup` (a backup is running)",
     "conf_v1": "the container config uses cgroup v1 `lxc.cgroup.devices.allow` lines (ignored on cgroup v2)",
+    "pve_no_quorum": "the node has no quorum: /etc/pve (pmxcfs) is read-only, every write fails with EACCES",
     "conf_devn_collision": "someone added `dev0: /dev/nvidia0` while a mount entry passes it too: the next start "
     "fails (autodev hook: File exists)",
 }
@@ -167,7 +168,7 @@ def conf_text(sim: SimBox, faults: set[str]) -> str:
 
 
 def build(sim: SimBox, faults: set[str]) -> None:
-    from . import base
+    from . import base, pmxcfs
     from .cmds import pct
 
     h = sim.hpath
@@ -189,12 +190,11 @@ def build(sim: SimBox, faults: set[str]) -> None:
     if "uvm_missing" not in faults:
         mknod(h("/dev/nvidia-uvm"), UVM_MAJOR, 0)
         mknod(h("/dev/nvidia-uvm-tools"), UVM_MAJOR, 1)
-    h("/etc/pve/lxc").mkdir(parents=True, exist_ok=True)
+    pmxcfs.build_tree(sim.host_root, sim.host)  # lxc -> nodes/<node>/lxc, as pmxcfs shows it
     conf = h(f"/etc/pve/lxc/{sim.vmid}.conf")
     # A pending change is made while the CT runs (pct start would apply it: LXC.pm vm_start), so the
     # file gets its [pve:pending] section only after the start below.
     conf.write_text(conf_text(sim, faults - {"conf_pending", "conf_devn_collision"}))
-    os.chmod(conf, 0o640)
     # The container's userspace driver matches the host kernel module (same version string).
     lib = sim.cpath("/usr/lib/x86_64-linux-gnu")
     lib.mkdir(parents=True, exist_ok=True)
@@ -211,3 +211,6 @@ def build(sim: SimBox, faults: set[str]) -> None:
         # It was started after the (faulty) reboot, before any backup took the lock.
         pct.start(sim, sim.vmid, record_boot=False, ignore_lock=True)
     conf.write_text(conf_text(sim, faults))
+    pmxcfs.settle_tree(sim.host_root)
+    if "pve_no_quorum" in faults:
+        pmxcfs.set_quorate(sim, False)

@@ -12,15 +12,20 @@ import time
 from contextlib import contextmanager
 from typing import Mapping, Sequence
 
-from .. import readlimit, safepath
+from .. import safepath
 from ..errors import TransportError
 from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
+from .fsops import POSIX, FileOps
 
 
 class LocalTransport(Transport):
-    def __init__(self, name: str = "localhost", become: bool = False):
+    """`ops`: the file calls every file method makes (gpubox.transport.fsops; the kernel's own
+    unless a simulated box gives its filesystem rules)."""
+
+    def __init__(self, name: str = "localhost", become: bool = False, ops: FileOps | None = None):
         self.name = name
         self.default_become = become
+        self.ops = ops or POSIX
 
     @property
     def is_local(self) -> bool:
@@ -144,8 +149,9 @@ class LocalTransport(Transport):
         return _LocalHeld(proc)
 
     def read_bytes(self, path: str) -> bytes:
-        # A FIFO or a device planted where a file is expected is refused, never waited on.
-        return readlimit.read_regular(path, readlimit.HOST_FILE_LIMIT)
+        # A FIFO or a device planted where a file is expected is refused, never waited on
+        # (FileOps.read_bytes: gpubox.readlimit), on every filesystem the ops stand for.
+        return self.ops.read_bytes(path)
 
     def write_bytes_atomic(
         self, path: str, data: bytes, mode: int | None = None, tmp_name: str | None = None
@@ -154,6 +160,8 @@ class LocalTransport(Transport):
         it, a new temp renamed over the target in the same directory fd, the old file's mode kept
         (read without following a link) when MODE is None. A caller-given temp name (Proxmox's
         `<file>.tmp.<pid>`) left by a killed run is removed first (unlinkat, ours only)."""
+        if self.ops.claims(path):  # a filesystem with rules of its own (fsops): its calls, by path
+            return self._write_via_ops(path, data, mode, tmp_name)
         with self._anchored(path, create=True) as (anchor, rel):
             safepath.write(anchor, rel, data, mode, tmp=tmp_name, keep_mode=mode is None)
 
@@ -172,9 +180,54 @@ class LocalTransport(Transport):
         with safepath.Anchor(a, create=create) as anchor:
             yield anchor, rel
 
+    def _write_via_ops(self, path: str, data: bytes, mode: int | None, tmp_name: str | None) -> None:
+        """write_bytes_atomic through `self.ops` (a simulated box's pmxcfs): a new temp, written
+        whole, fsync'ed and renamed over the target; no chmod."""
+        d = os.path.dirname(path) or "."
+        tmp = os.path.join(d, tmp_name or safepath.tmp_name(path))
+        ops = self.ops
+        if mode is None:
+            try:
+                mode = ops.lstat(path).st_mode & 0o7777
+            except FileNotFoundError:
+                mode = 0o644
+        # A new file, never opened through what stands at that name (a planted symlink): O_EXCL.
+        # A caller-given name (Proxmox's `<file>.tmp.<pid>`) left by a killed run is removed first.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = ops.open(tmp, flags, mode)
+        except FileExistsError:
+            if not tmp_name:
+                raise
+            ops.unlink(tmp)
+            fd = ops.open(tmp, flags, mode)
+        try:
+            try:
+                write_all(ops, fd, data)
+                ops.fsync(fd)
+            finally:
+                ops.close(fd)
+            ops.replace(tmp, path)
+        except BaseException as exc:
+            try:
+                ops.unlink(tmp)
+            except OSError:  # gone, or the filesystem refuses (a read-only /etc/pve): the cause is exc
+                pass
+            if isinstance(exc, OSError) and exc.filename is None:  # write(2)/fsync(2) name no file
+                raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+            raise
+        try:  # the rename itself is durable only once the directory is synced
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
     def stat(self, path: str) -> FileStat | None:
         try:
-            st = os.lstat(path)
+            st = self.ops.lstat(path)
         except FileNotFoundError:
             return None
         # Device numbers only mean something for device nodes (and 0:0 is a valid one).
@@ -183,10 +236,13 @@ class LocalTransport(Transport):
         return FileStat(path, st.st_mode, st.st_size, st.st_mtime, st.st_uid, st.st_gid, rdev)
 
     def listdir(self, path: str) -> list[str]:
-        return sorted(os.listdir(path))
+        return sorted(self.ops.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
         """mkdirat one component at a time beneath the root prefix, no link followed."""
+        if self.ops.claims(path):
+            self.ops.makedirs(path, mode)
+            return
         if safepath.canonical(path) == safepath.canonical(self.root):
             os.makedirs(path, mode=mode, exist_ok=True)
             return
@@ -195,9 +251,21 @@ class LocalTransport(Transport):
 
     def remove(self, path: str) -> None:
         """unlinkat relative to the parent's fd, only a file (or link: never its target) of ours."""
+        if self.ops.claims(path):
+            self.ops.unlink(path)
+            return
         with self._anchored(path) as (anchor, rel):
             if not safepath.remove(anchor, rel):
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+
+def write_all(ops: FileOps, fd: int, data: bytes) -> None:
+    """Write every byte: a short write (a filesystem at its size limit) is followed by another,
+    whose error (EFBIG) then names the problem."""
+    view = memoryview(data)
+    while view:
+        n = ops.write(fd, view)
+        view = view[n:]
 
 
 class _LocalHeld(Held):

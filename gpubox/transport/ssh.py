@@ -7,6 +7,7 @@ same directory and are renamed with posix-rename so readers never see half a fil
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import posixpath
@@ -372,14 +373,16 @@ class SSHTransport(Transport):
         d = posixpath.dirname(path) or "."
         self.refuse_links(d)  # no link on the way (the directories gpubox writes are root's)
         tmp = posixpath.join(d, tmp_name or safeio.tmp_name(path))
-        if mode is None:
+        asked = mode is not None
+        if mode is None:  # keep the mode of the file replaced; a new file gets the target's own
             old = self.stat(path)
-            mode = old.perms if old and old.is_file else 0o644
+            mode = old.perms if old and old.is_file else None
         try:
             with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
                 f.write(data)
-                f.chmod(mode)  # fsetstat on our handle, never by name
+                if mode is not None:
+                    self._set_mode(f, mode, asked)  # fsetstat on our handle, never by name
             self.sftp.posix_rename(tmp, path)
         except BaseException:
             try:
@@ -387,6 +390,24 @@ class SSHTransport(Transport):
             except IOError:
                 pass
             raise
+
+    @staticmethod
+    def _set_mode(f, mode: int, asked: bool) -> None:
+        """chmod (fsetstat on our own handle) only where the new file's mode differs. A target that
+        refuses it (Proxmox's pmxcfs: EPERM, or EACCES through sftp-server; it shows 0640 whatever
+        is asked) is accepted when no mode was asked (only the replaced file's was kept), or when
+        the file got a mode pmxcfs gives (0640, 0600 under priv/: pve-cluster src/pmxcfs/pmxcfs.c
+        cfs_fuse_chmod) that grants nothing beyond the mode asked; else the refusal stands."""
+        have = f.stat().st_mode & 0o7777
+        if have == mode & 0o7777:
+            return
+        try:
+            f.chmod(mode)
+        except IOError as exc:
+            if getattr(exc, "errno", None) not in (errno.EPERM, errno.EACCES):
+                raise
+            if asked and (have not in (0o640, 0o600) or have & ~mode & 0o7777):
+                raise
 
     def stat(self, path: str) -> FileStat | None:
         try:

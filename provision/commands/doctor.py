@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.markup import escape
 
 from gpubox.clihelp import box_context, json_option, only_option, skip_option
 from gpubox.output import console, print_json, render_report
@@ -29,10 +30,16 @@ def doctor(ctx: click.Context, box: str, skip, only, persist: bool, as_json: boo
     c = box_context(ctx, box, as_json=as_json, persist=persist)
     try:
         report = run_doctor(c, skip, only)
+        from ..autostart_step import reboot_safe
+
+        safe, why = reboot_safe(c)  # a summary line, not a step: no autostart is no fault of the box
     finally:
         c.close()
     if as_json:
-        print_json(report.to_dict())
+        print_json(dict(report.to_dict(), reboot_safe={"ok": safe, "detail": why}))
     else:
         render_report(report, console(), title=f"gpubox doctor {box}", show_changes=False)
+        console().print(
+            f"reboot-safe: {escape(why)}" + ("" if safe else f" (gpubox autostart install {escape(box)})")
+        )
     sys.exit(report.exit_code)

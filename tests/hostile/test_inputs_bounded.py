@@ -102,6 +102,7 @@ def test_history_store_planted(tmp_path, kind):
     from gpubox.bench import history
 
     state = tmp_path / "state"
+    state.mkdir()  # the store is made beneath an existing state directory, never through a link
     store = history.store_path("ct1", base=state)
     _plant(store, kind)
     env = dict(os.environ, GPUBOX_STATE_DIR=str(state), PYTHONPATH=str(Path.cwd()))

@@ -82,7 +82,8 @@ def test_edit_after_the_last_reread_is_kept_and_ours_refused(host, monkeypatch, 
 
 
 def test_without_exchange_support_the_plain_rename_still_commits(host, monkeypatch):
-    monkeypatch.setattr(lxcconf, "_exchange", lambda a, b: False)  # e.g. a FUSE mount without RENAME_EXCHANGE
+    # e.g. a FUSE mount without RENAME_EXCHANGE (pmxcfs: tests/test_lxc_pmxcfs.py)
+    monkeypatch.setattr(host.transport.ops, "exchange", lambda a, b: False)
     write_conf(host, 200, NEW, digest(OLD))
     assert open(_real(host)).read() == NEW and _leftovers(host) == []
 
@@ -91,7 +92,9 @@ def test_exchange_is_atomic_swap(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_text("A")
     b.write_text("B")
-    assert lxcconf._exchange(str(a), str(b))
+    from gpubox.transport.fsops import POSIX
+
+    assert POSIX.exchange(str(a), str(b))
     assert (a.read_text(), b.read_text()) == ("B", "A")
 
 

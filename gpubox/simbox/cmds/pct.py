@@ -1,4 +1,4 @@
-"""`pct` stand-in: status/start/stop/shutdown/reboot/config/exec/push/pull/unlock, as pve-container does them.
+"""`pct` stand-in: status/start/stop/shutdown/reboot/set/config/exec/push/pull/unlock, as pve-container does them.
 
 Checked against proxmox/pve-container 94f5585 (src/PVE/CLI/pct.pm, src/PVE/API2/LXC/Status.pm,
 src/PVE/LXC.pm, src/PVE/LXC/Config.pm, src/PVE/LXC/Tools.pm, src/lxc-pve-prestart-hook),
@@ -22,16 +22,26 @@ proxmox/pve-guest-common 4a8f6cb (src/PVE/AbstractConfig.pm) and proxmox/pve-com
   mode= (default 0660), uid=/gid= (default 0). lxc.mount.entry binds copy the host node.
 - A start failure inside lxc-start prints the container's stderr log, then
   "startup for container '<vmid>' failed" (LXC.pm monitor_start).
+- vm_start's order (LXC.pm): pending applied, update_lxc_config writes /var/lib/lxc/<vmid>/config,
+  the hookscript `<script> <vmid> pre-start` (GuestHelpers exec_hookscript with stop_on_error: a
+  non-zero exit dies "hookscript error for <vmid> on pre-start: ..."), the start (from the config
+  as it was read before the hook: an edit in pre-start reaches only the next start), then
+  `<script> <vmid> post-start` (an error there is only a warning), all of it under lock_config
+  (API2/LXC/Status.pm vm_start: a hook's own config write waits for the start to end). `pct set --hookscript` checks
+  the volume exists and is executable (GuestHelpers check_hookscript).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from typing import Callable
 from urllib.parse import quote, unquote
 
@@ -158,13 +168,24 @@ def load_config(sim: SimBox, vmid: int, warn: Warn | None = None) -> dict:
 
 
 def write_config(sim: SimBox, vmid: int, conf: dict) -> None:
-    """cfs_write_file -> PVE::File::file_set_contents: `<file>.tmp.<pid>`, then rename()."""
-    path = _conf_file(sim, vmid)
+    """cfs_write_file (pve-cluster src/PVE/Cluster.pm): `<file>.tmp.<pid>`, then rename(), through
+    the simulated pmxcfs: without quorum the open fails, "unable to open file '<tmp>' - Permission
+    denied", exit 255."""
+    from ..pmxcfs import PmxcfsOps
+
+    ops = PmxcfsOps(sim.host_root)
+    path = str(_conf_file(sim, vmid))
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(render_config(conf))
-    os.chmod(tmp, 0o640)  # pmxcfs shows every file as 0640
-    os.replace(tmp, path)
+    shown = f"/etc/pve/nodes/{sim.host}/lxc/{vmid}.conf.tmp.{os.getpid()}"
+    try:
+        fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    except OSError as exc:
+        raise StandinError(f"unable to open file '{shown}' - {exc.strerror}", 255) from None
+    try:
+        ops.write(fd, render_config(conf).encode())
+    finally:
+        ops.close(fd)
+    ops.replace(tmp, path)
 
 
 def current_config(conf: dict) -> dict:
@@ -359,22 +380,133 @@ def _lxc_start(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list) -> N
     return {"runtime": real["runtime"] if real else "simulation", "real_nodes": real["nodes"] if real else {}}
 
 
-def start(
-    sim: SimBox, vmid: int, record_boot: bool = True, ignore_lock: bool = False, warn: Warn | None = None
-) -> None:
-    """Status.pm vm_start: 'already running' before the worker; lock, pending, devN inside it."""
-    if is_running(sim, vmid):
-        raise PreTaskError(f"CT {vmid} already running")
-    conf = load_config(sim, vmid, warn)
-    if not ignore_lock:
-        _check_lock(conf)
-    rules, devs = _vm_start(sim, vmid, conf)
+SNIPPET_STORAGES = {"local": "/var/lib/vz"}  # Proxmox's built-in dir storage (pve-storage)
+
+
+def hookscript_path(sim: SimBox, volid: str) -> str:
+    """GuestHelpers check_hookscript: a `<storage>:snippets/<file>` volume that exists and is executable."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9_.-]*):snippets/([^/]+)$", volid)
+    base = SNIPPET_STORAGES.get(m.group(1)) if m else None
+    if base is None:
+        raise StandinError(
+            f"400 Parameter verification failed.\nhookscript: unable to parse volume ID '{volid}'", _TASK_FAIL
+        )
+    path = f"{base}/snippets/{m.group(2)}"
+    if not sim.hpath(path).is_file():
+        raise StandinError(
+            f"400 Parameter verification failed.\nhookscript: script '{volid}' does not exist", _TASK_FAIL
+        )
+    if not os.access(sim.hpath(path), os.X_OK):
+        raise StandinError(
+            f"400 Parameter verification failed.\nhookscript: script '{volid}' is not executable", _TASK_FAIL
+        )
+    return path
+
+
+def _write_lxc_config(sim: SimBox, vmid: int, conf: dict, rules: list) -> None:
+    """update_lxc_config: /var/lib/lxc/<vmid>/config, what lxc-start reads (raw lxc.* keys and the
+    devN rules, as `key = value`)."""
+    lines = [f"lxc.arch = {conf.get('arch', 'amd64')}", f"lxc.uts.name = {conf.get('hostname', f'CT{vmid}')}"]
+    lines += [f"lxc.cgroup2.devices.allow = {r}" for r in rules]
+    lines += [f"{k} = {v}" for k, v in conf.get("lxc", [])]
+    p = sim.hpath(f"/var/lib/lxc/{vmid}/config")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(lines) + "\n")
+
+
+def _hook(sim: SimBox, vmid: int, conf: dict, phase: str) -> None:
+    """GuestHelpers exec_hookscript: `<script> <vmid> <phase>`; its output goes to the task log."""
+    volid = conf.get("hookscript")
+    if not volid:
+        return
+    try:
+        path = hookscript_path(sim, str(volid))
+        argv = [str(sim.hpath(path)), str(vmid), phase]
+        env = dict(os.environ, GPUBOX_SIM_SIDE="host")
+        p = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL)
+        rc = p.returncode
+        err = "" if rc == 0 else f"script run failed: '{path} {vmid} {phase}' failed: exit code {rc}"
+    except StandinError as exc:
+        err = str(exc).splitlines()[-1]
+    except OSError as exc:
+        err = f"script run failed: {exc.strerror}"
+    if not err:
+        return
+    msg = f"hookscript error for {vmid} on {phase}: {err}"
+    if phase == "pre-start":
+        raise StandinError(msg, _TASK_FAIL)
+    print(f"WARN: {msg}")
+    sys.stdout.flush()
+
+
+def _start_with_hooks(sim: SimBox, vmid: int, conf: dict, rules: list, devs: list, record_boot: bool) -> None:
+    _write_lxc_config(sim, vmid, conf, rules)
+    sys.stdout.flush()
+    _hook(sim, vmid, conf, "pre-start")
     with sim.state() as st:
         ct = _ct(st, vmid)
         started = _lxc_start(sim, vmid, conf, rules, devs)
         ct.update(status="running", cgroup_allow=rules, start_rules=len(rules), **started)
         if record_boot:
             ct["boots"] = ct.get("boots", 0) + 1
+    from . import systemctl
+
+    systemctl.boot_units(sim, "container")  # the container's init starts its enabled units
+    _hook(sim, vmid, conf, "post-start")
+
+
+def set_options(sim: SimBox, vmid: int, rest: list[str], warn: Warn) -> None:
+    """pct set: only --hookscript VOLID and --delete hookscript are simulated (write_config re-renders).
+    hookscript is one of LXC/Config.pm's $LXC_FASTPLUG_OPTIONS: set at once on a running CT too."""
+    opts, _ = _opts(rest, ("hookscript", "delete"))
+    conf = load_config(sim, vmid, warn)
+    _check_lock(conf)
+    if "hookscript" in opts:
+        hookscript_path(sim, opts["hookscript"])
+        conf["hookscript"] = opts["hookscript"]
+    for k in re.split(r"[,;\s]+", opts.get("delete", "")):
+        if k:
+            conf.pop(k, None)
+    write_config(sim, vmid, conf)
+
+
+@contextmanager
+def lock_config(sim: SimBox, vmid: int, timeout: float = 10):
+    """AbstractConfig lock_config -> pve-common Tools.pm lock_file_full: flock(LOCK_EX) on
+    /run/lock/lxc/pve-config-<vmid>.lock, 10 s, then "can't lock file ... - got timeout". The start
+    worker holds it through vm_start, the hookscript's phases included (Status.pm vm_start)."""
+    path = sim.hpath(f"/run/lock/lxc/pve-config-{vmid}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StandinError(
+                        f"can't lock file '/run/lock/lxc/pve-config-{vmid}.lock' - got timeout", _TASK_FAIL
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def start(
+    sim: SimBox, vmid: int, record_boot: bool = True, ignore_lock: bool = False, warn: Warn | None = None
+) -> None:
+    """Status.pm vm_start: 'already running' before the worker; lock, pending, devN inside it."""
+    if is_running(sim, vmid):
+        raise PreTaskError(f"CT {vmid} already running")
+    with lock_config(sim, vmid):
+        conf = load_config(sim, vmid, warn)
+        if not ignore_lock:
+            _check_lock(conf)
+        rules, devs = _vm_start(sim, vmid, conf)
+        _start_with_hooks(sim, vmid, conf, rules, devs, record_boot)
 
 
 def _do_stop(sim: SimBox, vmid: int) -> None:
@@ -397,13 +529,10 @@ def reboot(sim: SimBox, vmid: int, warn: Warn | None = None) -> None:
     if not is_running(sim, vmid):
         raise PreTaskError(f"VM {vmid} not running")
     _do_stop(sim, vmid)
-    conf = load_config(sim, vmid, warn)
-    rules, devs = _vm_start(sim, vmid, conf, hook_checks_lock=True)
-    with sim.state() as st:
-        ct = _ct(st, vmid)
-        started = _lxc_start(sim, vmid, conf, rules, devs)
-        ct.update(status="running", cgroup_allow=rules, start_rules=len(rules), **started)
-        ct["boots"] = ct.get("boots", 0) + 1
+    with lock_config(sim, vmid):
+        conf = load_config(sim, vmid, warn)
+        rules, devs = _vm_start(sim, vmid, conf, hook_checks_lock=True)
+        _start_with_hooks(sim, vmid, conf, rules, devs, True)
 
 
 def status_current(sim: SimBox, vmid: int) -> dict:
@@ -607,6 +736,9 @@ def main(sim: SimBox, argv: list[str]) -> int:
                 print(line)
             sys.stderr.write(last + "\n")
             return _TASK_FAIL
+        return 0
+    if cmd == "set":
+        set_options(sim, vmid, rest, to_stderr)
         return 0
     if cmd == "config":
         _print_config(sim, vmid, rest, to_stderr)

@@ -28,6 +28,35 @@ def _next_elapse(unit, st) -> str:
     )
 
 
+def conditions_met(root, unit: str) -> bool:
+    """ConditionPathExists= of the unit and its drop-ins (<unit>.d/*.conf), as systemd.unit(5): a
+    start whose condition fails leaves the unit inactive and is no error."""
+    d = root / "etc/systemd/system"
+    texts = [(d / unit).read_text()] if (d / unit).is_file() else []
+    drop = d / f"{unit}.d"
+    if drop.is_dir():
+        texts += [f.read_text() for f in sorted(drop.glob("*.conf"))]
+    for text in texts:
+        for m in re.finditer(r"^ConditionPathExists=(!?)(/\S*)$", text, re.M):
+            there = (root / m.group(2).lstrip("/")).exists()
+            if there == bool(m.group(1)):
+                return False
+    return True
+
+
+def boot_units(sim: SimBox, side: str) -> list[str]:
+    """What init does at boot: every enabled unit of that side started (conditions honoured).
+    Returns the units started."""
+    root = sim.ct_root if side == "container" else sim.host_root
+    out = []
+    with sim.state() as st:
+        for u, s in st.setdefault("units", {}).setdefault(side, {}).items():
+            if s.get("enabled") and conditions_met(root, u):
+                s["active"], s["starts"], s["activated_at"] = True, s.get("starts", 0) + 1, time.time()
+                out.append(u)
+    return out
+
+
 def _root(sim: SimBox):
     return sim.ct_root if os.environ.get("GPUBOX_SIM_SIDE") == "container" else sim.host_root
 
@@ -59,6 +88,9 @@ def main(sim: SimBox, argv: list[str]) -> int:
                     s["active"], s["starts"] = True, s["starts"] + 1
                     s["activated_at"] = time.time()
             elif verb in ("start", "restart"):
+                if not conditions_met(_root(sim), u):
+                    s["condition_failed"] = s.get("condition_failed", 0) + 1
+                    continue
                 s["active"], s["starts"] = True, s["starts"] + 1
                 s["activated_at"] = time.time()
             elif verb == "show":

@@ -31,7 +31,7 @@ options:
     description: What to run.
     type: str
     required: true
-    choices: [doctor, recover, tune, stage, bench, validate]
+    choices: [doctor, recover, tune, stage, bench, validate, autostart, autostart-remove]
   box:
     description: Inventory name of the box (the container).
     type: str
@@ -240,6 +240,12 @@ def _run(p, ctx, check_mode):
         if staged:
             rep.extra["staged"] = staged
         return rep.to_dict(), rep.exit_code
+    if action in ("autostart", "autostart-remove"):  # as `gpubox autostart install|remove BOX`
+        from gpubox.provision.autostart import spec_from
+        from gpubox.provision.autostart_step import InstallStep, RemoveStep
+        step = (InstallStep if action == "autostart" else RemoveStep)(spec_from(ctx.box))
+        rep = run_steps(ctx, [step], mode)
+        return rep.to_dict(), rep.exit_code
     # bench: measuring changes nothing on the box, but it launches servers: not in check mode.
     if check_mode:
         return {"box": p["box"], "ok": True, "skipped": True,
@@ -294,7 +300,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             action=dict(type="str", required=True,
-                        choices=["doctor", "recover", "tune", "stage", "bench", "validate"]),
+                        choices=["doctor", "recover", "tune", "stage", "bench", "validate",
+                                 "autostart", "autostart-remove"]),
             box=dict(type="str", required=True),
             box_vars=dict(type="dict", required=True),
             host=dict(type="str", required=True),
