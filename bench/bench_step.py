@@ -23,7 +23,7 @@ import httpx
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
 from gpubox.readlimit import read_regular
-from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Step
+from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Step
 
 from . import history, results, schema
 from .launcher import build_command, spec_from_box
@@ -125,10 +125,10 @@ class Options:
 
 @dataclass
 class Evidence:
-    run_id: Any = OMIT
-    verdict: Any = OMIT
-    result: Any = OMIT
-    server_running: Any = OMIT
+    run_id: str | Omit = OMIT
+    verdict: str | Omit = OMIT  # healthy | degraded | failed
+    result: str | None | Omit = OMIT  # the result file
+    server_running: bool | Omit = OMIT
 
 
 def ago(age_s: float | None) -> str:
@@ -145,7 +145,9 @@ def ago(age_s: float | None) -> str:
     return f"{a / 86400:.1f} d old"
 
 
-def _finding_from(latest: Latest, prefix: str = "", running: Any = OMIT, age: str | None = None) -> Finding:
+def _finding_from(
+    latest: Latest, prefix: str = "", running: bool | Omit = OMIT, age: str | None = None
+) -> Finding:
     """The finding a result's verdict stands for: healthy ok, degraded drift, failed failed."""
     top = "; ".join(latest.reasons[:3])
     ev = Evidence(run_id=latest.run_id, verdict=latest.status, result=latest.path, server_running=running)

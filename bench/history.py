@@ -23,7 +23,6 @@ import copy
 import fcntl
 import json
 import os
-import re
 import statistics
 import time
 from contextlib import contextmanager
@@ -36,11 +35,10 @@ from gpubox.readlimit import read_fd
 from gpubox.safeio import append, makedirs, open_fd, write_atomic
 from gpubox.state import state_dir
 
-from .schema import HISTORY_SCHEMA, SCHEMA  # one definition (bench.schema)
+from .result_model import BOX_ID_RE as _BOX_KEY  # one definition
+from .result_read import SCHEMA  # noqa: F401 - history.SCHEMA, for the writers of failed runs
 
 MAX_STORE_BYTES = 1 << 30  # a store of a line per run: years of nightly runs are a few MiB
-
-_BOX_KEY = re.compile(r"^[A-Za-z0-9_-]+-ct[0-9]+$")
 
 
 def history_dir(base: Path | None = None) -> Path:
@@ -112,27 +110,11 @@ def _trim(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(doc: Any, where: str = "result document") -> None:
-    """Refuse anything that is not a gpubox.bench/1 document naming its box and run (bench.schema)."""
-    from . import schema
+    """Refuse anything that is not a gpubox.bench/1 document naming its box and run
+    (bench.result_rules.record_check)."""
+    from .result_rules import record_check
 
-    schema.check(doc, where)
-    if not isinstance(doc, dict):
-        raise GpuboxError("a benchmark result must be a JSON object", "pass a gpubox.bench/1 document")
-    if doc.get("schema") != SCHEMA:
-        raise GpuboxError(
-            f"result schema is {doc.get('schema')!r}, not {SCHEMA!r}",
-            "record documents written by `gpubox bench` (docs/result-schema.md)",
-        )
-    for k in ("box", "run_id", "started_at"):
-        if not doc.get(k):
-            raise GpuboxError(f"result document has no {k!r}", "it must name box, run_id and started_at")
-    bid = doc.get("box_id")
-    if bid is not None and not (isinstance(bid, str) and _BOX_KEY.match(bid)):
-        raise GpuboxError(
-            f"result document's box_id {bid!r} is not a box identity", "see docs/result-schema.md"
-        )
-    if not isinstance(doc.get("measurements", []), list):
-        raise GpuboxError("result document's 'measurements' is not a list", "see docs/result-schema.md")
+    record_check(doc, where)
 
 
 def parse_lines(text: str, where: str = "history", problems: list[str] | None = None) -> list[dict[str, Any]]:
@@ -162,11 +144,9 @@ def record(doc: dict[str, Any], base: Path | None = None) -> None:
     """Store one run (replacing an earlier record of the same run_id). Idempotent."""
     validate(doc)
     path = key_path(doc_key(doc), base)
-    line = json.dumps(
-        {"history": HISTORY_SCHEMA, "recorded_at": _utc_now(), "doc": _trim(doc)},
-        separators=(",", ":"),
-        sort_keys=False,
-    )
+    from .result_model import BenchResult, HistoryRecord
+
+    line = HistoryRecord.new(BenchResult.from_dict(_trim(doc)), _utc_now()).to_json()
     with _locked(path):
         raw = _read_store(path)
         existing = raw.splitlines()

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 from gpubox.errors import GpuboxError
 
 from . import history
+from .result_model import BenchResult, Measurement, Reason, Verdict
 
 HEALTHY, DEGRADED, FAILED = "healthy", "degraded", "failed"
 LEVELS = {HEALTHY: 0, DEGRADED: 1, FAILED: 2}
@@ -79,22 +80,22 @@ def settings_from_box(box) -> Settings:
     )
 
 
-def _describe(m: dict[str, Any]) -> str:
-    tp = m.get("tp")
-    label = m.get("label") or m.get("method") or "?"
-    work = m.get("workload") or ""
-    extra = f" out{m['output_len']}" if m.get("output_len") else ""
-    if m.get("workload") == "concurrency" and m.get("concurrency"):
-        extra += f" C={m['concurrency']}"
+def _describe(m: Measurement) -> str:
+    tp = m.tp
+    label = m.label or m.method or "?"
+    work = m.workload or ""
+    extra = f" out{m.output_len}" if m.output_len else ""
+    if m.workload == "concurrency" and m.concurrency:
+        extra += f" C={m.concurrency}"
     return f"TP{tp} {label} {work}{extra}".strip()
 
 
-def _expected(settings: Settings, m: dict[str, Any]) -> float | None:
+def _expected(settings: Settings, m: Measurement) -> float | None:
     """The inventory's expectation for a single-stream decode measurement, if any."""
-    if not settings.expect or m.get("workload") != "decode" or (m.get("concurrency") or 1) != 1:
+    if not settings.expect or m.workload != "decode" or (m.concurrency or 1) != 1:
         return None
-    per_tp = settings.expect.get(f"tp{m.get('tp')}") or {}
-    for name in (m.get("label"), m.get("method")):
+    per_tp = settings.expect.get(f"tp{m.tp}") or {}
+    for name in (m.label, m.method):
         if name in per_tp and isinstance(per_tp[name], (int, float)):
             return float(per_tp[name])
     return None
@@ -130,27 +131,27 @@ def decide(
     """The history/expectation verdict of DOC against earlier RUNS (schema's `verdict` shape)."""
     settings = settings or Settings()
     prior = _prior(doc, runs)
-    reasons: list[dict[str, Any]] = []
-    for m in doc.get("measurements") or []:
-        key = m.get("key")
+    reasons: list[Reason] = []
+    for m in BenchResult.view(doc).measurements:
+        key = m.key
         if not key:
             continue
-        status = m.get("status", "ok")
+        status = m.status or "ok"
         if status == "failed":
             reasons.append(
-                {
-                    "level": FAILED,
-                    "kind": "measurement",
-                    "key": key,
-                    "message": f"{_describe(m)} failed: {m.get('reason') or 'no reason given'}",
-                    "observed": None,
-                    "expected": None,
-                }
+                Reason.build(
+                    level=FAILED,
+                    kind="measurement",
+                    key=key,
+                    message=f"{_describe(m)} failed: {m.reason or 'no reason given'}",
+                    observed=None,
+                    expected=None,
+                )
             )
             continue
         if status != "ok":
             continue
-        field = history.headline_field(m)
+        field = m.headline_field
         observed = history.value(doc, key, field)
         if observed is None:
             continue
@@ -169,45 +170,45 @@ def decide(
                     else f"one-off so far: {runs_below} runs in a row"
                 )
                 reasons.append(
-                    {
-                        "level": DEGRADED,
-                        "kind": "history",
-                        "key": key,
-                        "field": field,
-                        "message": (
+                    Reason.build(
+                        level=DEGRADED,
+                        kind="history",
+                        key=key,
+                        field=field,
+                        message=(
                             f"{_describe(m)} {observed:.1f} tok/s is {drop:.1%} below the median "
                             f"{base:.1f} of the last {len(used)} healthy runs "
                             f"(tolerance {settings.tolerance:.0%}); {tail}"
                         ),
-                        "observed": observed,
-                        "expected": round(base, 3),
-                        "baseline": round(base, 3),
-                        "baseline_runs": used,
-                        "drop": round(drop, 4),
-                        "pattern": pattern,
-                        "runs_below": runs_below,
-                    }
+                        observed=observed,
+                        expected=round(base, 3),
+                        baseline=round(base, 3),
+                        baseline_runs=used,
+                        drop=round(drop, 4),
+                        pattern=pattern,
+                        runs_below=runs_below,
+                    )
                 )
         exp = _expected(settings, m)
         if exp is not None and exp > 0 and observed < exp * (1 - settings.expect_tolerance):
             drop = (exp - observed) / exp
             reasons.append(
-                {
-                    "level": DEGRADED,
-                    "kind": "expectation",
-                    "key": key,
-                    "field": field,
-                    "message": (
+                Reason.build(
+                    level=DEGRADED,
+                    kind="expectation",
+                    key=key,
+                    field=field,
+                    message=(
                         f"{_describe(m)} {observed:.1f} tok/s is {drop:.1%} below the expected "
                         f"{exp:.1f} (tolerance {settings.expect_tolerance:.0%})"
                     ),
-                    "observed": observed,
-                    "expected": exp,
-                    "drop": round(drop, 4),
-                }
+                    observed=observed,
+                    expected=exp,
+                    drop=round(drop, 4),
+                )
             )
-    status = max((r["level"] for r in reasons), key=LEVELS.get, default=HEALTHY)
-    return {"status": status, "reasons": reasons}
+    status = max((r.level for r in reasons), key=LEVELS.get, default=HEALTHY)
+    return Verdict.build(status=status, reasons=reasons).to_dict()
 
 
 def merge(own: dict[str, Any] | None, other: dict[str, Any]) -> dict[str, Any]:

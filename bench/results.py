@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -48,24 +47,25 @@ def new_document(
     facts: dict[str, Any] | None = None,
     url: str | None = None,
 ) -> dict[str, Any]:
+    from .result_model import BenchResult, Facts, Tool, Verdict
+
     started = utc_now()
-    doc = {
-        "schema": SCHEMA,
-        "box": box,
-        "run_id": f"{box}-{started.replace('-', '').replace(':', '')}",
-        "started_at": started,
-        "finished_at": None,
-        "profile": profile,
-        "tool": tool_info(),
-        "simulated": bool(simulated),
-        "sim_speed": sim_speed,
-        "url": url,
-        "facts": facts or {},
-        "servers": [],
-        "measurements": [],
-        "verdict": {"status": "failed", "reasons": []},
-    }
-    return doc
+    return BenchResult.build(
+        schema=SCHEMA,
+        box=box,
+        run_id=f"{box}-{started.replace('-', '').replace(':', '')}",
+        started_at=started,
+        finished_at=None,
+        profile=profile,
+        tool=Tool.build(**tool_info()),
+        simulated=bool(simulated),
+        sim_speed=sim_speed,
+        url=url,
+        facts=Facts.from_dict(facts or {}),
+        servers=[],
+        measurements=[],
+        verdict=Verdict.build(status="failed", reasons=[]),
+    ).to_dict()  # a dict the runner fills in; results.write checks and writes it through the model
 
 
 def finish(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
@@ -75,60 +75,12 @@ def finish(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(doc: dict[str, Any]) -> list[str]:
-    """Problems with a document, [] when it follows the schema (what consumers rely on)."""
-    from . import schema
+    """Problems with a document, [] when it follows the schema (what consumers rely on): the
+    model's read rules and its stricter rules for a document gpubox writes
+    (bench.result_rules.write_problems)."""
+    from .result_rules import write_problems
 
-    errs: list[str] = []
-    typed = schema.problem(doc)
-    if typed:
-        errs.append(typed)
-    if doc.get("schema") != SCHEMA:
-        errs.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
-    for k in (
-        "box",
-        "run_id",
-        "started_at",
-        "profile",
-        "tool",
-        "facts",
-        "servers",
-        "measurements",
-        "verdict",
-    ):
-        if k not in doc:
-            errs.append(f"missing key {k!r}")
-    for i, s in enumerate(doc.get("servers", [])):
-        for k in ("tp", "method", "label", "command", "env", "status"):
-            if k not in s:
-                errs.append(f"servers[{i}] missing {k!r}")
-        if s.get("status") not in STATUSES:
-            errs.append(f"servers[{i}].status {s.get('status')!r} not in {STATUSES}")
-    keys = set()
-    for i, m in enumerate(doc.get("measurements", [])):
-        where = f"measurements[{i}] ({m.get('key')})"
-        for k in ("key", "tp", "method", "label", "workload", "status", "tok_s", "acceptance", "samples"):
-            if k not in m:
-                errs.append(f"{where} missing {k!r}")
-        if m.get("key") in keys:
-            errs.append(f"{where}: duplicate key")
-        keys.add(m.get("key"))
-        if m.get("workload") not in WORKLOADS:
-            errs.append(f"{where}: workload {m.get('workload')!r} not in {WORKLOADS}")
-        st = m.get("status")
-        if st not in STATUSES:
-            errs.append(f"{where}: status {st!r} not in {STATUSES}")
-        if st in ("failed", "skipped"):
-            if not m.get("reason"):
-                errs.append(f"{where}: {st} without a reason")
-            for k in ("tok_s", "aggregate_tok_s", "ttft_s", "tpot_ms"):
-                if m.get(k) not in (None,):
-                    errs.append(f"{where}: {st} but {k} is {m.get(k)!r} (must be null, never zero)")
-        if st == "ok" and m.get("workload") != "concurrency" and not m.get("tok_s"):
-            errs.append(f"{where}: ok without tok_s")
-    v = doc.get("verdict") or {}
-    if v.get("status") not in VERDICTS:
-        errs.append(f"verdict.status {v.get('status')!r} not in {VERDICTS}")
-    return errs
+    return write_problems(doc)
 
 
 def default_out_dir() -> Path:
@@ -150,7 +102,9 @@ def write(doc: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path
     path = d / result_file_name(doc, d)
     from gpubox.safeio import write_atomic
 
-    write_atomic(path, (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    from .result_model import BenchResult
+
+    write_atomic(path, BenchResult.from_dict(doc).to_json().encode())  # the model writes what it reads
     return path
 
 

@@ -60,34 +60,33 @@ def _health_lock(ctx, what: str, notes: list[str]):
 def failed_doc(
     box: str, profile: str, reason: str, started: float, simulated: bool = False
 ) -> dict[str, Any]:
-    """A result document for a benchmark that did not produce one."""
+    """A result document for a benchmark that did not produce one (built through the model, so it
+    is the shape every reader loads)."""
+    from .result_model import BenchResult, Facts, Reason, Tool, Verdict
+
     iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    return {
-        "schema": history.SCHEMA,
-        "box": box,
-        "run_id": f"{box}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}",
-        "started_at": iso(started),
-        "finished_at": iso(time.time()),
-        "profile": profile,
-        "tool": {"version": _version()},
-        "simulated": simulated,
-        "facts": {},
-        "servers": [],
-        "measurements": [],
-        "verdict": {
-            "status": "failed",
-            "reasons": [
-                {
-                    "level": "failed",
-                    "key": None,
-                    "kind": "run",
-                    "message": f"benchmark did not run: {reason}",
-                    "observed": None,
-                    "expected": None,
-                }
-            ],
-        },
-    }
+    failed = Reason.build(
+        level="failed",
+        key=None,
+        kind="run",
+        message=f"benchmark did not run: {reason}",
+        observed=None,
+        expected=None,
+    )
+    return BenchResult.build(
+        schema=history.SCHEMA,
+        box=box,
+        run_id=f"{box}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}",
+        started_at=iso(started),
+        finished_at=iso(time.time()),
+        profile=profile,
+        tool=Tool.build(version=_version()),
+        simulated=simulated,
+        facts=Facts.build(),
+        servers=[],
+        measurements=[],
+        verdict=Verdict.build(status="failed", reasons=[failed]),
+    ).to_dict()
 
 
 def _version() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
 from .schedule import (
     DEFAULTS,
@@ -43,12 +43,12 @@ class Options:
 
 @dataclass
 class Evidence:
-    mechanism: Any = OMIT
-    files: Any = OMIT
-    on: Any = OMIT
-    enabled: Any = OMIT
-    active: Any = OMIT
-    path: Any = OMIT
+    mechanism: str | Omit = OMIT  # systemd | cron
+    files: list[str] | Omit = OMIT
+    on: str | Omit = OMIT  # container | host
+    enabled: str | None | Omit = OMIT  # systemctl is-enabled <timer>
+    active: str | None | Omit = OMIT  # systemctl is-active <timer>
+    path: str | Omit = OMIT
 
 
 # -- install -------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Callable
 
+from .result_model import BenchResult, Measurement, Reason, Verdict
+
 HEALTHY, DEGRADED, FAILED = "healthy", "degraded", "failed"
 DEFAULTS = {
     "tolerance": 0.10,
@@ -27,28 +29,38 @@ DEFAULTS = {
 }
 
 
-def _reason(level: str, key: str | None, message: str, observed=None, expected=None) -> dict[str, Any]:
-    return {"level": level, "key": key, "message": message, "observed": observed, "expected": expected}
+def _reason(level: str, key: str | None, message: str, observed=None, expected=None) -> Reason:
+    return Reason.build(level=level, key=key, message=message, observed=observed, expected=expected)
 
 
 def decide(
-    doc: dict[str, Any],
+    doc: dict[str, Any] | BenchResult,
     expect: dict[str, Any] | None = None,
     baseline: Callable[[str], float | None] | None = None,
 ) -> dict[str, Any]:
     """Verdict for a result document (docs/result-schema.md): the reasons of six passes, in order
     (failures, the inventory's expectations, speedup over autoregressive, this box's history,
-    acceptance drift across TP, TP scaling), failed over degraded over healthy."""
+    acceptance drift across TP, TP scaling), failed over degraded over healthy. The verdict's JSON
+    object (bench.result_model.Verdict)."""
+    return decide_result(
+        doc if isinstance(doc, BenchResult) else BenchResult.view(doc), expect, baseline
+    ).to_dict()
+
+
+def decide_result(
+    doc: BenchResult,
+    expect: dict[str, Any] | None = None,
+    baseline: Callable[[str], float | None] | None = None,
+) -> Verdict:
+    """The typed verdict of DOC (see decide)."""
     ex = {**DEFAULTS, **(expect or {})}
     tol = float(ex["tolerance"])
     htol = float(ex["history_tolerance"] if ex["history_tolerance"] is not None else tol)
     out_len = int(ex["output_len"])
-    ms = doc.get("measurements", [])
-    ok = [m for m in ms if m["status"] == "ok"]
+    ms = doc.measurements
+    ok = [m for m in ms if m.status == "ok"]
     decode = {
-        (m["tp"], m["label"]): m
-        for m in ok
-        if m["workload"] == "decode" and m.get("output_len") == out_len and m.get("tok_s")
+        (m.tp, m.label): m for m in ok if m.workload == "decode" and m.output_len == out_len and m.tok_s
     }
     reasons = _failures(doc, ms)
     reasons += _below_expectations(decode, ex.get("tok_s") or {}, tol)
@@ -60,30 +72,24 @@ def decide(
     reasons += _tp_inversions(decode, tol)
     if not ok and not reasons:
         reasons.append(_reason(FAILED, None, "no measurement completed"))
-    levels = {r["level"] for r in reasons}
+    levels = {r.level for r in reasons}
     status = FAILED if FAILED in levels else DEGRADED if DEGRADED in levels else HEALTHY
-    return {"status": status, "reasons": reasons}
+    return Verdict.build(status=status, reasons=reasons)
 
 
-def _failures(doc: dict[str, Any], ms: list[dict]) -> list[dict[str, Any]]:
+def _failures(doc: BenchResult, ms: list[Measurement]) -> list[Reason]:
     """1. Servers that did not start and measurements that failed."""
     out = []
-    for s in doc.get("servers", []):
-        if s.get("status") == "failed":
-            out.append(
-                _reason(
-                    FAILED,
-                    f"tp{s['tp']}/{s['label']}",
-                    f"TP{s['tp']} {s['label']} server failed: {s.get('error')}",
-                )
-            )
+    for s in doc.servers:
+        if s.status == "failed":
+            out.append(_reason(FAILED, f"tp{s.tp}/{s.label}", f"TP{s.tp} {s.label} server failed: {s.error}"))
     for m in ms:
-        if m["status"] == "failed":
-            out.append(_reason(FAILED, m["key"], f"{m['key']} failed: {m.get('reason')}"))
+        if m.status == "failed":
+            out.append(_reason(FAILED, m.key, f"{m.key} failed: {m.reason}"))
     return out
 
 
-def _below_expectations(decode: dict, exp_tok: dict, tol: float) -> list[dict[str, Any]]:
+def _below_expectations(decode: dict, exp_tok: dict, tol: float) -> list[Reason]:
     """2. Decode rates below the inventory's expectations (tok_s: {tpN: {label: rate}})."""
     out = []
     for tp_key, per_method in exp_tok.items():
@@ -95,14 +101,14 @@ def _below_expectations(decode: dict, exp_tok: dict, tol: float) -> list[dict[st
             m = decode.get((tp, str(label)))
             if m is None or expected is None:
                 continue
-            obs = m["tok_s"]
+            obs = m.tok_s
             floor = float(expected) * (1 - tol)
             if obs < floor:
                 below = (1 - obs / float(expected)) * 100
                 out.append(
                     _reason(
                         DEGRADED,
-                        m["key"],
+                        m.key,
                         f"TP{tp} {label} decode {obs:.1f} tok/s is {below:.1f}% below the expected "
                         f"{float(expected):.1f} (tolerance {tol * 100:.0f}%)",
                         obs,
@@ -112,21 +118,21 @@ def _below_expectations(decode: dict, exp_tok: dict, tol: float) -> list[dict[st
     return out
 
 
-def _below_speedup(decode: dict, min_sp: float) -> list[dict[str, Any]]:
+def _below_speedup(decode: dict, min_sp: float) -> list[Reason]:
     """3. A speculative method's speedup over autoregressive at the same TP."""
     out = []
     for (tp, label), m in decode.items():
         auto = decode.get((tp, "auto"))
         if label == "auto" or auto is None:
             continue
-        sp = m["tok_s"] / auto["tok_s"]
+        sp = m.tok_s / auto.tok_s
         if sp < min_sp:
             out.append(
                 _reason(
                     DEGRADED,
-                    m["key"],
-                    f"TP{tp} {label} is only {sp:.2f}x autoregressive ({m['tok_s']:.1f} vs "
-                    f"{auto['tok_s']:.1f} tok/s); expected at least {min_sp:.2f}x",
+                    m.key,
+                    f"TP{tp} {label} is only {sp:.2f}x autoregressive ({m.tok_s:.1f} vs "
+                    f"{auto.tok_s:.1f} tok/s); expected at least {min_sp:.2f}x",
                     round(sp, 3),
                     min_sp,
                 )
@@ -135,24 +141,24 @@ def _below_speedup(decode: dict, min_sp: float) -> list[dict[str, Any]]:
 
 
 def _below_history(
-    ok: list[dict], baseline: Callable[[str], float | None], htol: float
-) -> list[dict[str, Any]]:
+    ok: list[Measurement], baseline: Callable[[str], float | None], htol: float
+) -> list[Reason]:
     """4. Below the median of the box's last good runs (a baseline that cannot be read is none)."""
     out = []
     for m in ok:
-        obs = m.get("aggregate_tok_s") if m["workload"] == "concurrency" else m.get("tok_s")
+        obs = getattr(m, m.headline_field)
         if obs is None:
             continue
         try:
-            base = baseline(m["key"])
+            base = baseline(m.key)
         except Exception:
             base = None
         if base and obs < base * (1 - htol):
             out.append(
                 _reason(
                     DEGRADED,
-                    m["key"],
-                    f"{m['key']} {obs:.1f} tok/s is {(1 - obs / base) * 100:.1f}% below this "
+                    m.key,
+                    f"{m.key} {obs:.1f} tok/s is {(1 - obs / base) * 100:.1f}% below this "
                     f"box's recent median {base:.1f} (tolerance {htol * 100:.0f}%)",
                     obs,
                     base,
@@ -161,14 +167,14 @@ def _below_history(
     return out
 
 
-def _acceptance_drift(ok: list[dict], drift_tol: float) -> list[dict[str, Any]]:
+def _acceptance_drift(ok: list[Measurement], drift_tol: float) -> list[Reason]:
     """5. The mean acceptance length must not drift with TP (docs/facts.md "Serving benchmarks")."""
     by_point: dict[tuple, dict[int, float]] = defaultdict(dict)
     for m in ok:
-        acc = m.get("acceptance")
-        if acc and acc.get("mean_length"):
-            suffix = m["key"].split("/", 2)[2]
-            by_point[(m["label"], suffix)][m["tp"]] = acc["mean_length"]
+        acc = m.acceptance
+        if acc and acc.mean_length:
+            suffix = m.key.split("/", 2)[2]
+            by_point[(m.label, suffix)][m.tp] = acc.mean_length
     out = []
     for (label, suffix), per_tp in by_point.items():
         if len(per_tp) < 2:
@@ -192,7 +198,7 @@ def _acceptance_drift(ok: list[dict], drift_tol: float) -> list[dict[str, Any]]:
     return out
 
 
-def _tp_inversions(decode: dict, tol: float) -> list[dict[str, Any]]:
+def _tp_inversions(decode: dict, tol: float) -> list[Reason]:
     """6. TP scaling must not invert: a larger TP slower than TP1 (beyond tolerance)."""
     out = []
     labels = {label for _, label in decode}
@@ -203,15 +209,15 @@ def _tp_inversions(decode: dict, tol: float) -> list[dict[str, Any]]:
         for (tp, lb), m in sorted(decode.items()):
             if lb != label or tp <= 1:
                 continue
-            if m["tok_s"] < one["tok_s"] * (1 - tol):
+            if m.tok_s < one.tok_s * (1 - tol):
                 out.append(
                     _reason(
                         DEGRADED,
-                        m["key"],
-                        f"TP scaling inverts for {label}: TP{tp} {m['tok_s']:.1f} tok/s < TP1 "
-                        f"{one['tok_s']:.1f} tok/s",
-                        m["tok_s"],
-                        one["tok_s"],
+                        m.key,
+                        f"TP scaling inverts for {label}: TP{tp} {m.tok_s:.1f} tok/s < TP1 "
+                        f"{one.tok_s:.1f} tok/s",
+                        m.tok_s,
+                        one.tok_s,
                     )
                 )
     return out

@@ -12,11 +12,14 @@ so verify reads the host again.
 from __future__ import annotations
 
 import threading
-from typing import Any, Hashable
+from typing import Any, Generic, Hashable, TypeVar
+
+T = TypeVar("T")
 
 
-class Fact:
-    """Subclass and set `where`, `read` and (when the raw answer needs it) `parse`."""
+class Fact(Generic[T]):
+    """Subclass and set `where`, `read` and (when the raw answer needs it) `parse`; `Fact[V]`
+    names the type of the parsed value V (what `ctx.fact` returns)."""
 
     where: str = "host"
 
@@ -25,7 +28,7 @@ class Fact:
         raise NotImplementedError
 
     @staticmethod
-    def parse(raw: Any, *args) -> Any:
+    def parse(raw: Any, *args) -> Any:  # a subclass of Fact[V] returns V
         return raw
 
     @classmethod
@@ -33,7 +36,7 @@ class Fact:
         return (cls.__module__, cls.__qualname__, cls.where, *args)
 
 
-class FileText(Fact):
+class FileText(Fact[str]):
     """A file's text on the host, "" when absent (the one generic file fact every area uses)."""
 
     @staticmethod
@@ -48,7 +51,7 @@ class FactCache:
         self._values: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, ctx, fact: type[Fact], *args) -> Any:
+    def get(self, ctx, fact: type[Fact[T]], *args) -> T:
         key = fact.key(*args)
         with self._lock:
             if key in self._values:
@@ -58,7 +61,7 @@ class FactCache:
         self.put(fact, value, *args)
         return value
 
-    def put(self, fact: type[Fact], value: Any, *args) -> None:
+    def put(self, fact: type[Fact[T]], value: T, *args) -> None:
         """A fact's value read elsewhere (the control node hands the container side what it read
         on the Proxmox host): cached as if read in this run."""
         with self._lock:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Protocol, Union
 
 from .diffs import unified
 
@@ -28,17 +28,30 @@ OK, DRIFT, FIXED, FAILED, SKIPPED = "ok", "drift", "fixed", "failed", "skipped"
 MODES = ("check", "plan", "apply")
 
 
-class _Omit:
-    """Marks an evidence field that this finding does not report (left out of the record)."""
+class Omit:
+    """Marks an evidence field that this finding does not report (left out of the record): an
+    evidence field typed `list[str] | Omit` is a list of strings where the finding reports it."""
 
     def __repr__(self) -> str:
         return "OMIT"
 
 
-OMIT: Any = _Omit()
+_Omit = Omit  # the earlier name
+OMIT = Omit()
 
 
-def evidence_dict(evidence: Any) -> dict[str, Any]:
+class EvidenceRecord(Protocol):
+    """A step's evidence: a dataclass whose fields (those not OMIT) are the finding's JSON record,
+    in field order; each step declares its own (e.g. provision.lxc_step.ConfigEvidence)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+# A step's evidence dataclass, or for a small step its fields as keywords (a dict)
+Evidence = Union[EvidenceRecord, dict[str, Any]]
+
+
+def evidence_dict(evidence: Evidence | None) -> dict[str, Any]:
     """The JSON record of a finding's evidence: a dataclass's fields (those not OMIT), or the
     dict as it is."""
     if dataclasses.is_dataclass(evidence) and not isinstance(evidence, type):
@@ -66,13 +79,15 @@ class Finding:
 
     status: str  # ok | drift | failed
     detail: str
-    evidence: Any = field(default_factory=dict)  # a dataclass, or a dict for small steps
+    evidence: Evidence = field(
+        default_factory=dict
+    )  # the step's evidence dataclass, or a dict for small steps
     cause: str | None = None
     repair: str | None = None
     plan: "Plan | None" = None
 
     @classmethod
-    def ok(cls, detail: str, evidence: Any = None, **kw) -> "Finding":
+    def ok(cls, detail: str, evidence: Evidence | None = None, **kw: Any) -> "Finding":
         return cls(OK, detail, _ev(evidence, kw))
 
     @classmethod
@@ -83,19 +98,25 @@ class Finding:
         repair: str | None = None,
         *,
         plan: "Plan | None" = None,
-        evidence: Any = None,
-        **kw,
+        evidence: Evidence | None = None,
+        **kw: Any,
     ) -> "Finding":
         return cls(DRIFT, detail, _ev(evidence, kw), cause, repair, plan)
 
     @classmethod
     def failed(
-        cls, detail: str, cause: str | None = None, repair: str | None = None, *, evidence: Any = None, **kw
+        cls,
+        detail: str,
+        cause: str | None = None,
+        repair: str | None = None,
+        *,
+        evidence: Evidence | None = None,
+        **kw: Any,
     ) -> "Finding":
         return cls(FAILED, detail, _ev(evidence, kw), cause, repair)
 
 
-def _ev(evidence: Any, kw: dict[str, Any]) -> Any:
+def _ev(evidence: Evidence | None, kw: dict[str, Any]) -> Evidence:
     if evidence is None:
         return kw
     if kw:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.facts import Fact
-from gpubox.steps import OMIT, Finding
+from gpubox.steps import OMIT, Finding, Omit
 
 from .pcie import BRIDGE_CLASS, NVIDIA_VENDOR, PciFunctions, setpci_base
 
@@ -60,9 +60,9 @@ class AcsOptions:
 
 @dataclass
 class AcsEvidence:
-    bridges: list[dict]
-    iommu: dict
-    redirecting: Any = OMIT
+    bridges: list[dict[str, Any]]  # bdf, port_type, acsctl, gpus below it
+    iommu: dict[str, str]  # GPU bus id -> IOMMU domain type
+    redirecting: list[str] | Omit = OMIT  # bridges whose redirect hurts GPU peers
 
 
 def decode(ctl: int) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
-from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Step
+from gpubox.steps import FAILED, OK, OMIT, SKIPPED, Finding, Omit, Step
 from gpubox.transport import payload
 
 from . import probe as probe_script
@@ -125,8 +125,8 @@ class ProbeFacts:
 
 @dataclass
 class ProbeEvidence:
-    problems: list[str] = OMIT  # failed/drift: the checks that are not ok
-    skipped: list[str] = OMIT  # ok: the checks that had nothing to measure
+    problems: list[str] | Omit = OMIT  # failed/drift: the checks that are not ok
+    skipped: list[str] | Omit = OMIT  # ok: the checks that had nothing to measure
     gpus: list[dict[str, object]] = field(default_factory=list)  # probe_verdict.gpu_table's rows
     checks: list[dict[str, str]] = field(default_factory=list)  # name, status, detail of each check
 

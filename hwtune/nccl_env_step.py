@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.errors import GpuboxError
-from gpubox.steps import OMIT, Finding, Plan, Remove, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Remove, Step, Write
 
 from .nccl import (
     CONF_FILE,
@@ -54,13 +54,13 @@ class NcclFacts:
 
 @dataclass
 class NcclEvidence:
-    profile: Any = OMIT
-    want: Any = OMIT
-    files: Any = OMIT
-    refused: Any = OMIT
-    gate: Any = OMIT
-    topology: Any = OMIT
-    remove: Any = OMIT
+    profile: str | Omit = OMIT
+    want: dict[str, str] | Omit = OMIT  # the profile's NCCL variables
+    files: dict[str, dict[str, str] | None] | Omit = OMIT  # path -> what a consumer reads (None: missing)
+    refused: bool | Omit = OMIT
+    gate: dict[str, Any] | None | Omit = OMIT  # `tune nccl --measure`: the A/B gate's verdict
+    topology: str | None | Omit = OMIT
+    remove: dict[str, str] | Omit = OMIT  # a refused profile's installed files: path -> text
 
 
 def chosen(opts: NcclOptions, topology: str | None) -> Profile | None:

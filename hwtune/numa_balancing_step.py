@@ -11,7 +11,7 @@ from typing import Any
 
 from gpubox.context import PERSIST_DEFAULT
 from gpubox.facts import FileText
-from gpubox.steps import OMIT, Finding, HostPath, Plan, Run, Step, Write
+from gpubox.steps import OMIT, Finding, HostPath, Omit, Plan, Run, Step, Write
 
 from .numa import CONF, KNOB, MEANING, LiveValue, SysctlFiles, boot_value, conf_text, desired
 
@@ -33,9 +33,9 @@ class Options:
 @dataclass
 class Evidence:
     live: int | None
-    want: Any = OMIT
-    boot: Any = OMIT
-    boot_source: Any = OMIT
+    want: int | Omit = OMIT
+    boot: int | None | Omit = OMIT  # the value the sysctl files set at boot
+    boot_source: str | None | Omit = OMIT  # the file that sets it
 
 
 class NumaBalancingStep(Step):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpubox.steps import OMIT, Finding, Step
+from gpubox.steps import OMIT, Finding, Omit, Step
 
 from .pcie import (
     DeviceRegs,
@@ -26,8 +26,8 @@ class LinkOptions:
 
 @dataclass
 class LinkEvidence:
-    slow: Any = OMIT  # ok: functions below max speed now (normal at idle)
-    links: dict = field(default_factory=dict)
+    slow: list[str] | Omit = OMIT  # ok: functions below max speed now (normal at idle)
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class PcieLinkStep(Step):

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from gpubox.context import PERSIST_DEFAULT
-from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
 from .pcie import (
     LOCKDOWN,
@@ -64,10 +64,10 @@ class MrrsEvidence:
     """The record: `lockdown` (refused by kernel lockdown) or `refused` (drift: functions left
     alone) first, as the record always had them, then the target and every function."""
 
-    lockdown: Any = OMIT
-    refused: Any = OMIT
+    lockdown: str | Omit = OMIT  # the kernel lockdown mode that refused the writes
+    refused: list[str] | Omit = OMIT  # bus ids left alone
     target: int = 0
-    devices: list[dict] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)
 
 
 class PcieMrrsStep(Step):

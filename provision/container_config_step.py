@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.errors import GpuboxError
-from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Refuse, Step
+from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Refuse, Step
 
 from .confedit import MODES, decide
 from .devices import (
@@ -73,9 +73,9 @@ class ConfigEvidence:
     digest: str
     mode: str
     snapshots: list[str]
-    pending: Any = OMIT
-    issues: Any = OMIT
-    warnings: Any = OMIT
+    pending: list[str] | Omit = OMIT
+    issues: list[dict[str, str]] | Omit = OMIT
+    warnings: list[str] | Omit = OMIT
 
 
 def _lookup(rdev: dict[str, Any]):

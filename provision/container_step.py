@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubox.errors import GpuboxError
-from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Run, Step
+from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Run, Step
 
 from .devices import (
     DeviceScan,
@@ -50,12 +50,12 @@ class ContainerOptions:
 
 @dataclass
 class ContainerEvidence:  # field order = the record's key order
-    need: Any = OMIT  # start | live | reboot
-    majors: Any = OMIT  # live: the majors to allow
+    need: str | Omit = OMIT  # start | live | reboot
+    majors: list[int] | Omit = OMIT  # live: the majors to allow
     status: str = ""
     control: str = ""
     lock: str | None = None
-    nodes: Any = OMIT  # path -> ok | errno name, from the probe
+    nodes: dict[str, str] | Omit = OMIT  # path -> ok | errno name, from the probe
 
 
 class ContainerStep(Step):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpubox.steps import OMIT, Finding, Step
+from gpubox.steps import OMIT, Finding, Omit, Step
 
 from . import cuda_probe
 from .lxc import (
@@ -32,15 +32,16 @@ class CudaOptions:
 
 @dataclass
 class CudaEvidence:
-    nodes: Any = OMIT
-    cuinit: Any = OMIT
-    cuinit_name: Any = OMIT
-    nvml: Any = OMIT
-    kernel_driver: Any = OMIT
-    user_driver: Any = OMIT
-    simulated: Any = OMIT
-    error: Any = OMIT
-    causes: Any = OMIT
+    # the in-container probe's answer (provision/cuda_probe), None where it reported nothing
+    nodes: dict[str, str] | None | Omit = OMIT  # path -> ok | errno name
+    cuinit: int | None | Omit = OMIT  # cuInit's CUresult
+    cuinit_name: str | None | Omit = OMIT
+    nvml: dict[str, Any] | None | Omit = OMIT  # NVML's answer (count, driver, error)
+    kernel_driver: str | None | Omit = OMIT
+    user_driver: str | None | Omit = OMIT
+    simulated: bool | None | Omit = OMIT
+    error: str | None | Omit = OMIT
+    causes: list[dict[str, str]] | Omit = OMIT  # {code, cause, repair} per diagnosed cause
 
 
 _PROBE_KEYS = ("nodes", "cuinit", "cuinit_name", "nvml", "kernel_driver", "user_driver", "simulated", "error")

@@ -6,7 +6,6 @@ and the operator's command, since the files involved are not gpubox's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpubox.steps import Finding, Step
 
@@ -22,7 +21,7 @@ class ToolkitOptions:
 @dataclass
 class ToolkitEvidence:
     config: str
-    no_cgroups: Any = None
+    no_cgroups: bool | None = None
     cli: bool = False
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubox.context import PERSIST_DEFAULT
-from gpubox.steps import OMIT, Finding, Plan, Run, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
 from .container_config_step import ShowConfigFirst
 from .devices import (
@@ -51,10 +51,12 @@ class HostDevicesEvidence:
     majors: dict[str, int]
     gpus: int
     nodes: dict[str, str]
-    persist_missing: Any = OMIT
-    expected: Any = OMIT  # gpubox_gpus, when the count falls short
-    missing_gpus: Any = OMIT  # bus id -> where it is missing
-    kernel: Any = OMIT  # running kernel and its NVIDIA modules, when nvidia.ko is not loaded
+    persist_missing: list[str] | Omit = OMIT
+    expected: int | Omit = OMIT  # gpubox_gpus, when the count falls short
+    missing_gpus: dict[str, str] | Omit = OMIT  # bus id -> where it is missing
+    kernel: dict[str, Any] | Omit = (
+        OMIT  # running kernel and its NVIDIA modules, when nvidia.ko is not loaded
+    )
 
 
 class HostDevicesStep(Step):

@@ -7,7 +7,6 @@ and the operator's command, since the sizes involved are not gpubox's. It runs a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpubox.steps import Finding, Step
 
@@ -22,10 +21,10 @@ class ShmOptions:
 
 @dataclass
 class ShmEvidence:
-    size: Any = None
-    free: Any = None
-    mem_max: Any = None
-    mem_current: Any = None
+    size: int | None = None
+    free: int | None = None
+    mem_max: int | None = None
+    mem_current: int | None = None
     need: int = 0
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from gpubox.errors import GpuboxError, TransportError
 from gpubox.facts import Fact
-from gpubox.steps import OMIT, Action, Execution, Finding, Plan, Step
+from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Step
 
 from . import stage as engine
 
@@ -235,12 +235,14 @@ class StageOptions:
 class StageEvidence:
     source: str
     dest: str
-    files: Any = OMIT
-    bytes: Any = OMIT
-    verified: Any = OMIT
-    problems: Any = OMIT
-    hashes: Any = OMIT
-    staged: Any = OMIT  # after apply: the copier's summary of the copy (`gpubox stage` shows it)
+    files: int | Omit = OMIT
+    bytes: int | Omit = OMIT
+    verified: int | Omit = OMIT
+    problems: list[str] | Omit = OMIT
+    hashes: list[str] | Omit = OMIT
+    staged: dict[str, Any] | Omit = (
+        OMIT  # after apply: the copier's summary of the copy (`gpubox stage` shows it)
+    )
 
 
 class StageStep(Step):

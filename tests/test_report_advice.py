@@ -56,7 +56,7 @@ def test_seed_single_request_is_tp4_ddtree_b15_beyond_the_noise():
     assert round(w.margin, 1) == 17.2 and w.decision == CLEAR and w.noise_source == "repeats"
     # the noise is the pooled sd of the two figures' spreads over 3 repetitions (range / d2(3))
     sds = [
-        (m.raw["tok_s_spread"][1] - m.raw["tok_s_spread"][0]) / d2(3)
+        (m.tok_s_spread[1] - m.tok_s_spread[0]) / d2(3)
         for m in seed().select("decode", output_len=1024, label="ddtree:15")
         if m.tp in (4, 8)
     ]

@@ -291,9 +291,7 @@ def advise(
 ) -> Advice:
     """Advice for one run. history: the box's earlier result documents (or Runs), oldest first;
     probe: a gpubox.probe/1 document of the same box; logs: server log text by (tp, label)."""
-    hist = [
-        h for h in map(_as_run, history) if h is not None and h.doc.get("run_id") != run.doc.get("run_id")
-    ]
+    hist = [h for h in map(_as_run, history) if h is not None and h.result.run_id != run.result.run_id]
     points = workload_points(run, hist)
     fs = run_observations([run])
     notes = []
@@ -324,16 +322,16 @@ def advise(
     served = {(m.tp, m.label) for m in run.measurements}
     server_gaps = [
         Gap(
-            str(s.get("status")),
-            f"TP{s.get('tp')} {s.get('label')} server {s.get('status')}: {s.get('error') or 'no reason given'}",
+            str(s.status),
+            f"TP{s.tp} {s.label} server {s.status}: {s.error or 'no reason given'}",
         )
         for s in run.servers
-        if s.get("status") in ("failed", "skipped") and (s.get("tp"), s.get("label")) not in served
+        if s.status in ("failed", "skipped") and (s.tp, s.label) not in served
     ]
     gaps = list(
         {g.text: g for g in [*(g for w in points for g in w.gaps), *plan_gaps, *server_gaps]}.values()
     )
-    return Advice(run.name, run.box, bool(run.doc.get("simulated")), points, rows, gaps, notes=notes)
+    return Advice(run.name, run.box, bool(run.result.simulated), points, rows, gaps, notes=notes)
 
 
 def advise_all(

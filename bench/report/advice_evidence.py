@@ -42,7 +42,7 @@ def probe_mismatch(run: ResultDoc, probe: Mapping[str, Any] | None) -> str | Non
     cannot be told. Matching all-reduce sets by index only makes sense on the same GPUs."""
     nv = (probe or {}).get("nvml") if isinstance(probe, Mapping) else None
     pg = {g.get("index"): _bus(g.get("bus_id")) for g in (nv or {}).get("gpus") or [] if isinstance(g, dict)}
-    rg = {g.get("index"): _bus(g.get("bus_id")) for g in run.facts.get("gpus") or [] if isinstance(g, dict)}
+    rg = {g.index: _bus(g.bus_id) for g in run.facts.gpu_list()}
     both = [i for i in rg if i in pg and rg[i] and pg[i]]
     bad = [i for i in both if rg[i] != pg[i]]
     if bad:
@@ -64,7 +64,7 @@ def kv_cache(text: str | None) -> dict[str, float]:
 
 def _gpu_set(run: ResultDoc, c: Config) -> tuple[int, ...] | None:
     srv = run.server_for(c.tp, c.label)
-    g = srv.get("gpus") if srv else None
+    g = srv.gpus if srv else None
     if isinstance(g, list) and len(g) == c.tp and all(isinstance(x, int) for x in g):
         return tuple(sorted(g))
     return None
@@ -119,7 +119,7 @@ def memory_reason(run: ResultDoc, w: WorkloadAdvice, logs: Mapping[tuple[int, st
     b, r = w.best.config, w.runner_up.config
     if b.tp <= r.tp:
         return []
-    mem = {g.get("index"): g.get("memory_mib") for g in run.facts.get("gpus") or [] if isinstance(g, dict)}
+    mem = {g.index: g.memory_mib for g in run.facts.gpu_list()}
     parts = []
     for c in (b, r):
         g = _gpu_set(run, c)

@@ -61,12 +61,12 @@ def server_logs(run: ResultDoc) -> dict[tuple[int, str], str]:
     out: dict[tuple[int, str], str] = {}
     for s in run.servers:
         parts = []
-        tail = s.get("log_tail")
+        tail = s.log_tail
         if isinstance(tail, list):
             parts.append("\n".join(map(str, tail)))
         elif isinstance(tail, str):
             parts.append(tail)
-        log = s.get("log")
+        log = s.log
         if isinstance(log, str) and log:
             p = Path(log)
             try:
@@ -74,8 +74,8 @@ def server_logs(run: ResultDoc) -> dict[tuple[int, str], str]:
                     parts.append(_tail(p))
             except OSError:
                 pass
-        if parts and isinstance(s.get("tp"), int):
-            out[(s["tp"], str(s.get("label")))] = "\n".join(parts)
+        if parts and isinstance(s.tp, int):
+            out[(s.tp, str(s.label))] = "\n".join(parts)
     return out
 
 

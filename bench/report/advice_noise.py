@@ -51,7 +51,7 @@ def repeat_noise(m: Measurement) -> Noise | None:
 def history_noise(key: str, history: list[ResultDoc]) -> Noise | None:
     vals = []
     for r in history[-HISTORY_RUNS:]:
-        if (r.verdict or {}).get("status") != "healthy":
+        if r.verdict.status != "healthy":
             continue  # a degraded run is a regression, not noise
         m = _by_key(r).get(key)
         if m is not None and m.value is not None:

@@ -1,7 +1,8 @@
 """Load benchmark result documents (`gpubox.bench/1`, docs/result-schema.md) for reports.
 
-Only what a report needs is checked; unknown keys are ignored as the schema asks. A file that
-cannot be used raises a GpuboxError naming the file, the problem and the fix.
+A report reads the typed model (bench.result_model.BenchResult: its measurements, servers, facts
+and verdict) that every reader loads through; unknown keys are kept, not used. A file that cannot
+be used raises a GpuboxError naming the file, the field and the fix.
 """
 
 from __future__ import annotations
@@ -10,68 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from gpubox.docmodel import Problem
 from gpubox.errors import GpuboxError
 
-SCHEMA = "gpubox.bench/1"
-STATUSES = ("ok", "failed", "skipped")
-WORKLOADS = ("decode", "concurrency", "long_context", "agentic")
-
-# method -> how people name it (the seed report's words). Unknown methods print as given.
-METHOD_NAMES = {
-    "auto": "auto",
-    "ar": "auto",
-    "autoregressive": "auto",
-    "dflash": "DFlash",
-    "linear": "DFlash",
-    "ddtree": "DDTree",
-}
-
-
-def method_name(method: str | None, budget: int | None) -> str:
-    """'ddtree', 15 -> 'DDTree b15'; 'auto' -> 'auto'."""
-    name = METHOD_NAMES.get(str(method).lower(), str(method))
-    return name if budget is None else f"{name} b{budget}"
-
-
-def method_order(label: str, method: str | None, budget: int | None) -> tuple:
-    """Sort auto first, then DFlash, then DDTree, each by budget."""
-    rank = {"auto": 0, "DFlash": 1, "DDTree": 2}.get(METHOD_NAMES.get(str(method).lower(), ""), 3)
-    return (rank, budget if budget is not None else -1, label)
-
-
-@dataclass
-class Measurement:
-    raw: dict
-
-    def __getattr__(self, name: str) -> Any:  # key, tp, label, workload, status, ... (schema fields)
-        try:
-            return self.__dict__["raw"].get(name)
-        except KeyError:  # pragma: no cover - during unpickling
-            raise AttributeError(name) from None
-
-    @property
-    def ok(self) -> bool:
-        return self.raw.get("status") == "ok"
-
-    @property
-    def value(self) -> float | None:
-        """The headline figure: aggregate tok/s for concurrency, decode tok/s otherwise."""
-        if not self.ok:
-            return None
-        v = self.raw.get("aggregate_tok_s") if self.workload == "concurrency" else self.raw.get("tok_s")
-        return float(v) if isinstance(v, (int, float)) else None
-
-    @property
-    def accept_len(self) -> float | None:
-        acc = self.raw.get("acceptance")
-        if self.ok and isinstance(acc, dict) and isinstance(acc.get("mean_length"), (int, float)):
-            return float(acc["mean_length"])
-        return None
-
-    @property
-    def method_name(self) -> str:
-        return method_name(self.method, self.budget)
-
+from ..result_model import METHOD_NAMES as METHOD_NAMES  # the report's names for them
+from ..result_model import (
+    BenchResult,
+    Facts,
+    Measurement,
+    Server,
+    Verdict,
+)  # noqa: F401
+from ..result_model import method_name as method_name
+from ..result_model import method_order as method_order
+from ..result_read import SCHEMA, STATUSES, WORKLOADS  # noqa: F401 - one definition
 
 _ANY = object()
 
@@ -86,28 +39,33 @@ def _hashable(v: Any) -> bool:
 
 @dataclass
 class ResultDoc:
-    """One result document plus the short name the report calls it by."""
+    """One result document (typed: `result`; as read: `doc`) plus the short name the report
+    calls it by."""
 
     doc: dict
     path: str
     name: str
-    measurements: list[Measurement] = field(default_factory=list)
+    result: BenchResult = field(default_factory=BenchResult)
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        return self.result.measurements
 
     @property
     def box(self) -> str:
         return str(self.doc.get("box", "?"))
 
     @property
-    def facts(self) -> dict:
-        return self.doc.get("facts") or {}
+    def facts(self) -> Facts:
+        return self.result.facts or Facts()
 
     @property
-    def verdict(self) -> dict:
-        return self.doc.get("verdict") or {}
+    def verdict(self) -> Verdict:
+        return self.result.verdict or Verdict(status=None, reasons=[])
 
     @property
-    def servers(self) -> list[dict]:
-        return [s for s in self.doc.get("servers") or [] if isinstance(s, dict)]
+    def servers(self) -> list[Server]:
+        return self.result.servers
 
     def select(self, workload: str | None = None, **where: Any) -> list[Measurement]:
         """Measurements of a workload whose fields equal `where` (any status), in document order.
@@ -125,7 +83,7 @@ class ResultDoc:
                 pool = self._index().get(workload, [])
         out = []
         for m in pool:
-            if all(m.raw.get(k) == v for k, v in rest.items()):
+            if all(getattr(m, k) == v for k, v in rest.items()):
                 out.append(m)
         return out
 
@@ -136,7 +94,7 @@ class ResultDoc:
         index: dict = {}
         for m in self.measurements:
             index.setdefault(m.workload, []).append(m)
-            tp, label = m.raw.get("tp"), m.raw.get("label")
+            tp, label = m.tp, m.label
             if _hashable(tp) and _hashable(label):
                 index.setdefault((m.workload, tp, label), []).append(m)
         self.__dict__["_select_index"] = (self.measurements, len(self.measurements), index)
@@ -160,15 +118,15 @@ class ResultDoc:
     def gpu_numa(self) -> dict[int, int | None]:
         """GPU index -> NUMA node from the facts; -1 or missing means unknown (docs/facts.md "A real GPU machine")."""
         out = {}
-        for g in self.facts.get("gpus") or []:
-            if isinstance(g, dict) and isinstance(g.get("index"), int):
-                n = g.get("numa_node")
-                out[g["index"]] = n if isinstance(n, int) and n >= 0 else None
+        for g in self.facts.gpu_list():
+            if isinstance(g.index, int):
+                n = g.numa_node
+                out[g.index] = n if isinstance(n, int) and n >= 0 else None
         return out
 
-    def server_for(self, tp: int, label: str) -> dict | None:
+    def server_for(self, tp: int, label: str) -> Server | None:
         for s in self.servers:
-            if s.get("tp") == tp and s.get("label") == label:
+            if s.tp == tp and s.label == label:
                 return s
         return None
 
@@ -198,7 +156,6 @@ def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Resul
     meas = doc.get("measurements")
     if not isinstance(meas, list):
         raise _fail(path, "'measurements' is missing or not a list")
-    out = []
     for i, m in enumerate(meas):
         if not isinstance(m, dict):
             raise _fail(path, f"measurements[{i}] is not an object")
@@ -212,13 +169,16 @@ def from_doc(doc: Any, path: str = "<result>", name: str | None = None) -> Resul
                 path,
                 f"measurements[{i}] ({m['key']}): status {m['status']!r} is not one of {', '.join(STATUSES)}",
             )
-        out.append(Measurement(m))
     for k in ("facts", "verdict"):
         if doc.get(k) is not None and not isinstance(doc[k], dict):
             raise _fail(path, f"'{k}' is not an object")
     if doc.get("servers") is not None and not isinstance(doc["servers"], list):
         raise _fail(path, "'servers' is not a list")
-    return ResultDoc(doc=doc, path=path, name=name or Path(path).stem, measurements=out)
+    try:
+        result = BenchResult.view(doc)  # the typed fields (load_run has checked the whole document)
+    except Problem as exc:
+        raise _fail(path, str(exc)) from None
+    return ResultDoc(doc=doc, path=path, name=name or Path(path).stem, result=result)
 
 
 def load_runs(paths: Iterable[str | Path], names: Iterable[str] = ()) -> list[ResultDoc]:

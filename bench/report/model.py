@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from ..result_model import Tool
 from . import tables as T
 from .data import ResultDoc
 from .observations import Observation, observations
@@ -55,7 +56,7 @@ class Report:
         return {
             "title": self.title,
             "runs": [
-                {"name": r.name, "path": r.path, "box": r.box, "run_id": r.doc.get("run_id")}
+                {"name": r.name, "path": r.path, "box": r.box, "run_id": r.result.run_id or None}
                 for r in self.runs
             ],
             "findings": [f.to_dict() for f in self.findings],
@@ -74,7 +75,7 @@ def _s(v) -> str:
 
 def appendix(run: ResultDoc) -> Appendix:
     f = run.facts
-    mrrs = f.get("pcie_mrrs")
+    mrrs = f.pcie_mrrs
     if isinstance(mrrs, dict) and mrrs:
         vals = sorted(set(map(str, mrrs.values())))
         mrrs_txt = (
@@ -84,77 +85,77 @@ def appendix(run: ResultDoc) -> Appendix:
         )
     else:
         mrrs_txt = NOT_RECORDED
-    env = f.get("nccl_env")
+    env = f.nccl_env
     env_txt = (
         " ".join(f"{k}={v}" for k, v in env.items())
         if isinstance(env, dict) and env
         else ("none set" if isinstance(env, dict) else NOT_RECORDED)
     )
-    nb = f.get("numa_balancing")
+    nb = f.numa_balancing
     nb_txt = (
         {0: "0 (off)", 1: "1 (on)", 2: "2 (memory tiering)"}.get(nb, _s(nb))
         if nb is not None
         else NOT_RECORDED
     )
-    tool = run.doc.get("tool") or {}
+    res = run.result
+    tool = res.tool or Tool()
     facts = [
         ("box", run.box),
-        ("run", _s(run.doc.get("run_id"))),
+        ("run", _s(res.run_id)),
         ("file", run.path),
-        ("started / finished", f"{_s(run.doc.get('started_at'))} / {_s(run.doc.get('finished_at'))}"),
-        ("profile", _s(run.doc.get("profile"))),
-        ("simulated server", "yes" if run.doc.get("simulated") else "no"),
-        ("driver", _s(f.get("driver"))),
-        ("engine", _s(f.get("engine"))),
-        ("model", _s(f.get("model"))),
-        ("drafter", _s(f.get("drafter"))),
-        ("NCCL profile", _s(f.get("nccl_profile"))),
+        ("started / finished", f"{_s(res.started_at)} / {_s(res.finished_at)}"),
+        ("profile", _s(res.profile)),
+        ("simulated server", "yes" if res.simulated else "no"),
+        ("driver", _s(f.driver)),
+        ("engine", _s(f.engine)),
+        ("model", _s(f.model)),
+        ("drafter", _s(f.drafter)),
+        ("NCCL profile", _s(f.nccl_profile)),
         ("NCCL env", env_txt),
         ("PCIe MaxReadReq", mrrs_txt),
         ("NUMA balancing", nb_txt),
-        ("gpubox", f"{_s(tool.get('version'))} ({_s(tool.get('git'))})"),
+        ("gpubox", f"{_s(tool.version)} ({_s(tool.git)})"),
     ]
     # what `gpubox recover` changed before this measurement, one row per repair, with the values
     # it set and the commands it ran (the result's optional `repairs`, written by recover)
-    for r in run.doc.get("repairs") or []:
-        if not isinstance(r, dict):
-            continue
-        ran = "; ".join(" ".join(map(str, c)) for c in r.get("commands") or [] if isinstance(c, list))
+    for r in res.repair_list():
+        cmds = r.commands if isinstance(r.commands, list) else []
+        ran = "; ".join(" ".join(map(str, c)) for c in cmds if isinstance(c, list))
         facts.append(
             (
-                f"repair: {_s(r.get('step'))} ({_s(r.get('host'))})",
-                _s(r.get("detail")) + (f"; ran: {ran}" if ran else ""),
+                f"repair: {_s(r.step)} ({_s(r.host)})",
+                _s(r.detail) + (f"; ran: {ran}" if ran else ""),
             )
         )
-    gpus = [g for g in f.get("gpus") or [] if isinstance(g, dict)]
+    gpus = f.gpu_list()
     gt = None
     if gpus:
         gt = T.Table(f"gpus_{run.name}", "GPUs", ["#", "name", "bus id", "NUMA", "link", "memory MiB"])
         for g in gpus:
-            numa = g.get("numa_node")
+            numa = g.numa_node
             gt.rows.append(
                 [
-                    T.Cell.label(_s(g.get("index"))),
-                    T.Cell.label(_s(g.get("name"))),
-                    T.Cell.label(_s(g.get("bus_id"))),
+                    T.Cell.label(_s(g.index)),
+                    T.Cell.label(_s(g.name)),
+                    T.Cell.label(_s(g.bus_id)),
                     T.Cell.label("unknown" if not isinstance(numa, int) or numa < 0 else str(numa)),
-                    T.Cell.label(_s(g.get("link"))),
-                    T.Cell.label(_s(g.get("memory_mib"))),
+                    T.Cell.label(_s(g.link)),
+                    T.Cell.label(_s(g.memory_mib)),
                 ]
             )
     servers = []
     for s in run.servers:
-        cmd = s.get("command")
-        senv = s.get("env") if isinstance(s.get("env"), dict) else {}
+        cmd = s.command
+        senv = s.env if isinstance(s.env, dict) else {}
         servers.append(
             {
-                "title": f"TP{s.get('tp')} {s.get('label')}",
-                "status": _s(s.get("status")),
-                "error": s.get("error"),
-                "gpus": ",".join(map(str, s.get("gpus") or [])) or NOT_RECORDED,
+                "title": f"TP{s.tp} {s.label}",
+                "status": _s(s.status),
+                "error": s.error,
+                "gpus": ",".join(map(str, s.gpus or [])) or NOT_RECORDED,
                 "command": shlex.join(map(str, cmd)) if isinstance(cmd, list) else _s(cmd),
                 "env": " ".join(f"{k}={shlex.quote(str(v))}" for k, v in senv.items()),
-                "startup_s": s.get("startup_s"),
+                "startup_s": s.startup_s,
             }
         )
     return Appendix(run.name, facts, gt, servers)
@@ -162,15 +163,11 @@ def appendix(run: ResultDoc) -> Appendix:
 
 def verdict(run: ResultDoc) -> dict:
     v = run.verdict
-    reasons = [r for r in v.get("reasons") or [] if isinstance(r, dict)]
     return {
         "run": run.name,
         "box": run.box,
-        "status": _s(v.get("status")),
-        "reasons": [
-            {"level": _s(r.get("level")), "message": _s(r.get("message")), "key": r.get("key")}
-            for r in reasons
-        ],
+        "status": _s(v.status),
+        "reasons": [{"level": _s(r.level), "message": _s(r.message), "key": r.key} for r in v.reasons or []],
     }
 
 

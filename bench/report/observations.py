@@ -137,7 +137,7 @@ def spec_speedup(run: ResultDoc) -> list[Observation]:
 
 def _numa_nodes(run: ResultDoc, tp: int, label: str) -> set[int] | None:
     srv = run.server_for(tp, label)
-    gpus = srv.get("gpus") if srv else None
+    gpus = srv.gpus if srv else None
     if not isinstance(gpus, list) or len(gpus) != tp:
         return None
     numa = run.gpu_numa()
@@ -147,8 +147,8 @@ def _numa_nodes(run: ResultDoc, tp: int, label: str) -> set[int] | None:
 
 def _over_pcie(run: ResultDoc) -> bool:
     """True when the facts show PCIe links and no NVLink (the seed box: RTX PRO 6000, PCIe only)."""
-    gpus = [g for g in run.facts.get("gpus") or [] if isinstance(g, dict)]
-    links = " ".join(str(g.get("link") or "") for g in gpus).lower()
+    gpus = run.facts.gpu_list()
+    links = " ".join(str(g.link or "") for g in gpus).lower()
     return bool(gpus) and "gen" in links and "nvlink" not in links
 
 
@@ -438,17 +438,14 @@ def deltas(base: ResultDoc, new: ResultDoc) -> list[tuple[Measurement, Measureme
 def fact_changes(base: ResultDoc, new: ResultDoc) -> list[str]:
     """The tuning knobs that differ between the two runs' facts."""
     fa, fb, out = base.facts, new.facts, []
-    if (
-        None not in (fa.get("numa_balancing"), fb.get("numa_balancing"))
-        and fa["numa_balancing"] != fb["numa_balancing"]
-    ):
-        out.append(f"NUMA balancing {fa.get('numa_balancing')} → {fb.get('numa_balancing')}")
-    ma, mb = fa.get("pcie_mrrs") or {}, fb.get("pcie_mrrs") or {}
+    if None not in (fa.numa_balancing, fb.numa_balancing) and fa.numa_balancing != fb.numa_balancing:
+        out.append(f"NUMA balancing {fa.numa_balancing} → {fb.numa_balancing}")
+    ma, mb = fa.pcie_mrrs or {}, fb.pcie_mrrs or {}
     if isinstance(ma, dict) and isinstance(mb, dict) and ma and mb:
         va, vb = sorted(set(map(str, ma.values()))), sorted(set(map(str, mb.values())))
         if va != vb:
             out.append(f"MaxReadReq {'/'.join(va)} → {'/'.join(vb)}")
-    ea, eb = fa.get("nccl_env") or {}, fb.get("nccl_env") or {}
+    ea, eb = fa.nccl_env or {}, fb.nccl_env or {}
     if isinstance(ea, dict) and isinstance(eb, dict) and ea != eb:
         added = sorted(set(eb) - set(ea))
         removed = sorted(set(ea) - set(eb))
@@ -459,8 +456,8 @@ def fact_changes(base: ResultDoc, new: ResultDoc) -> list[str]:
             f"changed {', '.join(changed)}" if changed else "",
         ]
         out.append("NCCL env " + " ".join(b for b in bits if b))
-    if fa.get("driver") and fb.get("driver") and fa["driver"] != fb["driver"]:
-        out.append(f"driver {fa['driver']} → {fb['driver']}")
+    if fa.driver and fb.driver and fa.driver != fb.driver:
+        out.append(f"driver {fa.driver} → {fb.driver}")
     return out
 
 
@@ -503,9 +500,9 @@ def before_after(base: ResultDoc, new: ResultDoc, top: int = 3) -> list[Observat
 
 def simulated(run: ResultDoc) -> list[Observation]:
     """Say first when the figures are the simulator's, so nobody reads them as a GPU's."""
-    if not run.doc.get("simulated"):
+    if not run.result.simulated:
         return []
-    k = run.doc.get("sim_speed")
+    k = run.result.sim_speed
     pace = f" paced at {f1(float(k))}x the seed box's real-time rates" if k else ""
     return [
         Observation(
