@@ -139,7 +139,9 @@ def test_hanging_alert_command_times_out(tmp_path, capsys):
 def test_alert_command_as_shell_string_is_refused(tmp_path, capsys):
     sim = make_sim(tmp_path, alert="notify-oncall --team x | mail")
     rc, res, err = run_once(capsys, sim, 1)
-    assert rc == 2 and "argv list" in err and res == {"error": err.strip(), "exit_code": 2}  # --json: the error object
+    assert (
+        rc == 2 and "argv list" in err and res == {"error": err.strip(), "exit_code": 2}
+    )  # --json: the error object
     assert history.runs(box_of(sim)) == [], "bad settings are refused before anything is recorded"
 
 
