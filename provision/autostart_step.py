@@ -13,7 +13,7 @@ from typing import Any
 
 from gpubox.diffs import unified
 from gpubox.facts import Fact, FileText
-from gpubox.steps import OMIT, Finding, Plan, Remove, Run, Step, Write
+from gpubox.steps import OMIT, Finding, Omit, Plan, Remove, Run, Step, Write
 
 from . import autostart as a
 from .lxc import ConfText
@@ -46,12 +46,12 @@ class Options:
 
 @dataclass
 class Evidence:
-    hookscript: Any = OMIT
-    previous: Any = OMIT
-    chain: Any = OMIT
-    unit: Any = OMIT
-    enabled: Any = OMIT
-    files: Any = OMIT
+    hookscript: str | None | Omit = OMIT  # the CT's hookscript volid (None: none attached)
+    previous: str | None | Omit = OMIT  # the `hookscript:` line gpubox's snippet replaced
+    chain: str | None | Omit = OMIT  # that hookscript's path on the host, run first
+    unit: str | Omit = OMIT  # the boot unit
+    enabled: str | Omit = OMIT  # systemctl is-enabled <unit>
+    files: list[str] | Omit = OMIT
 
 
 class HostExists(Fact):
