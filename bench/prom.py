@@ -47,11 +47,12 @@ def _num(v: Any) -> float | None:
 
 def _lbl(v: Any) -> str:
     """A label value from a document: control characters and bidi overrides shown escaped
-    (gpubox.escape.terminal), so `cat` or `curl` of the textfile cannot drive a terminal;
-    prometheus_client then escapes backslash, quote and newline as its format requires."""
+    (gpubox.escape.terminal), so `cat` or `curl` of the textfile cannot drive a terminal; a
+    newline is kept, since prometheus_client writes it as `\\n`, as the exposition format says,
+    and a reader gets the value back as it was."""
     from gpubox.escape import terminal
 
-    return "" if v is None else terminal(v)
+    return "" if v is None else terminal(v, newlines=True)
 
 
 def render(

@@ -49,18 +49,25 @@ class OutputConsole(Console):
             if isinstance(o, Table):
                 fold(o)
         width = self.width
-        if self.piped:
-            tables = [o for o in objects if isinstance(o, Table)]
-            if tables:  # as wide as the longest unbreakable word needs, else PIPE_WIDTH
-                wide = self.options.update_width(1 << 16)  # measured unclamped by this width
-                self.width = max([width] + [self.measure(t, options=wide).minimum for t in tables])
-                kw.setdefault("soft_wrap", False)
         try:
-            super().print(*objects, **kw)
-        except MarkupError:
-            super().print(*(_defused(o) for o in objects), **kw)
+            try:
+                self._fit(objects, width, kw)
+                super().print(*objects, **kw)
+            except MarkupError:
+                objects = tuple(_defused(o) for o in objects)
+                self._fit(objects, width, kw)
+                super().print(*objects, **kw)
         finally:
-            self.width = width  # rich clamps print(width=) to the console's: widen it for this print only
+            self.width = width  # rich clamps print(width=) to the console's: widen it for one print only
+
+    def _fit(self, objects, width: int, kw: dict) -> None:
+        """Piped: the console as wide as the longest unbreakable word of a table needs (a path or a
+        command is never split), else PIPE_WIDTH."""
+        tables = [o for o in objects if isinstance(o, Table)]
+        if self.piped and tables:
+            wide = self.options.update_width(1 << 16)  # measured unclamped by this width
+            self.width = max([width] + [self.measure(t, options=wide).minimum for t in tables])
+            kw.setdefault("soft_wrap", False)
 
     def _render_buffer(self, buffer) -> str:
         from .escape import terminal

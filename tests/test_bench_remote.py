@@ -182,7 +182,7 @@ def test_container_without_the_libraries_is_refused_with_the_fix(sshd, tmp_path,
         sim, tmp_path, container=sshd.vars(), host=sshd.vars(), python=_no_gpubox_python(tmp_path)
     )
     rc, out, err = _bench(capsys, inv, tmp_path)
-    assert rc == 2 and out == ""
+    assert rc == 2 and json.loads(out) == {"error": err.strip(), "exit_code": 2}  # --json: the error object
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert re.search(r"No module named '(httpx|httpcore|psutil|prometheus_client|yaml)'", lines[0]), lines[0]
