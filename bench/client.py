@@ -1,5 +1,8 @@
 """Streaming load client for OpenAI-compatible servers (vLLM, SGLang, the simulator).
 
+One module (about 600 lines): the request loop, its timing and its token accounting measure one
+request together.
+
 Measured the way vLLM's benchmarks/serve.py and GuideLLM measure (docs/facts.md "Serving benchmarks"):
 output tokens come from the server's `usage.completion_tokens` (`stream_options.include_usage`),
 because a speculative step sends several tokens in one SSE chunk; a server that sends no usage

@@ -1,5 +1,8 @@
 """Socket layer under httpx for the benchmark client: kernel arrival timestamps and a cheap read path.
 
+One module (about 550 lines): the backend, its stream and the timestamp reader are one httpcore
+plug-in and change together.
+
 httpx, httpcore and h11 still do all of HTTP; this replaces only httpcore's network backend
 (a documented plug-in point: `httpcore.AsyncConnectionPool(network_backend=...)`). Hand-written
 because, measured with benchmarks/client_accuracy.py, benchmarks/ttft_wire.py and cProfile on a

@@ -1,5 +1,8 @@
 """Start an inference server at TP N, wait until it serves, and tear it down with no orphans.
 
+One module (about 580 lines): the presets and the Server lifecycle they feed are read together; each
+preset is a few lines of argv.
+
 Presets build the exact argv (never a shell string) for:
 
 - vLLM `auto` (autoregressive), `linear` (DFlash: `--speculative-config {"method":"dflash",...}`),

@@ -1,5 +1,8 @@
 """Scheduled health checks: a systemd service + timer (or a cron.d line) on the box.
 
+The spec, its validation and the unit and cron text it renders are one contract, kept in one module
+(about 500 lines): split, each setting would be spread over three files.
+
 What gets installed runs `gpubox -i <inventory> schedule run-once <box> --profile <p>` (see
 bench/runonce.py: lock, benchmark, history, verdict, .prom file, alert). By default the units go
 into the container; with `on: host` they go onto the Proxmox host and reach the container with

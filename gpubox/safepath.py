@@ -1,5 +1,8 @@
 """The one safe-path layer under every write gpubox makes on a machine it runs on.
 
+One module (about 540 lines) on purpose: every rule of the layer (resolution, anchors, writes,
+removes, bounded reads) is reviewed together, as the hostile oracles test it.
+
 gpubox runs as root where others can write (a container's /dev/shm is mode 1777; a state or lock
 directory may have been made by someone else first). A name someone else could have planted must
 never make gpubox write, truncate, chmod or delete another file. So every write here:

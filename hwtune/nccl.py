@@ -1,5 +1,8 @@
 """NCCL environment profiles: validated data, exported in the formats consumers read.
 
+One module (about 680 lines): the variable table, validation, profiles and the export formats share
+one quoting and parsing contract (what is written must parse back as written).
+
 Facts (docs/facts.md "NCCL environment"): NCCL never warns about unknown or misspelled NCCL_* names,
 treats a bad NCCL_P2P_LEVEL string as unset, and fails at init on a bad NCCL_ALGO/NCCL_PROTO
 token. So every name is checked against the documented table (nccl_vars.yaml, built from NCCL's

@@ -1,6 +1,9 @@
 """Compare a container config's main section with the NVIDIA devices the host offers, and build
 the smallest edit that makes them agree.
 
+One module (about 740 lines): the review's reading of a config, its rules and the edit it builds are
+one decision, tested as data.
+
 Only the main section counts: raw `lxc.*` lines in `[pve:pending]` or snapshot sections are
 never used at start (docs/facts.md "Proxmox LXC config"), so they are neither checked nor edited.
 Two ways to pass a node: `devN: /dev/...` (PVE >= 8.1, major:minor read at every start) or an

@@ -1,5 +1,8 @@
 """Findings: short sentences with the numbers in them, each made only where the data shows it.
 
+One module (about 530 lines) on purpose: every observation is a short, independent function over the
+same indexed run, read and checked side by side.
+
 Each function looks at one run (or a pair, for before/after) and returns zero or more Observation.
 A finding needs every measurement it quotes to be `ok`; a failed or missing point means no finding,
 never a guess. Thresholds are named constants so the wording ("flat", "slower") is checkable.

@@ -1,6 +1,9 @@
 """Real LXC containers for the tests and the simulated box: the kernel, not a model, says which device
 nodes a container may open.
 
+One module (about 700 lines): it is also its own entry inside a private mount namespace (`python
+-m`), and the config builder must stay in step with the start that uses it.
+
 Where the machine allows it (root, Debian's `lxc` installed, a cgroup2 hierarchy LXC can use) a Proxmox
 container config is turned into an LXC config the way pve-container builds one and a real container is
 started with a tiny static probe as init; otherwise `detect()` says why and callers fall back to the

@@ -1,5 +1,8 @@
 """SSH transport over paramiko: host keys verified against known_hosts (RejectPolicy) by default.
 
+One module (about 530 lines): the paramiko session, its SFTP writes and its command runner share one
+connection's state and lifetime.
+
 Commands travel as argv joined with shlex.quote (SSH's exec request carries one string; quoting
 each element keeps it an argv). Files go through SFTP; writes land in a temporary file in the
 same directory and are renamed with posix-rename so readers never see half a file.

@@ -1,5 +1,8 @@
 """`pct` stand-in: status/start/stop/shutdown/reboot/set/config/exec/push/pull/unlock, as pve-container does them.
 
+One module (about 770 lines): it is the one `pct` command, each verb next to the Proxmox source it
+follows.
+
 Checked against proxmox/pve-container 94f5585 (src/PVE/CLI/pct.pm, src/PVE/API2/LXC/Status.pm,
 src/PVE/LXC.pm, src/PVE/LXC/Config.pm, src/PVE/LXC/Tools.pm, src/lxc-pve-prestart-hook),
 proxmox/pve-guest-common 4a8f6cb (src/PVE/AbstractConfig.pm) and proxmox/pve-common f665029
