@@ -3,7 +3,7 @@
 An inventory is user input: `gpubox_vmid: 200.7` must not act on CT 200 and `-5` must not reach
 `pct status -5`. Every rule names the host and the variable in its one-line error. Variables
 gpubox does not know are left to Ansible. Ranges: Proxmox accepts vmids 100..999999999
-(pve-guest-common's `pve-vmid` format), TCP ports 1..65535.
+(pve-guest-common's `pve-vmid` format), TCP ports 1..65535; a GPU power limit is watts above 0.
 """
 
 from __future__ import annotations
@@ -36,6 +36,16 @@ def _int_in(lo: int, hi: int) -> Rule:
 def _number_pos(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v or v == float("inf"):
         return "not a positive number of seconds"
+    return None
+
+
+MAX_WATTS = 5000  # no single GPU's power limit comes near it (B200: 1000 W); more is a typo
+
+
+def _watts(v: Any) -> str | None:
+    """A GPU power limit in watts, as nvidia-smi -pl takes it: a positive finite number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not 0 < v <= MAX_WATTS:
+        return f"not a power limit in watts (a number above 0, at most {MAX_WATTS})"
     return None
 
 
@@ -90,6 +100,7 @@ SCHEMA: dict[str, Rule] = {
     "ansible_ssh_port": _int_in(1, 65535),
     "gpubox_ct_timeout": _number_pos,
     "gpubox_alert_timeout": _number_pos,
+    "gpubox_expected_power_limit": _watts,
     "gpubox_root": _abs_path,
     "gpubox_proxmox_host": _str,
     "gpubox_nccl_profile": _str,

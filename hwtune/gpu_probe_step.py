@@ -23,8 +23,12 @@ from .probe_verdict import decide, gpu_table, limits, summarize, tp_sets
 
 
 def box_limits(box) -> dict[str, Any]:
-    """The box's `gpubox_probe` limits, with the all-reduce sets taken from its TP sizes."""
+    """The box's `gpubox_probe` limits, with the all-reduce sets taken from its TP sizes and the
+    deliberate power cap (`gpubox_expected_power_limit`, watts; checked by gpubox.invschema)."""
     lim = limits(box.var("gpubox_probe"))
+    watts = box.var("gpubox_expected_power_limit")
+    if watts is not None:
+        lim["expected_power_w"] = float(watts)
     if lim["allreduce_sets"] is None:
         bench = box.var("gpubox_bench") or {}
         sets = tp_sets(bench.get("tp") if isinstance(bench, dict) else None, _int(box.var("gpubox_gpus")))

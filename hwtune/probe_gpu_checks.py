@@ -250,19 +250,9 @@ def check_state(g: GpuFacts, lim: dict[str, Any]) -> Check:
             cause="tensor-parallel serving needs whole GPUs",
             repair="`nvidia-smi -i <gpu> -mig 0` on the host (gpubox only reads it)",
         )
-    cap, default = g.power_limit_w, g.power_default_w
-    if cap and default and cap < 0.95 * default:
-        ev.update(power_limit_w=cap, power_default_w=default)
-        return Check(
-            name,
-            DRIFT,
-            f"power cap {cap:g} W is below the GPU's default {default:g} W",
-            ev,
-            cause="the power limit was lowered (nvidia-smi -pl, a power-capping service): clocks and "
-            "tokens/s drop under load",
-            repair=f"`nvidia-smi -i {g.index} -pl {default:g}` on the host if the cap is not "
-            "intended (gpubox only reads GPU settings)",
-        )
+    power = check_power(g, lim.get("expected_power_w"), ev)
+    if power is not None:
+        return power
     app = g.app_clocks_mhz
     low = (
         [
@@ -294,7 +284,57 @@ def check_state(g: GpuFacts, lim: dict[str, Any]) -> Check:
         )
     persistence = "on" if pm else "off" if pm is False else "?"
     desc = f"{g.name} {g.bus_id}, {g.memory_total_mib} MiB, persistence {persistence}"
+    if "expected_power_w" in ev:
+        desc += f", power cap {g.power_limit_w:g} W as set (gpubox_expected_power_limit)"
     return Check(name, OK, desc, ev)
+
+
+POWER_TOLERANCE = 0.01  # NVML reports the enforced limit in mW; nvidia-smi -pl sets whole watts
+
+
+def check_power(g: GpuFacts, expected: float | None, ev: dict[str, object]) -> Check | None:
+    """The GPU's power limit against the box's deliberate cap (`gpubox_expected_power_limit`), else
+    against the GPU's default. None when it is as it should be (the state check goes on)."""
+    name, cap, default = f"{g.label} state", g.power_limit_w, g.power_default_w
+    if not cap:
+        return None
+    persist = (
+        "and set it at every boot (a oneshot unit running that command: the limit goes back to "
+        "the default whenever the driver loads)"
+    )
+    if expected is not None:
+        ev.update(power_limit_w=cap, power_default_w=default, expected_power_w=expected)
+        if abs(cap - expected) <= max(1.0, POWER_TOLERANCE * expected):
+            return None
+        higher = cap > expected
+        return Check(
+            name,
+            DRIFT,
+            f"power cap {cap:g} W, the box's expected cap is {expected:g} W (gpubox_expected_power_limit)",
+            ev,
+            cause="the deliberate cap is gone: the driver restores the GPU's default limit at every load "
+            "(reboot, driver reload) unless something sets it again, so the headroom it kept (PSU, "
+            "heat) is lost"
+            if higher
+            else "the limit is below the box's deliberate cap: lowered by hand or by another "
+            "power-capping service; clocks and tokens/s drop under load",
+            repair=f"`nvidia-smi -i {g.index} -pl {expected:g}` on the host, {persist}; or change "
+            "gpubox_expected_power_limit if the new cap is meant (gpubox only reads GPU settings)",
+        )
+    if default and cap < 0.95 * default:
+        ev.update(power_limit_w=cap, power_default_w=default)
+        return Check(
+            name,
+            DRIFT,
+            f"power cap {cap:g} W is below the GPU's default {default:g} W",
+            ev,
+            cause="the power limit was lowered (nvidia-smi -pl, a power-capping service): clocks and "
+            "tokens/s drop under load",
+            repair=f"`nvidia-smi -i {g.index} -pl {default:g}` on the host if the cap is not "
+            f"intended; if it is (PSU headroom), set gpubox_expected_power_limit: {cap:g} for the box "
+            "(gpubox only reads GPU settings)",
+        )
+    return None
 
 
 def check_fabric(doc: ProbeDoc) -> Check | None:
