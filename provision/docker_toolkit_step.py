@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpubox.steps import Finding, Step
+from gpubox.steps import OMIT, Finding, Omit, Step
 
 from . import toolkit
 from .toolkit import finding_of
@@ -23,10 +23,12 @@ class ToolkitEvidence:
     config: str
     no_cgroups: bool | None = None
     cli: bool = False
+    cdi_specs: list[str] | Omit = OMIT  # the CDI spec files read (when there are any)
 
 
 class DockerToolkitStep(Step):
-    """Docker + nvidia-container-toolkit inside the LXC: no-cgroups must be true there."""
+    """Docker + nvidia-container-toolkit inside the LXC: no-cgroups must be true there, and no CDI
+    spec may pin an NVIDIA node to a stale major."""
 
     name = "docker-toolkit"
     title = "NVIDIA Container Toolkit inside the container"
@@ -42,6 +44,8 @@ class DockerToolkitStep(Step):
         status, detail, cause, repair = toolkit.decide(facts)
         nc = toolkit.no_cgroups(facts.config) if facts.config is not None else None
         ev = ToolkitEvidence(toolkit.CONFIG if facts.config is not None else "absent", nc, facts.cli)
+        if facts.cdi is not None and facts.cdi.specs:
+            ev.cdi_specs = [s.path for s in facts.cdi.specs]
         return finding_of(status, detail, cause, repair, ev)
 
 

@@ -11,7 +11,9 @@ Proxmox 5.15-pve kernel; #209). The toolkit's documented switch for that is
 /etc/nvidia-container-runtime/config.toml (NVIDIA container toolkit docs, "rootless" and
 config.toml reference); the devices are then passed to Docker explicitly or through CDI.
 
-gpubox does not own that file: the finding names the line and the operator's command.
+gpubox does not own that file: the finding names the line and the operator's command. The same
+step reads the CDI specs in the container (provision.cdi): one that pins an NVIDIA node to a major
+that changed breaks CUDA in every container started with it.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from dataclasses import dataclass, field
 from gpubox.facts import Fact
 from gpubox.steps import FAILED, OK, SKIPPED, Finding
 
+from .cdi import REGENERATE, CdiFacts, read_facts, stale_nodes
+
 CONFIG = "/etc/nvidia-container-runtime/config.toml"
 CLI_PATHS = ("/usr/bin/nvidia-container-cli", "/usr/local/bin/nvidia-container-cli")
 FIX = (
     "in the container: nvidia-ctk config --set nvidia-container-cli.no-cgroups=true --in-place "
     f"(or set `no-cgroups = true` under [nvidia-container-cli] in {CONFIG}), then pass the nodes "
-    "to Docker explicitly (--device /dev/nvidia0 ... --device /dev/nvidia-uvm) or use CDI "
-    "(nvidia-ctk cdi generate)"
+    "to Docker explicitly (--device /dev/nvidia0 ... --device /dev/nvidia-uvm) or use CDI with a spec "
+    "written again at every boot (nvidia-ctk cdi generate; the toolkit's nvidia-cdi-refresh units)"
 )
 
 
@@ -45,6 +49,7 @@ class ToolkitFacts:
     # /proc/devices (the host's: an LXC container shares the kernel's table)
     rules: dict[str, list[str]] = field(default_factory=dict)
     proc_devices: str = ""
+    cdi: CdiFacts | None = None  # the CDI specs in the container (None: not read)
 
 
 def stale_rules(rules: dict[str, list[str]], proc_devices: str) -> list[str]:
@@ -88,6 +93,17 @@ def no_cgroups(toml: str) -> bool | None:
 
 def decide(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
     """Pure: (status, detail, cause, repair)."""
+    pinned = stale_nodes(f.cdi) if f.cdi is not None else []
+    if pinned:
+        return (
+            "failed",
+            "; ".join(pinned),
+            "a CDI spec pins an NVIDIA device node to a major that changed (a reboot or a driver "
+            "upgrade hands out dynamic majors anew): containers started with it get a node no driver "
+            "answers, so nvidia-smi works and cuInit returns 999",
+            f"in the container: write the spec again, {REGENERATE}; remove a stale leftover in "
+            "/etc/cdi when /var/run/cdi holds the fresh one; then recreate the containers",
+        )
     stale = stale_rules(f.rules, f.proc_devices)
     if stale:
         return (
@@ -96,7 +112,8 @@ def decide(f: ToolkitFacts) -> tuple[str, str, str | None, str | None]:
             "a device-cgroup rule with a hard-coded nvidia-uvm major: the major changed at boot, so the "
             "Docker container cannot open /dev/nvidia-uvm (CUDA error 999)",
             "give Docker the device instead of a major (--device /dev/nvidia-uvm, compose `devices:`), or "
-            "use CDI (nvidia-ctk cdi generate); recreate the container",
+            "use CDI with a spec written again at every boot (nvidia-ctk cdi generate; the toolkit's "
+            "nvidia-cdi-refresh units); recreate the container",
         )
     if f.config is None and not f.cli:
         return "ok", "no NVIDIA Container Toolkit in the container", None, None
@@ -138,8 +155,9 @@ class ToolkitFact(Fact):
                     continue
                 if isinstance(got, list) and got:
                     rules[cid] = [str(r) for r in got]
-        proc = host.read_text("/proc/devices", default="") if rules else ""
-        return ToolkitFacts(text, any(host.exists(p) for p in CLI_PATHS), rules, proc)
+        specs = read_facts(host)
+        proc = specs.proc_devices or (host.read_text("/proc/devices", default="") if rules else "")
+        return ToolkitFacts(text, any(host.exists(p) for p in CLI_PATHS), rules, proc, specs)
 
 
 def finding_of(status: str, detail: str, cause, repair, ev) -> Finding:

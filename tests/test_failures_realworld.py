@@ -36,6 +36,7 @@ CLASSES = {
     "power",
     "fabric",
     "acs",
+    "cdi-spec",
 }
 
 
