@@ -238,14 +238,20 @@ class SetpciAnswer:
     stderr: str
 
 
+# What PcieRegs reads, in order: DevCtl, LnkCap, LnkSta, the capability's version (PCIe
+# Capabilities Register, bits 3:0) and LnkCtl2 (Target Link Speed 3:0, Hardware Autonomous Speed
+# Disable bit 5), which exists only from version 2 on (linux pci_regs.h PCI_EXP_FLAGS_VERS,
+# PCI_EXP_LNKCTL2, PCI_EXP_LNKCTL2_TLS, PCI_EXP_LNKCTL2_HASD).
+REG_ARGS = ("CAP_EXP+8.w", "CAP_EXP+0c.l", "CAP_EXP+12.w", "CAP_EXP+2.w", "CAP_EXP+30.w")
+HASD_BIT = 0x20
+
+
 class PcieRegs(Fact):
-    """DevCtl, LnkCap and LnkSta of one function through the real setpci (one call, reads only)."""
+    """DevCtl, LnkCap, LnkSta and LnkCtl2 of one function through the real setpci (one call, reads only)."""
 
     @staticmethod
     def read(host, bdf: str) -> SetpciAnswer:
-        r = host.run(
-            [*setpci_base(host), "-s", bdf, "CAP_EXP+8.w", "CAP_EXP+0c.l", "CAP_EXP+12.w"], timeout=30
-        )
+        r = host.run([*setpci_base(host), "-s", bdf, *REG_ARGS], timeout=30)
         return SetpciAnswer(host.name, r.rc, r.stdout, r.stderr)
 
     @staticmethod
@@ -254,8 +260,8 @@ class PcieRegs(Fact):
 
 
 def parse_regs(r: SetpciAnswer, bdf: str) -> dict[str, int]:
-    """setpci's answer -> {"devctl", "lnkcap", "lnksta"}; NoPcieCap / Unreadable for this function,
-    GpuboxError when setpci itself cannot run."""
+    """setpci's answer -> {"devctl", "lnkcap", "lnksta", "lnkctl2"} (lnkctl2 None below capability
+    version 2); NoPcieCap / Unreadable for this function, GpuboxError when setpci itself cannot run."""
     if r.rc != 0:
         if "not found" in r.stderr and "0010" in r.stderr:
             raise NoPcieCap(
@@ -272,9 +278,10 @@ def parse_regs(r: SetpciAnswer, bdf: str) -> dict[str, int]:
         vals = [int(x, 16) for x in r.stdout.split()]
     except ValueError:
         vals = []
-    if len(vals) != 3:
+    if len(vals) != len(REG_ARGS):
         raise GpuboxError(f"setpci printed {r.stdout!r} for {bdf}", "report this: unexpected pciutils output")
     regs = {"devctl": vals[0], "lnkcap": vals[1], "lnksta": vals[2]}
+    regs["lnkctl2"] = vals[4] if vals[3] & 0xF >= 2 and vals[3] != 0xFFFF else None
     problem = insane_regs(regs)
     if problem:
         raise Unreadable(f"{bdf}: {problem}", UNREADABLE_FIX)
@@ -388,9 +395,12 @@ class DeviceRegs:
     lnksta: int | None = None
     error: str | None = None
     unreadable: bool = False
+    lnkctl2: int | None = None  # None: not read, or a capability of version 1 (no such register)
+    ident: str | None = None  # vendor:device:class as setpci's -d takes it, e.g. "10de:2bb5:0302"
 
     def __post_init__(self) -> None:
         self.devctl, self.lnkcap, self.lnksta = _word(self.devctl), _word(self.lnkcap), _word(self.lnksta)
+        self.lnkctl2 = _word(self.lnkctl2)
 
     def state(self) -> DeviceState:
         link = link_info(self.lnkcap, self.lnksta) if self.devctl is not None else {}
@@ -399,19 +409,55 @@ class DeviceRegs:
         )
 
 
+def ident(f: PciFunction) -> str:
+    """vendor:device:class of a function as setpci/lspci `-d` select it (class = base + sub class)."""
+    return f"{f.vendor.removeprefix('0x')}:{f.device.removeprefix('0x')}:{f.klass[:4]}"
+
+
 def device_regs(fact: Callable[..., Any], f: PciFunction) -> DeviceRegs:
     """Read one function through `fact(FactClass, *args)` (ctx.fact, or a direct read): the
     config header first; a function that fails it is never asked for its registers."""
     problem = fact(ConfigHeader, f.bdf)
+    base = {"bdf": f.bdf, "kind": f.kind, "numa_node": f.numa_node, "ident": ident(f)}
     if problem:
-        return DeviceRegs(f.bdf, f.kind, f.numa_node, error=f"{f.bdf}: {problem}", unreadable=True)
+        return DeviceRegs(**base, error=f"{f.bdf}: {problem}", unreadable=True)
     try:
         regs = fact(PcieRegs, f.bdf)
     except Unreadable as exc:
-        return DeviceRegs(f.bdf, f.kind, f.numa_node, error=exc.problem, unreadable=True)
+        return DeviceRegs(**base, error=exc.problem, unreadable=True)
     except NoPcieCap as exc:
-        return DeviceRegs(f.bdf, f.kind, f.numa_node, error=str(exc))
-    return DeviceRegs(f.bdf, f.kind, f.numa_node, regs["devctl"], regs["lnkcap"], regs["lnksta"])
+        return DeviceRegs(**base, error=str(exc))
+    return DeviceRegs(
+        **base, devctl=regs["devctl"], lnkcap=regs["lnkcap"], lnksta=regs["lnksta"], lnkctl2=regs["lnkctl2"]
+    )
+
+
+class BridgeBuses(Fact):
+    """The secondary bus of every PCI bridge (config header byte 0x19 of a type-1 header): which
+    port a function sits below, as `lspci -t` draws it. {bdf: secondary bus}."""
+
+    @staticmethod
+    def read(host) -> dict[str, int]:
+        out = {}
+        for f in PciFunctions.parse(PciFunctions.read(host)):
+            if f.kind != "bridge":
+                continue
+            try:
+                head = host.read_bytes(f"{DEVICES}/{f.bdf}/config")[:64]
+            except OSError:
+                continue
+            if len(head) >= 0x1A and head[0:2] != b"\xff\xff" and head[0x0E] & 0x7F == 1:
+                out[f.bdf] = head[0x19]
+        return out
+
+
+def upstream_port(bridges: dict[str, int], bdf: str) -> str | None:
+    """Pure: the bridge whose secondary bus is BDF's bus, in BDF's domain (None: none seen)."""
+    domain, bus = bdf.split(":")[0], int(bdf.split(":")[1], 16)
+    for port, sec in sorted(bridges.items()):
+        if port.split(":")[0] == domain and sec == bus and port != bdf:
+            return port
+    return None
 
 
 def read_states(host, include=()) -> list[DeviceState]:

@@ -107,28 +107,41 @@ def check_link(doc: ProbeDoc, g: GpuFacts, lim: dict[str, Any]) -> Check:
     else:
         gen, width, when = pc.gen_current, pc.width_current, "idle" if idle else "now"
     ev = {"pcie": pc.to_json(), "under_load": _json(loaded), "gen": gen, "width": width}
-    problems, causes = [], []
+    problems, causes, repairs = [], [], []
     if width is not None and width < w_max:
         problems.append(f"trained at x{width} of x{w_max} {when}")
         causes.append("a badly seated card or riser, or a slot bifurcation setting")
+        repairs.append("reseat the GPU/riser, check the BIOS slot width and bifurcation")
     if w_max < lim["min_link_width"]:
         problems.append(f"the slot gives x{w_max}, want x{lim['min_link_width']}")
         causes.append("the GPU sits in a narrow slot or behind an x8 riser")
+        repairs.append("move the GPU to an x16 slot")
     if gpu_max and gen_max < gpu_max:
         problems.append(f"slot/BIOS limits it to Gen{gen_max}; the GPU does Gen{gpu_max}")
         causes.append("the BIOS PCIe speed setting, or a riser/retimer rated for a lower gen")
+        repairs.append(f"set the slot to Auto/Gen{gpu_max} in the BIOS, or a riser/retimer rated for it")
     if gen is not None and gen < gen_max and (loaded or not idle):
         problems.append(f"ran at Gen{gen} {when}, capable of Gen{gen_max}")
         causes.append("link trained down (signal integrity) or the BIOS caps the speed")
+        # a link stuck low is retrained from the port above it (PCIe Link Control bit 5); the
+        # host's pcie-link step names that port and whether its target speed holds it down
+        repairs.append(
+            f"retrain the link from the port above {g.bus_id} on the host (`gpubox doctor` pcie-link "
+            "names it and its LnkCtl2 target speed; setpci -s <port> CAP_EXP+10.w=20:20), then "
+            "compare LnkSta with LnkCap (lspci -vv); if it trains down again, reseat the GPU and "
+            "check the riser/retimer and the BIOS slot speed"
+        )
     eff_gen = gen if (loaded or not idle) and gen is not None else gen_max
     if eff_gen < lim["min_link_gen"]:
         problems.append(f"Gen{eff_gen} is below the minimum Gen{lim['min_link_gen']}")
         if not causes:
             causes.append("an old platform or a BIOS speed cap")
+            repairs.append("a platform or slot of a newer generation")
     replays = pc.replay_counter
     if replays is not None and replays > lim["pcie_replay_max"]:
         problems.append(f"{replays} PCIe replays (limit {lim['pcie_replay_max']})")
         causes.append("link errors being retried: signal integrity (seating, riser, cable)")
+        repairs.append("reseat the GPU, replace the riser/cable")
     cap = f"Gen{gen_max} x{w_max}"
     if problems:
         return Check(
@@ -137,8 +150,7 @@ def check_link(doc: ProbeDoc, g: GpuFacts, lim: dict[str, Any]) -> Check:
             f"{cap}: " + "; ".join(problems),
             ev,
             cause="; ".join(dict.fromkeys(causes)),
-            repair="reseat the GPU/riser, check the BIOS slot speed and bifurcation, "
-            "compare `lspci -vv` LnkCap/LnkSta on the host",
+            repair="; ".join(dict.fromkeys(repairs)),
         )
     note = f"Gen{gen} x{width} {when}, capable {cap}"
     if idle and not loaded and gen is not None and gen < gen_max:
