@@ -460,11 +460,17 @@ def upstream_port(bridges: dict[str, int], bdf: str) -> str | None:
     return None
 
 
-def read_states(host, include=()) -> list[DeviceState]:
+def read_devices(host, include=()) -> list[DeviceRegs]:
+    """The selected functions' registers, read directly (no run's fact cache)."""
+
     def direct(fact, *args):
         return fact.parse(fact.read(host, *args), *args)
 
-    return [device_regs(direct, f).state() for f in select_functions(host, include)]
+    return [device_regs(direct, f) for f in select_functions(host, include)]
+
+
+def read_states(host, include=()) -> list[DeviceState]:
+    return [d.state() for d in read_devices(host, include)]
 
 
 # -- the write, its read-back, and the boot unit -----------------------------------------------
@@ -491,22 +497,37 @@ def check_write(bdf: str, before: int, code: int, host) -> None:
         )
 
 
-def unit_text(bdfs: list[str], code: int) -> str:
-    """Boot-time re-apply: values are lost at reboot (docs/facts.md). Runs after udev has settled the PCI
-    devices and before Proxmox starts guests, so the container never sees the default."""
+SETPCI = "/usr/bin/setpci"  # pciutils on Debian/Proxmox (checked on the host: gpubox.bootbins)
+
+
+def unit_text(functions: list[tuple[str, str]], code: int) -> str:
+    """Boot-time re-apply: values are lost at reboot (docs/facts.md). FUNCTIONS are (bus id, ident)
+    as recorded at install: each write selects the function by bus id AND vendor:device:class
+    (`setpci -s BDF -d VVVV:DDDD:CCCC`, one process reading the IDs and writing), so after a hardware
+    change the config space of whatever now sits at that address is never touched; setpci logs
+    "Warning: No devices selected" for it in the unit's journal and goes on (exit 0).
+
+    Ordered after systemd-modules-load (the NVIDIA driver loaded and bound: gpubox's
+    modules-load.d names nvidia-uvm) and before Proxmox starts the guests; the PCI functions
+    themselves exist from the kernel's enumeration on, so no udev settling is waited for (the
+    deprecated systemd-udev-settle.service)."""
     lines = [
-        "# Managed by gpubox (hwtune pcie): re-applies PCIe MaxReadReq at boot.",
+        "# Managed by gpubox (hwtune pcie): re-applies PCIe MaxReadReq at boot, only on the functions",
+        "# recorded at install (bus id + vendor:device:class); a function that changed is skipped by",
+        "# setpci (journal: 'Warning: No devices selected').",
         "[Unit]",
         f"Description=gpubox: PCIe MaxReadReq {mrrs_bytes(code)} on NVIDIA GPU functions",
-        "After=systemd-udev-settle.service",
-        "Wants=systemd-udev-settle.service",
+        "After=systemd-modules-load.service",
         "Before=pve-guests.service",
         "",
         "[Service]",
         "Type=oneshot",
         "RemainAfterExit=yes",
     ]
-    lines += [f"ExecStart=/usr/bin/setpci -s {b} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}" for b in bdfs]
+    lines += [
+        f"ExecStart={SETPCI} -s {b} -d {ident} CAP_EXP+8.w={code << 12:04x}:{MRRS_MASK:04x}"
+        for b, ident in functions
+    ]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 

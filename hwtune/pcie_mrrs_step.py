@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from gpubox import bootbins
 from gpubox.context import PERSIST_DEFAULT
 from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
@@ -49,6 +50,7 @@ class MrrsFacts:
     lockdown: str | None = None  # kernel lockdown mode, None when off
     unit: str | None = None  # with persist: the boot unit's text ("" = missing)
     unit_enabled: str | None = None  # with persist and a unit file: `systemctl is-enabled`
+    missing: list[str] = field(default_factory=list)  # with persist: programs the unit runs, absent
 
 
 @dataclass
@@ -93,6 +95,8 @@ class PcieMrrsStep(Step):
             facts.unit = ctx.fact(UnitFile)
             if facts.unit:
                 facts.unit_enabled = ctx.fact(UnitEnabled)
+            funcs = [(d.bdf, d.ident) for d in facts.devices if d.devctl is not None]
+            facts.missing = bootbins.missing(ctx.fact, [unit_text(funcs, self.options(ctx).code)])
         return facts
 
     def decide(self, facts: MrrsFacts, opts: MrrsOptions) -> Finding:
@@ -132,8 +136,17 @@ class PcieMrrsStep(Step):
                 evidence=ev(),
             )
         if opts.persist:
-            unit = unit_text([s.bdf for s in states if s.devctl is not None], code)
-            unit_problem = _unit_problem(facts, unit)
+            unit = unit_text([(d.bdf, d.ident) for d in facts.devices if d.devctl is not None], code)
+            missing = [p for p in bootbins.programs(unit) if p in facts.missing]
+            if missing:  # never install a unit that fails at every boot; the live writes still go
+                detail, cause, repair = bootbins.refusal(missing, f"the boot unit {UNIT}")
+                if not todo:
+                    return Finding.failed(
+                        "; ".join(problems + [detail]), cause=cause, repair=repair, evidence=ev()
+                    )
+                problems.append(detail)
+                unit = None
+            unit_problem = _unit_problem(facts, unit) if unit is not None else None
             if unit_problem:
                 problems.append(unit_problem)
         if todo or unit_problem:

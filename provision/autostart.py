@@ -260,8 +260,10 @@ def render_unit(s: Spec) -> str:
         "[Unit]\n"
         f"Description=gpubox: GPU nodes, host tuning and CT {s.vmid}'s NVIDIA lines before the guests start\n"
         "Documentation=https://pve.proxmox.com/pve-docs/pct.1.html\n"
-        # pmxcfs must be up to read and write /etc/pve; pve-guests starts the onboot containers
-        "After=pve-cluster.service systemd-modules-load.service systemd-udev-settle.service\n"
+        # pmxcfs must be up to read and write /etc/pve; pve-guests starts the onboot containers.
+        # No udev settling (systemd-udev-settle.service is deprecated): the boot steps create the
+        # device nodes they need themselves (host-devices) and judge the live /proc/devices.
+        "After=pve-cluster.service systemd-modules-load.service\n"
         "Wants=pve-cluster.service\n"
         "Before=pve-guests.service\n"
         "\n"

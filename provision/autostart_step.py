@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpubox import bootbins
 from gpubox.diffs import unified
 from gpubox.facts import Fact, FileText
 from gpubox.steps import OMIT, Finding, Omit, Plan, Remove, Run, Step, Write
@@ -69,6 +70,7 @@ class Facts:
     unit: str
     enabled: str
     dropin: str | None  # None without a server unit
+    programs: list[str] | None = None  # other programs the unit and hookscript run, absent on the host
 
 
 def _gather(ctx, s: a.Spec) -> Facts:
@@ -88,6 +90,13 @@ def _gather(ctx, s: a.Spec) -> Facts:
         unit=ctx.fact(FileText, s.unit_path),
         enabled=ctx.fact(UnitEnabled, s.unit),
         dropin=ctx.fact(ContainerText, s.dropin_path) if s.dropin_path else None,
+        programs=[]
+        if ctx.box.var("gpubox_simulated", False)
+        else [
+            p
+            for p in bootbins.missing(ctx.fact, [a.render_snippet(s, None, None), a.render_unit(s)])
+            if p != s.gpubox  # named with its own repair above
+        ],
     )
 
 
@@ -124,6 +133,9 @@ class InstallStep(_SpecStep):
                 repair="install gpubox there (./install.sh, or playbooks/install.yml) with an inventory naming "
                 f"{s.box} (ansible_connection: local), or set gpubox_autostart.gpubox / .inventory",
             )
+        if facts.programs:
+            detail, cause, repair = bootbins.refusal(facts.programs, f"the boot unit {s.unit} / hookscript")
+            return Finding.failed(detail, cause=cause, repair=repair)
         spath = a.snippet_path(s, facts.storage_cfg)
         line = a.hookscript_line(facts.conf)
         value = a.hookscript_value(line)

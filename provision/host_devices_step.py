@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpubox import bootbins
 from gpubox.context import PERSIST_DEFAULT
 from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
@@ -37,6 +38,7 @@ class HostDevicesFacts:
     presence: GpuPresence | None = None  # driver / PCI bus / recorded bus ids (gpucheck)
     kernel: KernelModules | None = None  # read only when nvidia.ko is not loaded (hostdiag)
     devn: dict[str, bool] | None = None  # NVIDIA paths the CT's devN entries name -> on the host
+    missing: list[str] | None = None  # with --persist: programs the boot files run, absent on the host
 
 
 @dataclass
@@ -81,6 +83,9 @@ class HostDevicesStep(Step):
                 p: ctx.fact(FileText, p) for p in persist_files(max(scan.gpus, int(gpus_wanted(ctx) or 0)))
             }
         facts = HostDevicesFacts(scan, files, read_presence(ctx))
+        if files is not None:  # the boot files as they would be, optional-node runs included
+            texts = persist_files(max(scan.gpus, int(gpus_wanted(ctx) or 0)), list(BOOT_RUNS)).values()
+            facts.missing = bootbins.missing(ctx.fact, texts)
         if host_devices(scan).frontend is None:
             facts.kernel = ctx.fact(KernelModulesFact)
         vmid = getattr(ctx.box, "vmid", None)
@@ -129,6 +134,15 @@ class HostDevicesStep(Step):
             if opts.persist
             else []
         )
+        absent = [p for t in want_files.values() for p in bootbins.programs(t) if p in (facts.missing or [])]
+        if absent and opts.persist:  # a boot file naming a missing program is never written
+            naming = [p for p, t in want_files.items() if set(bootbins.programs(t)) & set(absent)]
+            refused = bootbins.refusal(sorted(set(absent)), "the boot file " + ", ".join(naming))
+            missing = [p for p in missing if p not in naming]
+            if not problems:
+                ev.persist_missing = missing
+                return Finding.failed(refused[0], cause=refused[1], repair=refused[2], evidence=ev)
+            problems.append(refused[0])
         ev.persist_missing = missing
         if not (problems or missing):
             return Finding.ok(

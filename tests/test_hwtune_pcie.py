@@ -223,10 +223,11 @@ def test_persist_installs_enabled_boot_unit(tmp_path):
     res = pcie(ctx, "apply")
     assert res.status == "fixed", res.detail
     unit = sim.hpath(UNIT_PATH).read_text()
-    assert "After=systemd-udev-settle.service" in unit and "Before=pve-guests.service" in unit
+    assert "After=systemd-modules-load.service" in unit and "Before=pve-guests.service" in unit
+    assert "udev-settle" not in unit  # deprecated (systemd-udev-settle.service(8))
     execs = re.findall(r"^ExecStart=(.*)$", unit, re.M)
-    assert execs == [
-        f"/usr/bin/setpci -s {b} CAP_EXP+8.w=5000:7000"
+    assert execs == [  # each write selects the recorded function by bus id AND vendor:device:class
+        f"/usr/bin/setpci -s {b} -d 10de:2bb5:0302 CAP_EXP+8.w=5000:7000"
         for b in ("0000:17:00.0", "0000:3d:00.0", "0000:63:00.0", "0000:89:00.0")
     ]
     assert sim.read_state()["units"]["host"][UNIT]["enabled"] is True
@@ -241,7 +242,7 @@ def test_boot_unit_passes_systemd_analyze_verify(tmp_path):
     from gpubox.hwtune.pcie import unit_text
 
     p = tmp_path / UNIT
-    p.write_text(unit_text(["0000:17:00.0", "0000:2a:00.0"], 5))
+    p.write_text(unit_text([("0000:17:00.0", "10de:2bb5:0302"), ("0000:2a:00.0", "10de:2330:0302")], 5))
     r = subprocess.run(["systemd-analyze", "verify", str(p)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "is not executable" not in r.stderr and "Unknown" not in r.stderr

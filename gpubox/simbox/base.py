@@ -10,6 +10,8 @@ FAULTS = {
     "lockdown": "the host kernel is locked down (integrity): PCI config writes are refused",
 }
 
+HOST_PROGRAMS = ("/usr/bin/setpci", "/usr/bin/nvidia-modprobe", "/usr/bin/env", "/bin/sh", "/usr/bin/timeout")
+CONTAINER_PROGRAMS = ("/usr/bin/env", "/bin/sh", "/usr/bin/timeout")
 DRIVER = "580.95.05"
 PROC_VERSION = (
     f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {DRIVER}  Release Build  "
@@ -61,3 +63,11 @@ def build(sim: SimBox, faults: set[str]) -> None:
     # Both run systemd (Proxmox hosts always; the container as a Debian/Ubuntu CT does); tools
     # tell systemd from cron-only systems by /run/systemd/system, as sd_booted(3) does.
     sim.install_standin("systemctl")
+    # The programs the boot artifacts name, at their Debian paths (gpubox.bootbins checks they are
+    # there, as on a real host): each runs the one on PATH, a stand-in or this machine's own tool.
+    for root, progs in ((h, HOST_PROGRAMS), (c, CONTAINER_PROGRAMS)):
+        for prog in progs:
+            p = root(prog)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(f'#!/bin/sh\nexec {prog.rsplit("/", 1)[-1]} "$@"\n')
+            p.chmod(0o755)

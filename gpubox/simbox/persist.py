@@ -29,8 +29,8 @@ def build(sim: SimBox, faults: set[str]) -> None:
         sim.hpath(numa.CONF).write_text(numa.conf_text(0))
     if not faults & {"mrrs_512", "lockdown"}:
         host = Host(HostEntry(sim.host, {"gpubox_root": str(sim.host_root)}), LocalTransport(sim.host))
-        bdfs = [s.bdf for s in pcie.read_states(host) if s.devctl is not None]
-        sim.hpath(pcie.UNIT_PATH).write_text(pcie.unit_text(bdfs, pcie.parse_mrrs(4096)))
+        funcs = [(d.bdf, d.ident) for d in pcie.read_devices(host) if d.devctl is not None]
+        sim.hpath(pcie.UNIT_PATH).write_text(pcie.unit_text(funcs, pcie.parse_mrrs(4096)))
         with sim.state() as st:
             st.setdefault("units", {}).setdefault("host", {})[pcie.UNIT] = {
                 "enabled": True,
