@@ -10,13 +10,21 @@
 
 A benchmark that cannot run at all still becomes a run in the history: a `failed` document with
 the reason, so monitoring sees gpubox_health 2 instead of a silent gap.
+
+The run keeps its own time limit (the schedule's `timeout`): the benchmark child runs in a process
+group of its own, killed as a whole (its servers with it) when the limit is reached, and a SIGTERM
+(coreutils `timeout` in the container, systemd stopping the unit) ends the run through the same
+path: the benchmark's group killed, the run recorded as failed, the box lock released. What is
+left of the limit after the benchmark decides whether doctor still runs.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +104,74 @@ def _version() -> str:
 
 
 CHILD_BOOT = "import sys;sys.path[:]=[p for p in sys.path if p[:1]=='/'];from gpubox.cli import main;main()"
+RESERVE_S = 120  # of the time limit, kept for recording, metrics and the alert after the benchmark
+
+
+class Stopped(GpuboxError):
+    """The run was told to stop (SIGTERM): it ends through its finally blocks, then as one line."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem, "raise gpubox_schedule.timeout if a health check needs longer")
+
+
+@contextmanager
+def stop_on_sigterm():
+    """SIGTERM raises Stopped in the main thread while the run lasts, so the benchmark's process
+    group is killed, the run recorded and the box lock released (a default SIGTERM would end the
+    process with none of that done; the lock alone would drop with its pipe)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(f"stopped by {signal.Signals(signum).name} (the run's time limit)")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _kill_group(p: subprocess.Popen, grace: float = 10) -> None:
+    """TERM the child's whole process group, KILL what is left after GRACE seconds; return when
+    the group is gone (the child reaped here; its own children are reaped by init)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            p.poll()
+            try:
+                os.killpg(p.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_child(argv: list[str], timeout: float, env: dict[str, str] | None = None):
+    """(rc, stdout, stderr) of ARGV run in a process group of its own, or None when TIMEOUT passed
+    (the whole group killed). A Stopped raised meanwhile kills the group too, then goes on up."""
+    p = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own group: the servers it starts die with it
+    )
+    try:
+        out, err = p.communicate(timeout=max(1.0, timeout))
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        _kill_group(p)
+        p.communicate()
+        return None
+    except BaseException:
+        _kill_group(p)
+        raise
 
 
 def run_benchmark(
@@ -118,19 +194,22 @@ def run_benchmark(
     if inventory:
         argv += ["-i", str(inventory)]
     argv += ["bench", box, "--profile", profile, "--json"]
+    env = dict(os.environ)  # carries $GPUBOX_BOX_LOCK_HELD: the child re-enters our lock
     try:
-        env = dict(os.environ)  # carries $GPUBOX_BOX_LOCK_HELD: the child re-enters our lock
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
+        got = run_child(argv, timeout, env)
+    except Stopped as exc:
+        return failed_doc(box, profile, exc.problem, t0, simulated)
+    if got is None:
         return failed_doc(box, profile, f"no result within the time limit of {timeout:g} s", t0, simulated)
+    rc, out, err = got
     try:
         from .schema import parse
 
-        doc = parse(p.stdout, "the benchmark's --json output")
+        doc = parse(out, "the benchmark's --json output")
         history.validate(doc, "the benchmark's --json output")
         return doc
     except (ValueError, GpuboxError):
-        tail = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}, no result document"])[-1]
+        tail = (err.strip().splitlines() or [f"exit status {rc}, no result document"])[-1]
         return failed_doc(box, profile, tail, t0, simulated)
 
 
@@ -165,9 +244,11 @@ def run_once(
     prom_dir = prom_dir or box.var("gpubox_prometheus_textfile_dir", prom.DEFAULT_DIR)
     simulated = bool(box.var("gpubox_simulated", False))
     notes: list[str] = []
+    limit = float(timeout or spec.timeout)
+    deadline = time.monotonic() + limit
     # wait=0: a scheduled run is refused at once, never queued behind another (systemd's timer
     # already never starts a second one of its own; this covers recover, bench, other nodes).
-    with _health_lock(ctx, f"gpubox schedule run-once {box.name}", notes) as lock_path:
+    with stop_on_sigterm(), _health_lock(ctx, f"gpubox schedule run-once {box.name}", notes) as lock_path:
         if from_json:
             from .schema import load
 
@@ -181,14 +262,20 @@ def run_once(
                 )
         else:
             inv = str(ctx.inventory.path) if ctx.inventory is not None else None
-            doc = run_benchmark(inv, box.name, profile, timeout or spec.timeout, simulated, lock_path)
+            bench_s = max(1.0, limit - min(RESERVE_S, 0.1 * limit))
+            doc = run_benchmark(inv, box.name, profile, bench_s, simulated, lock_path)
         doc["box_id"] = box.id  # the history of this box (Proxmox host + vmid), never a namesake's
         doc = regress.with_verdict(doc, history.runs(box), settings)
         history.record(doc)
         doctor = None
-        if with_doctor:
+        left = deadline - time.monotonic()
+        if with_doctor and left < min(RESERVE_S, 0.1 * limit):
+            notes.append(f"doctor did not run: {max(left, 0):.0f} s of the run's time limit left")
+        elif with_doctor:
             try:
                 doctor = doctor_report(ctx)
+            except Stopped as exc:  # the run is recorded; what is left: metrics and the alert
+                notes.append(f"doctor did not finish: {exc.problem}")
             except GpuboxError as exc:
                 notes.append(f"doctor did not run: {exc}")
         prom_path = None

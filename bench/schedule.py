@@ -14,6 +14,13 @@ there (docs/schedule.md).
 
 Overlap: run-once takes an exclusive lock (bench.runonce.run_lock), and systemd never starts a
 unit that is still activating, so a slow run delays the next one instead of doubling up.
+
+Time limit: the run keeps its own (run-once's deadline; coreutils `timeout` around it in the
+container for `on: host`). systemd's TimeoutStartSec alone is not enough there: `pct exec` runs
+`lxc-attach`, which forwards no signal without a terminal, so when systemd kills the unit only
+lxc-attach dies and a hung benchmark would run on in the container, holding the box lock. So with
+`on: host` the command in the container is `timeout --kill-after=60 <limit>s ...` (TERM to the
+run's process group, KILL a minute later) and systemd's limit is set past that, as a backstop.
 Where systemd is absent (no /run/systemd/system, the test sd_booted(3) uses), a line in
 /etc/cron.d/ does the same under `timeout`.
 
@@ -68,6 +75,8 @@ DEFAULTS = {
 }
 UNIT_DIR = "/etc/systemd/system"
 CRON_DIR = "/etc/cron.d"
+TIMEOUT = "/usr/bin/timeout"  # coreutils, in the container (checked there at install)
+KILL_AFTER = 60  # seconds between timeout's TERM and its KILL
 
 
 def parse_span(text: Any, what: str) -> int:
@@ -196,16 +205,26 @@ class Spec:
         ]
         if self.on == "host":
             # The unit's Environment= would reach only pct: hand the state dir to the inner command.
+            # The time limit is enforced in the container, where the run is (module docstring).
             return [
                 self.pct,
                 "exec",
                 str(self.vmid),
                 "--",
+                TIMEOUT,
+                f"--kill-after={KILL_AFTER}",
+                f"{self.timeout}s",
                 "/usr/bin/env",
                 f"GPUBOX_STATE_DIR={self.state_dir}",
                 *inner,
             ]
         return inner
+
+    @property
+    def unit_timeout(self) -> int:
+        """systemd's TimeoutStartSec: the run's limit in the container, or (on the host, where it
+        can kill only pct) a backstop a little past the inner timeout's KILL."""
+        return self.timeout + (KILL_AFTER + 60 if self.on == "host" else 0)
 
 
 def spec_from(box, **cli: Any) -> Spec:
@@ -278,7 +297,7 @@ def render_service(s: Spec) -> str:
         f"ExecStart={' '.join(s.run_argv())}\n"
         # A oneshot's whole run is its start-up, so TimeoutStartSec= is its time limit
         # (systemd.service(5): RuntimeMaxSec= has no effect on Type=oneshot).
-        f"TimeoutStartSec={s.timeout}\n"
+        f"TimeoutStartSec={s.unit_timeout}\n"
         # Exit 1 (degraded/failed verdict) leaves the unit "failed": visible in systemctl --failed.
         "KillMode=mixed\n"
         "Nice=5\n"
@@ -331,7 +350,7 @@ def cron_schedule(s: Spec) -> str:
 
 def render_cron(s: Spec) -> str:
     # Time limit: coreutils timeout (TERM, then KILL a minute later). Overlap: run-once's lock.
-    cmd = " ".join(["timeout", "--kill-after=60", str(s.timeout), *s.run_argv()])
+    cmd = " ".join(["timeout", f"--kill-after={KILL_AFTER}", str(s.unit_timeout), *s.run_argv()])
     return (
         f"# Written by gpubox (gpubox schedule install); remove with: gpubox schedule remove {s.box}\n"
         "SHELL=/bin/sh\n"

@@ -15,6 +15,7 @@ from gpubox.steps import OMIT, Finding, Omit, Plan, Run, Step, Write
 
 from .schedule import (
     DEFAULTS,
+    TIMEOUT,
     Spec,
     TargetExists,
     TargetText,
@@ -63,6 +64,13 @@ class Facts:
 
 
 def _prereq_failure(s: Spec, path: str) -> Finding:
+    if path in (TIMEOUT, "/usr/bin/env"):
+        return Finding.failed(
+            f"{path} is not in {s.box}: the run on the host reaches the container through it",
+            cause="every scheduled run would fail",
+            repair=f"install coreutils in {s.box}",
+            evidence=Evidence(path=path),
+        )
     if path == s.gpubox:
         what, fix = (
             "gpubox",
@@ -112,7 +120,9 @@ class ScheduleStep(SpecStep):
         s = self.spec
         # gpubox and its inventory must be in the container, or every run would fail; nothing
         # else is read (no systemctl call) until they are.
-        for path in (s.gpubox, s.inventory):
+        # with `on: host` the run goes through coreutils' timeout and env in the container
+        tools = (TIMEOUT, "/usr/bin/env") if s.on == "host" else ()
+        for path in (s.gpubox, s.inventory, *tools):
             if not ctx.fact(TargetExists, "container", path):
                 return Facts(missing=[path])
         systemd = runs_systemd(ctx, s)

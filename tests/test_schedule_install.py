@@ -38,6 +38,14 @@ def test_dry_run_prints_units_and_changes_nothing(sim, capsys):
     assert "OnUnitActiveSec=4h" in out and "TimeoutStartSec=7200" in out
     assert "would run: systemctl enable --now gpubox-health-ct200.timer" in out
     assert not sim.cpath(f"/{UNIT}.service").exists()
+
+
+def test_host_mode_needs_coreutils_timeout_in_the_container(sim, capsys):
+    sim.cpath("/usr/bin/timeout").unlink()
+    rc, out, _ = cli(capsys, sim, "schedule", "install", "ct200", "--on", "host", "--json")
+    step = json.loads(out)["steps"][0]
+    assert rc == 1 and step["status"] == "failed" and "/usr/bin/timeout is not in ct200" in step["detail"]
+    assert not sim.hpath(f"/{UNIT}.service").exists()
     assert systemctl_calls(sim, "daemon-reload", "enable") == []
 
 
@@ -159,9 +167,10 @@ def test_host_mode_units_on_the_proxmox_host(sim, capsys):
     assert rc == 0, out
     svc = sim.hpath(f"/{UNIT}.service").read_text()
     assert (
-        "ExecStart=/usr/sbin/pct exec 200 -- /usr/bin/env GPUBOX_STATE_DIR=/var/lib/gpubox "
-        "/usr/local/bin/gpubox" in svc
+        "ExecStart=/usr/sbin/pct exec 200 -- /usr/bin/timeout --kill-after=60 7200s "
+        "/usr/bin/env GPUBOX_STATE_DIR=/var/lib/gpubox /usr/local/bin/gpubox" in svc
     )
+    assert "TimeoutStartSec=7320" in svc  # systemd's limit: a backstop past the run's own
     assert sim.read_state()["units"]["host"]["gpubox-health-ct200.timer"]["enabled"]
     assert not sim.cpath(f"/{UNIT}.service").exists()
 

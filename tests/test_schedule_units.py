@@ -120,14 +120,21 @@ def test_host_mode_runs_through_pct_exec_with_state_dir_inside():
     spec = schedule.spec_from(make_box(on="host", pct="/usr/sbin/pct"))
     svc = strict_parse(schedule.render_service(spec))
     assert "Environment" not in svc["Service"]
-    assert svc["Service"]["ExecStart"].split()[:6] == [
+    # the run's own time limit is enforced in the container (pct exec forwards no signal, so
+    # systemd's TimeoutStartSec would kill only lxc-attach): coreutils timeout around the run there
+    assert svc["Service"]["ExecStart"].split()[:9] == [
         "/usr/sbin/pct",
         "exec",
         "200",
         "--",
+        "/usr/bin/timeout",
+        "--kill-after=60",
+        "7200s",
         "/usr/bin/env",
         "GPUBOX_STATE_DIR=/var/lib/gpubox",
     ]
+    # systemd's limit is only a backstop past the inner TERM + KILL
+    assert int(svc["Service"]["TimeoutStartSec"]) == 7200 + 60 + 60
 
 
 def test_cli_options_override_inventory_and_every_defaults_to_6h():
