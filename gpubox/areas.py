@@ -36,6 +36,8 @@ PIPELINE = (
     "gpubox.provision.cuda_step",  # cuda
     "gpubox.hwtune",  # pcie-mrrs, pcie-link, numa-balancing, nccl-env (the `tune` steps)
     "gpubox.hwtune.pcie_acs_step",  # pcie-acs (reports only)
+    "gpubox.provision.driver_packages_step",  # driver-packages (reports only)
+    "gpubox.provision.kernel_log_step",  # kernel-log (reports only)
     "gpubox.provision.stage_step",  # model-stage, drafter-stage
     "gpubox.provision.docker_toolkit_step",  # docker-toolkit
     "gpubox.provision.shm_room_step",  # shm-room (after staging: it takes /dev/shm room)

@@ -10,7 +10,7 @@ AREA = Area(
         "lxc": ("host-devices", "container-config", "container", "cuda"),
         "devices": ("host-devices",),
         "stage": ("model-stage", "drafter-stage"),
-        "diagnose": ("docker-toolkit", "shm-room"),
+        "diagnose": ("driver-packages", "kernel-log", "docker-toolkit", "shm-room"),
     },
     commands={
         "doctor": "gpubox.provision.commands.doctor:doctor",

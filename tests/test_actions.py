@@ -112,7 +112,16 @@ def test_the_plans_cover_every_pipeline_step(tmp_path, monkeypatch):
     ctx = _ctx(build(tmp_path / "all"))
     every = {s.name for s in pipeline_steps(ctx)}
     # the steps that only report (no repair of their own, never drift) are all that is left
-    reports_only = {"cuda", "gpu-probe", "pcie-link", "pcie-acs", "docker-toolkit", "shm-room"}
+    reports_only = {
+        "cuda",
+        "gpu-probe",
+        "pcie-link",
+        "pcie-acs",
+        "driver-packages",
+        "kernel-log",
+        "docker-toolkit",
+        "shm-room",
+    }
     assert every - names <= reports_only, every - names
     assert {"host-devices", "container-config", "container", "model-stage", "bench"} <= names
 

@@ -37,6 +37,8 @@ CLASSES = {
     "fabric",
     "acs",
     "cdi-spec",
+    "package-drift",
+    "kernel-log",
 }
 
 

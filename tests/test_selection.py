@@ -67,6 +67,8 @@ def test_every_group_names_real_steps_and_the_pipeline_is_one_list(tmp_path):
         "numa-balancing",
         "nccl-env",
         "pcie-acs",
+        "driver-packages",
+        "kernel-log",
         "model-stage",
         "drafter-stage",
         "docker-toolkit",

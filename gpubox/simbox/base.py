@@ -13,6 +13,14 @@ FAULTS = {
 HOST_PROGRAMS = ("/usr/bin/setpci", "/usr/bin/nvidia-modprobe", "/usr/bin/env", "/bin/sh", "/usr/bin/timeout")
 CONTAINER_PROGRAMS = ("/usr/bin/env", "/bin/sh", "/usr/bin/timeout")
 DRIVER = "580.95.05"
+DPKG_STATUS = "".join(
+    f"Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n\n"
+    for name, version in (
+        ("pciutils", "1:3.13.0-2"),
+        ("proxmox-ve", "9.0.0"),
+        ("pve-manager", "9.0.11"),
+    )
+)
 PROC_VERSION = (
     f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {DRIVER}  Release Build  "
     "(dvs-builder@U22-I3-AE18-23-3)  Wed Oct  1 18:11:47 UTC 2025\n"
@@ -49,6 +57,10 @@ def build(sim: SimBox, faults: set[str]) -> None:
         c(d).mkdir(parents=True, exist_ok=True)
     h("/etc/hostname").write_text(f"{sim.host}\n")
     c("/etc/hostname").write_text(f"{sim.box}\n")
+    # dpkg's database: a Proxmox host with the NVIDIA driver from its .run installer (no driver
+    # package from apt; gpubox's driver-packages step reads it)
+    h("/var/lib/dpkg").mkdir(parents=True, exist_ok=True)
+    h("/var/lib/dpkg/status").write_text(DPKG_STATUS)
     h("/etc/os-release").write_text(
         'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\nVERSION_ID="13"\n'
     )
@@ -63,6 +75,7 @@ def build(sim: SimBox, faults: set[str]) -> None:
     # Both run systemd (Proxmox hosts always; the container as a Debian/Ubuntu CT does); tools
     # tell systemd from cron-only systems by /run/systemd/system, as sd_booted(3) does.
     sim.install_standin("systemctl")
+    sim.install_standin("journalctl")  # the host's kernel log (never this machine's)
     # The programs the boot artifacts name, at their Debian paths (gpubox.bootbins checks they are
     # there, as on a real host): each runs the one on PATH, a stand-in or this machine's own tool.
     for root, progs in ((h, HOST_PROGRAMS), (c, CONTAINER_PROGRAMS)):

@@ -35,3 +35,14 @@ def build(sim: SimBox, faults: set[str]) -> None:
     for p in (sim.hpath(f"/dev/nvidia{last}"), sim.cpath(f"/dev/nvidia{last}")):
         if p.exists() or p.is_symlink():
             p.unlink()
+    # what the driver logged when it found the GPU gone at probe time (NVIDIA/NVSentinel#155)
+    from .cmds.journalctl import LOG
+
+    log = sim.hpath(LOG.format(boot=0))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        f.write(
+            f"2026-12-03T06:01:12+0000 {sim.host} kernel: NVRM: The NVIDIA GPU {bdf}\n"
+            f"2026-12-03T06:01:12+0000 {sim.host} kernel: NVRM: (PCI ID: 10de:2bb5) installed in this system has\n"
+            f"2026-12-03T06:01:12+0000 {sim.host} kernel: NVRM: fallen off the bus and is not responding to commands.\n"
+        )
