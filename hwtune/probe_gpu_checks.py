@@ -22,7 +22,9 @@ BAD_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"
 FABRIC_FIX = (
     "on the host: systemctl status nvidia-fabricmanager (journalctl -u nvidia-fabricmanager); its "
     "package version must equal the driver's (nvidia-smi: Driver Version; 'fabric manager NVIDIA GPU "
-    "driver interface version ... don't match' in its log), then systemctl restart nvidia-fabricmanager"
+    "driver interface version ... don't match' in its log), then systemctl restart nvidia-fabricmanager; "
+    "keep the two in step: apt-mark hold the driver and fabric manager packages (gpubox doctor's "
+    "driver-packages step names them), so an unattended upgrade cannot move one alone"
 )
 
 
@@ -59,7 +61,9 @@ def check_nvml(doc: ProbeDoc, lim: dict[str, Any], expect_gpus: int | None) -> l
                 f"userspace driver {nv.driver} != kernel module {km}",
                 ev,
                 cause="the container's NVIDIA libraries do not match the host's kernel module (CUDA error 803)",
-                repair="install the host's driver version of the user-space libraries in the container",
+                repair="install the host's driver version of the user-space libraries in the container; "
+                "where apt installed them, hold them there (apt-mark hold libnvidia-compute-<branch> "
+                "...), so an unattended upgrade cannot move them past the host's module again",
             )
         )
     elif expect_gpus and len(gpus) < expect_gpus:

@@ -239,8 +239,9 @@ def decide(res, box="BOX"):
             (
                 "cuInit-803",
                 "driver/library mismatch: host kernel module %s, container libcuda %s" % (kv, uv),
-                "install userspace driver %s in the container (no kernel module: the .run with --no-kernel-module)"
-                % kv,
+                "install userspace driver %s in the container (no kernel module: the .run with "
+                "--no-kernel-module); where apt installed it, hold it (apt-mark hold libnvidia-compute-<branch> "
+                "...) so an unattended upgrade cannot move it past the host's module again" % kv,
             )
         )
     elif rc == 802:
