@@ -43,3 +43,31 @@ def test_room_scales_with_ranks_and_one_rank_needs_none(ranks):
     status = decide(just_below, ranks)[0]
     assert status == ("ok" if ranks == 1 else "failed")
     assert decide(ShmFacts(size=64 * GIB, free=need), ranks)[0] == "ok"
+
+
+def test_on_a_simulated_box_one_gpu_needs_no_room_and_the_ct_config_is_read(tmp_path):
+    """The step end to end on a 1-GPU simulated box: no NCCL room demanded; the tmpfs line the host's
+    CT config mounts at dev/shm is read into the facts (through pmxcfs, where the config lives)."""
+    import yaml
+
+    from gpubox.context import Context
+    from gpubox.inventory import Inventory
+    from gpubox.pipeline import run_steps
+    from gpubox.provision.shm_room_step import ShmRoomStep
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box", (), gpus=1)
+    inv_doc = yaml.safe_load(sim.inventory_path.read_text())
+    inv_doc["all"]["children"]["gpu_containers"]["hosts"]["ct200"]["gpubox_bench"]["tp"] = [1]
+    sim.inventory_path.write_text(yaml.safe_dump(inv_doc))
+    conf = sim.hpath("/etc/pve/lxc/200.conf")
+    conf.write_text(conf.read_text().replace("\n", f"\nlxc.mount.entry: {ENTRY}\n", 1))
+    inv = Inventory(sim.inventory_path)
+    ctx = Context(box=inv.box("ct200"), inventory=inv)
+    step = ShmRoomStep()
+    facts = step.gather(ctx)
+    assert facts.host_mount == ENTRY
+    rep = run_steps(ctx, [step], "check")
+    assert (
+        rep.steps[0].status == "ok" and "1 GPU, NCCL makes no shared-memory segments" in rep.steps[0].detail
+    )
