@@ -231,9 +231,7 @@ def box_lock(ctx, what: str | None = None, wait: float | None = None, on: str = 
             raise os_error(exc) from None
         from .temps import CONTAINER_DIRS, HOST_DIRS, sweep
 
-        swept = sweep(
-            host, HOST_DIRS, vmid=box.vmid
-        )  # a killed run's temps: removed before any work, and said
+        swept = sweep(host, HOST_DIRS)  # a killed run's temps: removed before any work, and said
         ct = getattr(ctx, "container", None) if on == "host" else None
         if ct is not None and ct.transport.is_local:  # files here: no command per directory
             swept += [f"{ct.name}:{p}" for p in sweep(ct, CONTAINER_DIRS)]

@@ -65,11 +65,14 @@ class Host:
         become: bool = False,
         check: bool = False,
         on_stderr=None,
+        idle: float | None = None,
     ) -> CmdResult:
         merged = dict(self.env)
         if env:
             merged.update(env)
         kw = {"on_stderr": on_stderr} if on_stderr is not None else {}  # live stderr lines (transport.base)
+        if idle is not None:
+            kw["idle"] = idle
         r = self.transport.run(
             argv, timeout=timeout, input=input, env=merged or None, cwd=cwd, become=become, **kw
         )

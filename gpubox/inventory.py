@@ -121,6 +121,8 @@ def _precheck(path: Path) -> None:
             check_spellings(f, root)
             data = yaml.load(text, Loader=_CheckLoader)
         except yaml.YAMLError as exc:
+            if f == path and _looks_ini(text):
+                raise _ini_error(f) from None
             mark = getattr(exc, "problem_mark", None)
             where = f"{f}:{mark.line + 1}" if mark else str(f)
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -133,8 +135,34 @@ def _precheck(path: Path) -> None:
             ) from None
         in_vars_dir = any(part in ("group_vars", "host_vars") for part in f.parts)
         if data is not None and not isinstance(data, dict):
-            kind = "variables file" if in_vars_dir else "inventory"
-            raise InventoryError(f"{f} is not a YAML mapping", f"a {kind} must be a mapping of names")
+            if f == path and _looks_ini(text):
+                raise _ini_error(f)
+            kind = "a variables file" if in_vars_dir else "an inventory"
+            raise InventoryError(f"{f} is not a YAML mapping", f"{kind} must be a mapping of names")
+
+
+_INI_SECTION = re.compile(r"\[[^\]\s]+\]")
+_INI_HOST_LINE = re.compile(r"[^\s=:#\[]+(\s+[A-Za-z_][A-Za-z0-9_]*=\S*)+")
+
+
+def _looks_ini(text: str) -> bool:
+    """Ansible's INI inventory (`[group]`, `host var=value`): its first meaningful line. Such a
+    file is not YAML, and some of it even parses as a YAML string, so it gets its own message."""
+    for line in text.split("\n"):
+        line = line.strip()
+        if line and not line.startswith(("#", ";")):
+            return bool(_INI_SECTION.fullmatch(line) or _INI_HOST_LINE.fullmatch(line))
+    return False
+
+
+def _ini_error(f: Path) -> InventoryError:
+    # Ansible reads INI values by rules of their own (literal_eval on host lines, strings under
+    # :vars); converting once with Ansible itself keeps its reading, which a second parser here
+    # could only approximate.
+    return InventoryError(
+        f"inventory {f} is in Ansible's INI format; gpubox reads YAML inventories",
+        f"convert it once with Ansible's own reading: ansible-inventory -i {f} --list --yaml > inventory.yml",
+    )
 
 
 MAX_BYTES = 4 << 20  # an inventory file larger than this is not an inventory

@@ -32,10 +32,11 @@ def check_spellings(f, root: yaml.Node | None) -> None:
     if root is None:
         return
     seen: set[tuple[int, str, bool]] = set()
-    stack: list[tuple[yaml.Node, str | None, bool]] = [(root, None, False)]
+    # (node, last mapping key, inside a variable gpubox reads, dotted path from that variable)
+    stack: list[tuple[yaml.Node, str | None, bool, str]] = [(root, None, False, "")]
     while stack:
-        node, key, ours = stack.pop()
-        mark = (id(node), key or "", ours)
+        node, key, ours, path = stack.pop()
+        mark = (id(node), path, ours)
         if mark in seen:  # aliases are shared nodes: visit each once per context
             continue
         seen.add(mark)
@@ -43,16 +44,19 @@ def check_spellings(f, root: yaml.Node | None) -> None:
             for k, v in node.value:
                 name = k.value if isinstance(k, yaml.ScalarNode) else None
                 mine = ours or bool(name and (name in SCHEMA or name.startswith("gpubox_")))
-                stack.append((v, name if not ours or key not in _TEXT_KEYS else key, mine))
+                inner = f"{path}.{name}" if ours and path else (name or "")
+                stack.append((v, name if not ours or key not in _TEXT_KEYS else key, mine, inner))
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend((v, key, ours) for v in node.value)
+            stack.extend((v, key, ours, path) for v in node.value)
         elif ours and isinstance(node, yaml.ScalarNode) and node.style is None:
-            _check_scalar(f, node, key or "value")
+            _check_scalar(f, node, key or "value", path or key or "value")
 
 
-def _check_scalar(f, node: yaml.ScalarNode, key: str) -> None:
+def _check_scalar(f, node: yaml.ScalarNode, key: str, path: str) -> None:
+    """KEY (the innermost name) decides what the value is for; PATH (`gpubox_bench.max_age_s`) is
+    what the message names, as the user finds it in the file."""
     text = node.value
-    where = f"inventory {f}:{node.start_mark.line + 1}: {key} {text}"
+    where = f"inventory {f}:{node.start_mark.line + 1}: {path} {text}"
     if node.tag == _INT and not _PLAIN_INT.fullmatch(text):
         try:
             value = yaml.safe_load(text)

@@ -1,10 +1,11 @@
 """Temp files a killed run left on a box, found and removed by the next run (under the box lock).
 
 Every temp gpubox creates on a host or container is named by `gpubox.safeio.tmp_name`
-(`.<name>.gpubox.tmp.<pid>.<hex>`); older releases wrote `.<name>.gpubox.<pid|hex>.tmp`, and the
-container config is written Proxmox's way, `<vmid>.conf.tmp.<pid>` (pve-container's
-PVE::LXC::Config write path through pmxcfs). A run killed between create and rename leaves one
-of them in the directory it was writing, and nothing ever removed it.
+(`.<name>.gpubox.tmp.<pid>.<hex>`); older releases wrote `.<name>.gpubox.<pid|hex>.tmp`. A run killed between create and rename
+leaves one of them in the directory it was writing, and nothing ever removed it. The container
+config is written Proxmox's way, `<vmid>.conf.tmp.<pid>`, a name a Proxmox task's temp also has:
+those are never swept by name here; provision/confjournal.py removes exactly the ones gpubox
+recorded before creating them.
 
 `sweep(host, dirs)` runs once the box lock is held (gpubox.boxlock), before any step: in the
 directories gpubox writes, a temp of ours is stale when its writer cannot still be writing it:
@@ -51,40 +52,32 @@ CONTAINER_DIRS = (
     "/var/lib/prometheus/node-exporter",
 )
 _LEGACY = re.compile(r"^\..+\.gpubox\.[0-9a-f]+\.tmp$")
-_PVE_CONF = re.compile(r"^[0-9]+\.conf\.tmp\.(?P<pid>[0-9]+)$")
 
 
 def ours(name: str, directory: str) -> bool:
-    """Whether NAME in DIRECTORY is a temp gpubox writes (current, older or Proxmox-style)."""
-    if is_tmp(name) or _LEGACY.match(name):
-        return True
-    return directory.rstrip("/") == "/etc/pve/lxc" and bool(_PVE_CONF.match(name))
+    """Whether NAME is a temp only gpubox writes (current or an older release's naming)."""
+    return bool(is_tmp(name) or _LEGACY.match(name))
 
 
-def _stale(name: str, mtime: float, now: float, local: bool, vmid: int | None = None) -> bool:
+def _stale(name: str, mtime: float, now: float, local: bool) -> bool:
     """Older than STALE_S; or, on a local host, written by this machine (its node tag,
     safeio.NODE_TAG) from a pid that is gone: a pid means something only in the process table of
-    the machine that wrote it (another control node may write here over SSH right now). The
-    locked box's own `<vmid>.conf.tmp.<pid>` likewise: no other gpubox writes it while we hold the
-    box lock, and Proxmox's own writer (`pct set`) runs on this host, so a pid gone here is dead."""
+    the machine that wrote it (another control node may write here over SSH right now)."""
     if now - mtime >= STALE_S:
         return True
     if not local:
         return False
     pid = written_here(name)
-    m = _PVE_CONF.match(name)
-    if pid is None and m and vmid is not None and name.startswith(f"{int(vmid)}.conf.tmp."):
-        pid = int(m.group("pid"))
     return pid is not None and pid != os.getpid() and not pid_alive(pid)
 
 
-def sweep(host, dirs, now: float | None = None, vmid: int | None = None) -> list[str]:
+def sweep(host, dirs, now: float | None = None) -> list[str]:
     """Remove stale gpubox temps in DIRS on HOST; the logical paths removed. On a local host each
     directory is opened beneath the root prefix with no link followed and each temp is removed
     with unlinkat relative to it, only when it is a regular file of ours (gpubox.safepath)."""
     now = time.time() if now is None else now
     if host.transport.is_local:
-        return [p for d in dirs for p in _sweep_local(host, d, now, vmid)]
+        return [p for d in dirs for p in _sweep_local(host, d, now)]
     removed = []
     for d in dirs:
         try:
@@ -117,7 +110,7 @@ def _open_local(host, d: str) -> int | None:
         return None
 
 
-def _sweep_local(host, d: str, now: float, vmid: int | None = None) -> list[str]:
+def _sweep_local(host, d: str, now: float) -> list[str]:
     dfd = _open_local(host, d)
     if dfd is None:
         return []
@@ -127,7 +120,7 @@ def _sweep_local(host, d: str, now: float, vmid: int | None = None) -> list[str]
             if not ours(n, d):
                 continue
             st = safepath.entry(dfd, n)
-            if st is None or not stat.S_ISREG(st.st_mode) or not _stale(n, st.st_mtime, now, True, vmid):
+            if st is None or not stat.S_ISREG(st.st_mode) or not _stale(n, st.st_mtime, now, True):
                 continue
             path = f"{d.rstrip('/')}/{n}"
             try:

@@ -40,6 +40,9 @@ from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Step
 from . import stage as engine
 
 REMOTE_TIMEOUT = 6 * 3600  # a 52 GB copy from slow NFS can take a while
+# ...but the copier says something at least every second while it copies (stage.progress.
+# LineProgress), so ten minutes of silence is a hung python or mount, not a slow copy.
+REMOTE_IDLE = 600
 _PYTHON_CHECKED: set[int] = set()  # hosts whose python answered payload.check_python
 
 
@@ -130,6 +133,7 @@ def copier(host, req: dict, progress=None) -> dict:
             ["--request", json.dumps({**req, "progress": "lines"})],
             timeout=REMOTE_TIMEOUT,
             on_stderr=relay,
+            idle=REMOTE_IDLE,
         )
     finally:
         relay.close()

@@ -29,4 +29,8 @@ except ImportError:
 def _isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path / "gpubox-state"))
     monkeypatch.delenv("GPUBOX_INVENTORY", raising=False)
+    # The output's width follows COLUMNS when it is set (a shell may export it, pytest-xdist's
+    # workers have it): the tests read output as a pipe gives it, whatever shell runs them.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
     yield

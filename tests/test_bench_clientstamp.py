@@ -23,6 +23,34 @@ linux = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPING on T
 SLACK = 5e-5  # kernel stamps are CLOCK_REALTIME, mapped onto perf_counter to within a few microseconds
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _kernel_stamping_is_live():
+    """The kernel turns receive stamping on for the whole system lazily (net_enable_timestamp()
+    schedules a work item the first time a socket asks), so on a loaded machine the first segments
+    after the first request can arrive unstamped. Production falls back then; these tests are about
+    the stamps themselves, so they wait (bounded) until a stamp is seen, and keep it on meanwhile."""
+    if sys.platform != "linux":
+        yield
+        return
+    rx, tx = (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+    )
+    rx.setsockopt(socket.SOL_SOCKET, clientnet.SO_TIMESTAMPING, clientnet.RX_SOFTWARE | clientnet.SOFTWARE)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tx.sendto(b"x", rx.getsockname())
+        _, anc, _, _ = rx.recvmsg(8, 256)
+        if clientnet._kernel_stamp(anc, time.perf_counter()) is not None:
+            break
+        time.sleep(0.05)
+    yield
+    rx.close()
+    tx.close()
+
+
 def _thread_server(script, stamps: bool = False):
     """A plain-socket server in a thread (runs while the client's event loop is blocked)."""
     ls = socket.socket()

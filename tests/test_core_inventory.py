@@ -280,3 +280,32 @@ def test_inventory_tables_for_people(capsys):
     assert rc == 0 and "ct200" in out and "pve1" in out and "200" in out
     rc, out, _ = gpubox(capsys, "-i", str(EXAMPLE), "inventory", "show", "ct200")
     assert rc == 0 and "gpubox_proxmox_host" in out and "gpubox_pcie_mrrs" in out
+
+
+def test_an_ini_inventory_is_named_and_ansibles_own_conversion_is_read_alike(tmp_path):
+    """An INI inventory is not misread as broken YAML: the one line names the format and the
+    conversion, and what that conversion writes is read by gpubox with Ansible's values."""
+    import shutil
+    import subprocess
+    import sys
+
+    from gpubox.errors import InventoryError
+
+    ini = tmp_path / "hosts.ini"
+    ini.write_text(
+        "# fleet\n[pve]\npve1 ansible_host=127.0.0.1\n\n[ct]\nct200 gpubox_vmid=200 gpubox_proxmox_host=pve1\n"
+    )
+    with pytest.raises(InventoryError) as ei:
+        Inventory(ini)
+    assert "INI format" in ei.value.problem and f"ansible-inventory -i {ini}" in ei.value.fix
+    tool = Path(sys.executable).with_name("ansible-inventory")
+    tool = str(tool) if tool.exists() else shutil.which("ansible-inventory")
+    if tool is None:
+        pytest.skip("ansible-inventory is not installed")
+    yml = tmp_path / "inventory.yml"
+    out = subprocess.run(
+        [tool, "-i", str(ini), "--list", "--yaml"], capture_output=True, text=True, check=True
+    )
+    yml.write_text(out.stdout)
+    box = Inventory(yml).box("ct200")
+    assert box.vmid == 200 and box.host.name == "pve1" and box.host.vars["ansible_host"] == "127.0.0.1"

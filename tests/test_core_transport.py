@@ -138,6 +138,28 @@ def test_local_timeout_is_one_line_error_naming_host(tmp_path):
     assert not _alive(pid)
 
 
+# A command that says one line on stderr, then nothing while it runs on (a hung remote python), and
+# one that talks on stderr all the time (a copier's progress) but runs longer than the idle limit.
+SILENT = ["sh", "-c", "echo started >&2; sleep 30"]
+CHATTY = ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick >&2; sleep 0.2; done; echo done"]
+
+
+def test_local_idle_limit_ends_a_command_that_falls_silent():
+    t = LocalTransport("box")
+    seen = []
+    t0 = time.monotonic()
+    with pytest.raises(TransportError) as ei:
+        t.run(SILENT, timeout=120, idle=1, on_stderr=seen.append)
+    assert time.monotonic() - t0 < 30 and seen == ["started"]
+    assert "said nothing for 1 s on box" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_local_idle_limit_spares_a_command_that_keeps_talking():
+    # 2 s of work with a line every 0.2 s: a 1.5 s idle limit (longer than any gap) never fires
+    r = LocalTransport("box").run(CHATTY, timeout=120, idle=1.5, on_stderr=lambda _line: None)
+    assert r.rc == 0 and r.stdout == "done\n" and r.stderr.count("tick") == 10
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for its reaper counts as gone)."""
     try:
@@ -202,6 +224,13 @@ def test_ssh_timeout_is_overall_and_names_host(ssh):
         ssh.run(["sh", "-c", "while true; do echo tick; sleep 0.1; done"], timeout=1)
     assert time.monotonic() - t0 >= 0.9  # the message says it fired; the command itself never ends
     assert ssh.run(["echo", "still usable"]).stdout == "still usable\n"
+
+
+def test_ssh_idle_limit_ends_a_silent_command_and_spares_a_talking_one(ssh):
+    with pytest.raises(TransportError, match=r"said nothing for 1 s on pve1"):
+        ssh.run(SILENT, timeout=120, idle=1, on_stderr=lambda _line: None)
+    r = ssh.run(CHATTY, timeout=120, idle=1.5, on_stderr=lambda _line: None)
+    assert r.rc == 0 and r.stdout == "done\n"
 
 
 def test_ssh_file_protocol(ssh, tmp_path):
@@ -374,6 +403,14 @@ def test_pct_run_goes_through_pct_exec_with_argv_intact(fake_pct):
     r = t.run(["sh", "-c", 'printf %s "$GPUBOX_X"; exit 4'], env={"GPUBOX_X": "v w"})
     assert (r.rc, r.stdout, r.argv[0], r.host) == (4, "v w", "sh", "ct200")
     assert t.run(["cat"], input="in\n").stdout == "in\n"
+
+
+def test_pct_passes_the_idle_limit_to_the_host_run(fake_pct):
+    """`pct exec` forwards the container command's stderr live, so the host's run bounds its silence."""
+    env, _log = fake_pct
+    t = PctTransport("ct200", LocalTransport("pve1"), 200, host_env=env)
+    with pytest.raises(TransportError, match=r"said nothing for 1 s on pve1"):
+        t.run(SILENT, timeout=120, idle=1, on_stderr=lambda _line: None)
 
 
 def test_pct_file_protocol(fake_pct, tmp_path):

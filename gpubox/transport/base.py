@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ..errors import CommandError
+from ..errors import CommandError, TransportError
 
 
 @dataclass
@@ -59,6 +59,14 @@ class FileStat:
         return _stat.S_IMODE(self.mode)
 
 
+def idle_error(argv: Sequence[str], idle: float, where: str) -> TransportError:
+    """The one wording for a command ended by its idle deadline (every transport)."""
+    return TransportError(
+        f"`{' '.join(argv)}` said nothing for {idle:g} s on {where} and was ended",
+        "check what it waits for (a hung mount, a stopped process) and re-run",
+    )
+
+
 def validate_argv(argv: Sequence[str]) -> list[str]:
     """Commands are argv lists, never shell strings: refuse anything else early."""
     if isinstance(argv, (str, bytes)) or not argv:
@@ -80,8 +88,10 @@ class LineSplitter:
     def __init__(self, callback: LineCallback | None):
         self.callback = callback
         self._buf = b""
+        self.last = time.monotonic()  # when the stream last said anything (the idle deadline)
 
     def feed(self, data: bytes) -> None:
+        self.last = time.monotonic()
         if self.callback is None:
             return
         self._buf += data
@@ -122,9 +132,12 @@ class Transport(ABC):
         cwd: str | None = None,
         become: bool = False,
         on_stderr: LineCallback | None = None,
+        idle: float | None = None,
     ) -> CmdResult:
         """Run argv and collect its output. `on_stderr` gets each stderr line while the command
-        runs (it is in the result's stderr as well)."""
+        runs (it is in the result's stderr as well). `idle`: the command is ended (TransportError)
+        when its stderr says nothing for that many seconds, long before `timeout`: a remote that
+        reports progress every second and then falls silent is hung, not slow."""
 
     @abstractmethod
     def read_bytes(self, path: str) -> bytes:

@@ -14,8 +14,21 @@ from typing import Mapping, Sequence
 
 from .. import safepath
 from ..errors import TransportError
-from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
+from .base import (
+    CmdResult,
+    FileStat,
+    Held,
+    LineCallback,
+    LineSplitter,
+    Transport,
+    idle_error,
+    validate_argv,
+)
 from .fsops import POSIX, FileOps
+
+
+class _Idle(subprocess.TimeoutExpired):
+    """The command's stderr said nothing for its idle limit (Transport.run's `idle`)."""
 
 
 class LocalTransport(Transport):
@@ -41,6 +54,7 @@ class LocalTransport(Transport):
         cwd: str | None = None,
         become: bool = False,
         on_stderr: LineCallback | None = None,
+        idle: float | None = None,
     ) -> CmdResult:
         argv = validate_argv(argv)
         if (become or self.default_become) and os.geteuid() != 0:
@@ -63,11 +77,11 @@ class LocalTransport(Transport):
         except FileNotFoundError:
             return CmdResult(argv, 127, "", f"{argv[0]}: command not found", time.monotonic() - t0, self.name)
         try:
-            if on_stderr is None:
+            if on_stderr is None and idle is None:
                 out, err = proc.communicate(data, timeout=timeout)
             else:
-                out, err = self._communicate_live(proc, data, timeout, on_stderr)
-        except subprocess.TimeoutExpired:
+                out, err = self._communicate_live(proc, data, timeout, on_stderr, idle)
+        except subprocess.TimeoutExpired as expired:
             # Its own session: kill the whole process group, and every descendant that left it
             # (setsid, a daemonising hook: psutil walks the tree while the parent still lives).
             kill_tree(proc.pid)
@@ -83,6 +97,8 @@ class LocalTransport(Transport):
                         f.close()
                 except OSError:
                     pass
+            if isinstance(expired, _Idle):
+                raise idle_error(argv, idle, self.name) from None
             raise TransportError(
                 f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",
                 "raise the timeout or check what the command waits for",
@@ -97,8 +113,11 @@ class LocalTransport(Transport):
         )
 
     @staticmethod
-    def _communicate_live(proc, data: bytes | None, timeout: float, on_stderr: LineCallback):
-        """communicate(), but stderr lines reach `on_stderr` as they are written."""
+    def _communicate_live(
+        proc, data: bytes | None, timeout: float, on_stderr: LineCallback | None, idle: float | None = None
+    ):
+        """communicate(), but stderr lines reach `on_stderr` as they are written, and with IDLE
+        the command's silence on stderr is bounded too (_Idle, a TimeoutExpired)."""
         out: list[bytes] = []
         err: list[bytes] = []
         lines = LineSplitter(on_stderr)
@@ -130,7 +149,17 @@ class LocalTransport(Transport):
             threads.append(threading.Thread(target=_feed, daemon=True))
         for th in threads:
             th.start()
-        proc.wait(timeout=timeout)  # TimeoutExpired: the caller kills the process group
+        deadline = time.monotonic() + timeout
+        while True:  # TimeoutExpired: the caller kills the process group
+            now = time.monotonic()
+            if idle is not None and now - lines.last >= idle:
+                raise _Idle(proc.args, idle)
+            try:
+                proc.wait(timeout=max(0.0, min(1.0, deadline - now)))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
         for th in threads:
             th.join(timeout=5)
         return b"".join(out), b"".join(err)

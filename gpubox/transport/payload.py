@@ -127,6 +127,7 @@ def run(
     input: bytes | str | None = None,
     timeout: float = 60,
     on_stderr=None,
+    idle: float | None = None,
     flags: Sequence[str] = (),
 ):
     """Run ENTRY's payload with the python3 of HOST (a gpubox Host or a Transport); its CmdResult,
@@ -136,6 +137,8 @@ def run(
     p = build(entry)
     nonce = secrets.token_hex(8)
     kw = {"on_stderr": on_stderr} if on_stderr is not None else {}
+    if idle is not None:
+        kw["idle"] = idle  # Transport.run: silence on stderr bounded too
     r = host.run(p.argv(python, args, flags), input=p.stdin(input, nonce), timeout=timeout, **kw)
     r.stdout = framed(r.stdout, nonce)
     return r

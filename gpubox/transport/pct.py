@@ -23,7 +23,12 @@ class PctTransport(Transport):
         self.host_env = dict(host_env or {})  # env for `pct` itself on the host (e.g. PATH)
 
     def _pct(
-        self, *args: str, timeout: float = 60, input=None, on_stderr: LineCallback | None = None
+        self,
+        *args: str,
+        timeout: float = 60,
+        input=None,
+        on_stderr: LineCallback | None = None,
+        idle: float | None = None,
     ) -> CmdResult:
         # `pct exec` execs lxc-attach in its own process (pve-container src/PVE/CLI/pct.pm, method exec:
         # `exec(@lxc_attach_cmd)`, commit 94f5585), so the command's stderr reaches the host transport
@@ -35,6 +40,7 @@ class PctTransport(Transport):
             env=self.host_env or None,
             become=True,
             on_stderr=on_stderr,
+            idle=idle,
         )
 
     def run(
@@ -47,6 +53,7 @@ class PctTransport(Transport):
         cwd: str | None = None,
         become: bool = False,
         on_stderr: LineCallback | None = None,
+        idle: float | None = None,
     ) -> CmdResult:
         argv = validate_argv(argv)
         inner = list(argv)
@@ -54,7 +61,9 @@ class PctTransport(Transport):
             inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
         if cwd:
             inner = ["env", "-C", cwd, *inner]
-        r = self._pct("exec", str(self.vmid), "--", *inner, timeout=timeout, input=input, on_stderr=on_stderr)
+        r = self._pct(
+            "exec", str(self.vmid), "--", *inner, timeout=timeout, input=input, on_stderr=on_stderr, idle=idle
+        )
         return CmdResult(list(argv), r.rc, r.stdout, r.stderr, r.seconds, self.name)
 
     def hold(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Held:

@@ -26,7 +26,16 @@ import paramiko
 
 from .. import readlimit, safeio
 from ..errors import TransportError
-from .base import CmdResult, FileStat, Held, LineCallback, LineSplitter, Transport, validate_argv
+from .base import (
+    CmdResult,
+    FileStat,
+    Held,
+    LineCallback,
+    LineSplitter,
+    Transport,
+    idle_error,
+    validate_argv,
+)
 
 # paramiko logs handshake failures from its own thread; without a handler Python's last-resort
 # handler would print them as a traceback-like blurb next to our one-line error.
@@ -227,6 +236,7 @@ class SSHTransport(Transport):
         cwd: str | None = None,
         become: bool = False,
         on_stderr: LineCallback | None = None,
+        idle: float | None = None,
     ) -> CmdResult:
         argv = validate_argv(argv)
         cmd = list(argv)
@@ -241,13 +251,23 @@ class SSHTransport(Transport):
         t0 = time.monotonic()
         chan = self._session()
         timed_out = threading.Event()
+        went_idle = threading.Event()
+        finished = threading.Event()
+        lines = LineSplitter(on_stderr)
 
-        def _expire():  # one deadline for the whole command, not per read
-            timed_out.set()
-            chan.close()
+        def _watch():  # one deadline for the whole command (not per read), and the idle one
+            deadline = time.monotonic() + timeout
+            while not finished.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
+                now = time.monotonic()
+                if idle is not None and now - lines.last >= idle:
+                    went_idle.set()
+                elif now < deadline:
+                    continue
+                timed_out.set()
+                chan.close()
+                return
 
-        timer = threading.Timer(timeout, _expire)
-        timer.daemon = True
+        timer = threading.Thread(target=_watch, daemon=True)
         err_chunks: list[bytes] = []
         out_chunks: list[bytes] = []
 
@@ -258,8 +278,6 @@ class SSHTransport(Transport):
                 chan.shutdown_write()
             except (OSError, EOFError, paramiko.SSHException):
                 pass
-
-        lines = LineSplitter(on_stderr)
 
         def _drain_err():  # stderr in a thread so a chatty command cannot stall stdout
             while True:
@@ -292,8 +310,10 @@ class SSHTransport(Transport):
                     "check the host and re-run",
                 ) from None
         finally:
-            timer.cancel()
+            finished.set()
             chan.close()
+        if went_idle.is_set():
+            raise idle_error(argv, idle, self.name)
         if timed_out.is_set():
             raise TransportError(
                 f"`{' '.join(argv)}` timed out after {timeout:g} s on {self.name}",

@@ -32,11 +32,14 @@ def test_a_killed_runs_temps_are_removed_and_said(tmp_path, capsys):
     planted = [
         _plant(sim.hpath("/etc/sysctl.d/.90-gpubox-numa.conf.gpubox.tmp.4242.deadbeef")),
         _plant(sim.hpath("/etc/modules-load.d/.nvidia-uvm.conf.gpubox.4242.tmp")),  # an older release's
-        _plant(sim.hpath("/etc/pve/lxc/200.conf.tmp.4242")),  # Proxmox-style, the config writer's
         _plant(sim.hpath("/etc/systemd/system/.gpubox-pcie-mrrs.service.gpubox.tmp.99.abcd")),
     ]
     fresh = _plant(sim.hpath("/etc/sysctl.d/.other.conf.gpubox.tmp.77.beef"), mtime=time.time())
     foreign = _plant(sim.hpath("/etc/sysctl.d/.hidden.tmp"))
+    # Proxmox's own temp naming: gpubox's config writer uses it too, but removes only the temps its
+    # journal recorded (provision/confjournal.py, tests/test_lxc_pmxcfs.py); one it never recorded
+    # is a Proxmox task's, however old.
+    proxmox = _plant(sim.hpath("/etc/pve/lxc/200.conf.tmp.4242"))
     rc, out, err = gpubox(capsys, "-i", sim.inventory_path, "tune", "numa", "ct200", "--json")
     assert rc in (0, 1), err
     left = [str(p) for p in planted if p.exists()]
@@ -45,6 +48,7 @@ def test_a_killed_runs_temps_are_removed_and_said(tmp_path, capsys):
     assert len(said) == len(planted), said
     assert fresh.exists(), "DAMAGE: a temp that may still be written was removed"
     assert foreign.exists(), "DAMAGE: a file gpubox does not own was removed"
+    assert proxmox.exists(), "DAMAGE: a Proxmox-named temp gpubox never recorded was removed"
 
 
 def test_a_read_only_run_removes_nothing(tmp_path, capsys):

@@ -40,7 +40,15 @@ _VOLATILE = re.compile(r"(^|/)(run/lock/gpubox/[^/]*\.holder|var/log/.*)$")
 
 
 def _run(box: lo.Box, argv: list[str], k: int, count_file: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GPUBOX_STATE_DIR=str(box.state), GPUBOX_LOCK_WAIT="0", PYTHONPATH=str(ROOT))
+    # No bytecode writes: Python commits a fresh .pyc with os.replace, so on a clean clone the
+    # counting run would see commit points that a later run (with the .pyc there) never reaches.
+    env = dict(
+        os.environ,
+        GPUBOX_STATE_DIR=str(box.state),
+        GPUBOX_LOCK_WAIT="0",
+        PYTHONPATH=str(ROOT),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     return subprocess.run(
         [
             sys.executable,
