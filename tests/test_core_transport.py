@@ -141,7 +141,9 @@ def test_local_timeout_is_one_line_error_naming_host(tmp_path):
 # A command that says one line on stderr, then nothing while it runs on (a hung remote python), and
 # one that talks on stderr all the time (a copier's progress) but runs longer than the idle limit.
 SILENT = ["sh", "-c", "echo started >&2; sleep 30"]
-CHATTY = ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick >&2; sleep 0.2; done; echo done"]
+# 3 s of work with a line every 0.1 s against a 2 s idle limit: it outlives the limit (so a limit that
+# ignored the lines would end it) with gaps 20x shorter than the limit.
+CHATTY = ["sh", "-c", "i=0; while [ $i -lt 30 ]; do echo tick >&2; sleep 0.1; i=$((i+1)); done; echo done"]
 
 
 def test_local_idle_limit_ends_a_command_that_falls_silent():
@@ -155,9 +157,8 @@ def test_local_idle_limit_ends_a_command_that_falls_silent():
 
 
 def test_local_idle_limit_spares_a_command_that_keeps_talking():
-    # 2 s of work with a line every 0.2 s: a 1.5 s idle limit (longer than any gap) never fires
-    r = LocalTransport("box").run(CHATTY, timeout=120, idle=1.5, on_stderr=lambda _line: None)
-    assert r.rc == 0 and r.stdout == "done\n" and r.stderr.count("tick") == 10
+    r = LocalTransport("box").run(CHATTY, timeout=120, idle=2, on_stderr=lambda _line: None)
+    assert r.rc == 0 and r.stdout == "done\n" and r.stderr.count("tick") == 30
 
 
 def _alive(pid: int) -> bool:
@@ -229,7 +230,7 @@ def test_ssh_timeout_is_overall_and_names_host(ssh):
 def test_ssh_idle_limit_ends_a_silent_command_and_spares_a_talking_one(ssh):
     with pytest.raises(TransportError, match=r"said nothing for 1 s on pve1"):
         ssh.run(SILENT, timeout=120, idle=1, on_stderr=lambda _line: None)
-    r = ssh.run(CHATTY, timeout=120, idle=1.5, on_stderr=lambda _line: None)
+    r = ssh.run(CHATTY, timeout=120, idle=2, on_stderr=lambda _line: None)
     assert r.rc == 0 and r.stdout == "done\n"
 
 
