@@ -69,6 +69,9 @@ def sub_dir(*parts: str) -> Path:
 
 def backup_path(host: str, path: str) -> Path:
     """Where a timestamped copy of `path` on `host` goes before gpubox overwrites it."""
-    stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}"
+    # One clock read for both parts: seconds from strftime and a separate read's microseconds could
+    # order a later backup before an earlier one (the list numbers them by this stamp).
+    us = time.time_ns() // 1000
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(us // 1_000_000)) + f"-{us % 1_000_000:06d}"
     flat = path.strip("/").replace("/", "__") or "root"
     return sub_dir("backups", host) / f"{safe_name(flat, limit=160)}.{stamp}"

@@ -74,3 +74,13 @@ def test_a_name_that_cannot_be_read_back_has_no_path():
     for path in ("/etc/" + "a" * 200, "/etc/my file.conf"):  # hashed by backup_path: not readable back
         flat = safe_name(path.strip("/").replace("/", "__"), limit=160)
         assert flat != path.strip("/").replace("/", "__") and original_path(flat) is None
+
+
+def test_backup_stamps_order_as_taken(tmp_path, monkeypatch):
+    """Backups are numbered by their stamp: stamps taken one after another must sort in that order
+    (a stamp whose sub-second part came from another clock read, or from nanoseconds, did not)."""
+    from gpubox.state import backup_path
+
+    monkeypatch.setenv("GPUBOX_STATE_DIR", str(tmp_path))
+    stamps = [backup_path("pve1", "/etc/x").name.rsplit(".", 1)[1] for _ in range(3000)]
+    assert stamps == sorted(stamps)
