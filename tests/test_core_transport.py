@@ -510,3 +510,28 @@ def test_sshd_fixture_inventory_works_for_ansible(sshd, tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "pve1 | CHANGED | rc=0 >>\npong" in r.stdout
+
+
+def test_ssh_file_calls_from_two_lanes_at_once(ssh, tmp_path):
+    """The host lane and a container-lane step use one host transport at the same time (a CT config
+    read while the host lane writes): its one SFTP session must answer each thread its own reply."""
+    import concurrent.futures
+
+    files = []
+    for i in range(8):
+        f = tmp_path / f"f{i}"
+        f.write_bytes(bytes([i]) * (50_000 + i))
+        files.append(f)
+
+    def work(i):
+        for _ in range(15):
+            assert ssh.read_bytes(str(files[i])) == files[i].read_bytes()
+            assert ssh.stat(str(files[i])).size == 50_000 + i
+            ssh.write_bytes_atomic(str(tmp_path / f"w{i}"), b"x" * i, mode=0o600)
+        return i
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futs = [pool.submit(work, i) for i in range(8)]
+        done, pending = concurrent.futures.wait(futs, timeout=60)
+    assert not pending, "an SFTP call waited forever for a reply another thread took"
+    assert sorted(f.result() for f in done) == list(range(8))

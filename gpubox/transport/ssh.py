@@ -71,6 +71,11 @@ class SSHTransport(Transport):
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
+        # One SFTP session per connection, used by both lanes (a container-lane step reads the CT
+        # config through the host's transport while the host lane writes there): paramiko's
+        # SFTPClient matches replies to requests on one channel and two threads waiting on it at
+        # once can each take the other's reply and wait forever. Every SFTP use holds this lock.
+        self._sftp_lock = threading.RLock()
 
     @classmethod
     def from_vars(cls, name: str, v: Mapping) -> "SSHTransport":
@@ -372,6 +377,10 @@ class SSHTransport(Transport):
 
     # -- files -----------------------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes:
+        with self._sftp_lock:
+            return self._read_bytes(path)
+
+    def _read_bytes(self, path: str) -> bytes:
         try:
             # stat first: SFTP's open of a FIFO blocks on the server, /dev/zero never ends.
             st = self.sftp.stat(path)
@@ -400,6 +409,10 @@ class SSHTransport(Transport):
         if mode is None:  # keep the mode of the file replaced; a new file gets the target's own
             old = self.stat(path)
             mode = old.perms if old and old.is_file else None
+        with self._sftp_lock:
+            self._write_tmp_and_rename(tmp, path, data, mode, asked)
+
+    def _write_tmp_and_rename(self, tmp: str, path: str, data: bytes, mode: int | None, asked: bool) -> None:
         try:
             with self.sftp.open(tmp, "wxb") as f:  # O_CREAT|O_EXCL: never through a planted symlink
                 f.set_pipelined(True)
@@ -434,7 +447,8 @@ class SSHTransport(Transport):
 
     def stat(self, path: str) -> FileStat | None:
         try:
-            st = self.sftp.lstat(path)
+            with self._sftp_lock:
+                st = self.sftp.lstat(path)
         except IOError as exc:
             if getattr(exc, "errno", None) == 2:
                 return None
@@ -451,7 +465,8 @@ class SSHTransport(Transport):
         return fs
 
     def listdir(self, path: str) -> list[str]:
-        return sorted(self.sftp.listdir(path))
+        with self._sftp_lock:
+            return sorted(self.sftp.listdir(path))
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
         self.refuse_links(path)
@@ -460,7 +475,8 @@ class SSHTransport(Transport):
     def remove(self, path: str) -> None:
         """SFTP remove is unlink(2): a link is removed, never its target; no link on the way."""
         self.refuse_links(posixpath.dirname(path) or "/")
-        self.sftp.remove(path)
+        with self._sftp_lock:
+            self.sftp.remove(path)
 
 
 def load_known_hosts(keys: "paramiko.HostKeys", path: str, name: str) -> list:
