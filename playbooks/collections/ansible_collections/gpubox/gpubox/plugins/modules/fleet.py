@@ -195,7 +195,7 @@ def _write(path, doc):
 
 
 def table(rows, title):
-    wb = max([len("box")] + [len(b) for b, _ in rows])
+    wb = max([len("box")] + [len(name) for name in dict(rows)])
     lines = [title, f"{'box'.ljust(wb)}  {'status':8}  changed  reason"]
     for b, r in rows:
         lines.append(f"{b.ljust(wb)}  {r['status']:8}  {'yes' if r['changed'] else 'no ':7}  {r['reason'][:160]}")
