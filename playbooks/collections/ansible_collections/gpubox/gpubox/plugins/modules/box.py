@@ -169,6 +169,10 @@ result_path:
   description: bench - the result JSON on the machine that ran it (C(path) in C(gpubox bench --json)).
   type: str
   returned: for bench
+result_text:
+  description: bench - that file's text, which M(gpubox.gpubox.fleet) copies to the control node.
+  type: str
+  returned: for bench
 gpubox_location:
   description: Where that library was imported from (the venv on the managed host).
   type: str
@@ -294,6 +298,10 @@ def _run(p, ctx, check_mode):
     doc = dict(doc)
     # `path` in a module result makes Ansible add that file's owner/mode/size to the result.
     doc["result_path"] = doc.pop("path", None)
+    if doc["result_path"]:
+        # The file as written, so the control node keeps an exact copy with no fetch task per box.
+        with open(doc["result_path"], encoding="utf-8") as f:
+            doc["result_text"] = f.read()
     doc["ok"] = exit_code(doc["verdict"]) == 0
     return doc, exit_code(doc["verdict"])
 

@@ -51,6 +51,10 @@ options:
   results_dir:
     description: Where to write each box's result as C(<box>.json) (control node).
     type: path
+  bench_dir:
+    description: Where each benchmark result file goes on the control node, as
+      C(<bench_dir>/<box>/<its file name on the box>) (the box module returns its text).
+    type: path
   errors:
     description: Box -> the input gate's message (from M(gpubox.gpubox.preflight)); such a box did not run.
     type: dict
@@ -185,6 +189,21 @@ def merge_bench(res, bench):
     return res
 
 
+def copy_result_file(bench_dir, box, bench):
+    """The benchmark's result file, as written on the box, into BENCH_DIR/BOX/ on the control node."""
+    if not bench_dir or not isinstance(bench, dict) or not bench.get("result_text") or not bench.get("result_path"):
+        return
+    name = os.path.basename(str(bench["result_path"]))
+    if not name.endswith(".json") or name.startswith("."):
+        return
+    folder = os.path.join(bench_dir, box)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, ".%s.tmp.%d" % (name, os.getpid()))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(bench["result_text"])
+    os.replace(tmp, os.path.join(folder, name))
+
+
 def _write(path, doc):
     """Atomic JSON write on the control node."""
     tmp = "%s.tmp.%d" % (path, os.getpid())
@@ -209,6 +228,7 @@ def main():
                            action=dict(type="str", default="recover"),
                            dest=dict(type="path"),
                            results_dir=dict(type="path"),
+                           bench_dir=dict(type="path"),
                            errors=dict(type="dict", default={}),
                            recovered=dict(type="dict", default={}),
                            hosts=dict(type="dict", default={}),
@@ -225,6 +245,10 @@ def main():
         else:
             res = (p["results"] or {}).get(name) or {}
             first = (p["recovered"] or {}).get(name)
+            bench = res if first or p["action"] == "bench" else {}
+            copy_result_file(p["bench_dir"], name, bench)
+            if isinstance(bench, dict) and bench.get("result_text"):
+                res = {k: v for k, v in res.items() if k != "result_text"}
             if first:
                 res = merge_bench(first, res)
         res = {k: v for k, v in res.items() if k != "invocation"}
