@@ -56,6 +56,7 @@ attributes:
     description: Reads only; the same in check mode.
   diff_mode:
     support: none
+    description: Nothing to diff: it only reads.
 """
 
 EXAMPLES = r"""
