@@ -300,6 +300,25 @@ def test_syntax_check_every_playbook(tmp_path):
     assert p.stdout.count("playbook: ") == len(books)
 
 
+@pytest.mark.parametrize("with_cfg", [True, False], ids=["ansible.cfg", "no-cfg"])
+def test_a_wrong_inventory_path_fails_the_playbook(tmp_path, with_cfg):
+    """Ansible alone warns and runs over an empty inventory, exiting 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    if with_cfg:
+        env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
+    p = subprocess.run(
+        ["ansible-playbook", "-i", str(tmp_path / "no-such-inventory.yml"), str(PLAYBOOKS / "doctor.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert p.returncode != 0, _explain(p)
+    out = p.stdout + p.stderr
+    assert ("inventory" in out and "parse" in out) or "no boxes" in out, _explain(p)
+
+
 @pytest.mark.skipif(shutil.which("ansible-lint") is None, reason="ansible-lint not installed (test extra)")
 def test_ansible_lint_production_profile_is_clean():
     p = subprocess.run(

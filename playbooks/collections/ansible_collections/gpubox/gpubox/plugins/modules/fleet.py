@@ -80,7 +80,7 @@ attributes:
     description: The same in check mode (the reports are written on the control node).
   diff_mode:
     support: none
-    description: Nothing to diff: it writes reports on the control node only.
+    description: Nothing to diff; it writes reports on the control node only.
 """
 
 EXAMPLES = r"""

@@ -15,7 +15,7 @@ description:
   - Runs once per play on the control node, with the gpubox library of the checkout O(src).
   - Reads each inventory file of O(inventory_sources) with the gate the gpubox CLI applies to
     C(-i) (C(gpubox.inventory.check_source)), on the source text, before Ansible's YAML 1.1 reading
-    turns a typo into another value (C(gpubox_vmid: 0200) is octal 128 once parsed, so the box
+    turns a typo into another value (a C(gpubox_vmid) written 0200 is octal 128 once parsed, so the box
     modules cannot see it). A problem there fails the task, and so the whole play, before any
     change; the message is the CLI's.
   - Checks every box's and its Proxmox host's variables as Ansible resolved them (extra-vars
@@ -56,7 +56,7 @@ attributes:
     description: Reads only; the same in check mode.
   diff_mode:
     support: none
-    description: Nothing to diff: it only reads.
+    description: Nothing to diff; it only reads.
 """
 
 EXAMPLES = r"""

@@ -40,7 +40,7 @@ attributes:
     description: Builds nothing; reports whether a real run would build.
   diff_mode:
     support: none
-    description: No diff: the result is a file in the control node's cache.
+    description: No diff; the result is a file in the control node's cache.
 """
 
 EXAMPLES = r"""
