@@ -108,7 +108,7 @@ def test_ansible_test_sanity_passes(installed, tmp_path):
     p = subprocess.run(argv, cwd=coll, env=env, capture_output=True, text=True, timeout=900)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
-    assert "Running sanity test 'pylint'" in out and "Running sanity test 'validate-modules'" in out, out[
+    assert 'Running sanity test "pylint"' in out and 'Running sanity test "validate-modules"' in out, out[
         -4000:
     ]
     assert "ERROR" not in out, out[-4000:]

@@ -115,7 +115,7 @@ def main():
                            build_isolation=dict(type="bool", default=False)),
         supports_check_mode=True,
     )
-    src, cache = module.params["src"], os.path.expanduser(module.params["cache"])
+    src, cache = module.params["src"], module.params["cache"]
     if not os.path.isfile(os.path.join(src, "pyproject.toml")):
         module.fail_json(msg="%s has no pyproject.toml (point gpubox_source at the gpubox checkout)" % src)
     build = build_id(src)
