@@ -248,6 +248,8 @@ def fleet(workspace, sshd_factory):
     runs["fresh_digest_after"] = {n: tree_digest(s.dest) for n, s in f.sims.items()}
     runs["fresh_wheels"] = sorted(p.name for p in ws["wheels"].rglob("*.whl"))
     runs["fresh_summary"] = json.loads((f.results / "doctor" / "summary.json").read_text())
+    runs["fresh_check"] = f.play("recover.yml", "--check")
+    runs["fresh_check_wheels"] = sorted(p.name for p in ws["wheels"].rglob("*.whl"))
     runs["fresh_installed"] = sorted(
         str(p)
         for h in ("pve-a", "pve-b", "pve-c")
@@ -353,6 +355,15 @@ def test_doctor_on_a_fresh_fleet_changes_nothing_and_names_the_hosts_to_install(
     assert fleet.runs["fresh_wheels"] == []  # no wheel built, in the cache or the checkout
     assert not (workspace["source"] / ".whl").exists() and not (workspace["source"] / "build").exists()
     assert fleet.runs["fresh_installed"] == []  # nothing installed on any host
+    # --check likewise: no wheel, no install, changed=0, and the same hosts named.
+    c = fleet.runs["fresh_check"]
+    assert {b: c.recap[b]["changed"] for b in ("ct-a", "ct-b", "ct-c")} == dict.fromkeys(
+        ("ct-a", "ct-b", "ct-c"), 0
+    ), _explain(c)
+    assert fleet.runs["fresh_check_wheels"] == [] and "TASK [gpubox_install" not in c.stdout, _explain(c)
+    assert "needs playbooks/install.yml (this build is not there): pve-a, pve-b, pve-c" in c.stdout, _explain(
+        c
+    )
     summary = fleet.runs["fresh_summary"]
     assert summary["needs_install"] == ["pve-a", "pve-b", "pve-c"] and summary["failed"] == [
         "ct-a",
