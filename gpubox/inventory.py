@@ -141,6 +141,15 @@ def _precheck(path: Path) -> None:
             raise InventoryError(f"{f} is not a YAML mapping", f"{kind} must be a mapping of names")
 
 
+def check_source(path: str | os.PathLike) -> None:
+    """The gate on an inventory source's text, without loading it: it exists, every file Ansible
+    would parse for it is bounded and well-formed YAML (no alias bomb, no INI), and no value gpubox
+    reads is spelled so that YAML 1.1 reads it otherwise (`0200` is octal 128). What `gpubox -i PATH`
+    refuses before anything else; the playbooks run it once on the control node (Ansible's own
+    reading has already turned `0200` into 128 by the time a module sees the value)."""
+    _precheck(Path(path))
+
+
 _INI_SECTION = re.compile(r"\[[^\]\s]+\]")
 _INI_HOST_LINE = re.compile(r"[^\s=:#\[]+(\s+[A-Za-z_][A-Za-z0-9_]*=\S*)+")
 

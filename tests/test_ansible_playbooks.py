@@ -241,7 +241,22 @@ def fleet(workspace, sshd_factory):
         ws["venvs"] / "pve-c",
     )
     f.write()
-    runs = {"digest_before_check": {n: tree_digest(s.dest) for n, s in f.sims.items()}}
+    runs = {}
+    # Nothing installed yet: doctor reads nothing, installs nothing, builds no wheel, names the hosts.
+    runs["fresh_digest"] = {n: tree_digest(s.dest) for n, s in f.sims.items()}
+    runs["fresh_doctor"] = f.play("doctor.yml")
+    runs["fresh_digest_after"] = {n: tree_digest(s.dest) for n, s in f.sims.items()}
+    runs["fresh_wheels"] = sorted(p.name for p in ws["wheels"].rglob("*.whl"))
+    runs["fresh_summary"] = json.loads((f.results / "doctor" / "summary.json").read_text())
+    runs["fresh_check"] = f.play("recover.yml", "--check")
+    runs["fresh_check_wheels"] = sorted(p.name for p in ws["wheels"].rglob("*.whl"))
+    runs["fresh_installed"] = sorted(
+        str(p)
+        for h in ("pve-a", "pve-b", "pve-c")
+        for p in (ws["venvs"] / h / ".gpubox-build", Path(f"{ws['venvs'] / h}-home"))
+        if p.exists()
+    )
+    runs["install"] = f.play("install.yml")
     runs["doctor"] = f.play("doctor.yml")
     runs["digest_before_check"] = {n: tree_digest(s.dest) for n, s in f.sims.items()}
     runs["check"] = f.play("recover.yml", "--check", "--diff")
@@ -287,6 +302,25 @@ def test_syntax_check_every_playbook(tmp_path):
     assert p.stdout.count("playbook: ") == len(books)
 
 
+@pytest.mark.parametrize("with_cfg", [True, False], ids=["ansible.cfg", "no-cfg"])
+def test_a_wrong_inventory_path_fails_the_playbook(tmp_path, with_cfg):
+    """Ansible alone warns and runs over an empty inventory, exiting 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    if with_cfg:
+        env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
+    p = subprocess.run(
+        ["ansible-playbook", "-i", str(tmp_path / "no-such-inventory.yml"), str(PLAYBOOKS / "doctor.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert p.returncode != 0, _explain(p)
+    out = p.stdout + p.stderr
+    assert ("inventory" in out and "parse" in out) or "no boxes" in out, _explain(p)
+
+
 @pytest.mark.skipif(shutil.which("ansible-lint") is None, reason="ansible-lint not installed (test extra)")
 def test_ansible_lint_production_profile_is_clean():
     p = subprocess.run(
@@ -311,12 +345,55 @@ def test_ansible_lint_production_profile_is_clean():
 
 
 # -- the fleet -------------------------------------------------------------------------------------
-def test_doctor_installs_gpubox_and_fails_with_the_findings(fleet):
+def test_doctor_on_a_fresh_fleet_changes_nothing_and_names_the_hosts_to_install(fleet, workspace):
+    p = fleet.runs["fresh_doctor"]
+    assert p.returncode != 0, _explain(p)  # nothing could be checked
+    assert {b: p.recap[b]["changed"] for b in ("ct-a", "ct-b", "ct-c")} == dict.fromkeys(
+        ("ct-a", "ct-b", "ct-c"), 0
+    ), _explain(p)
+    assert fleet.runs["fresh_digest"] == fleet.runs["fresh_digest_after"]
+    assert fleet.runs["fresh_wheels"] == []  # no wheel built, in the cache or the checkout
+    assert not (workspace["source"] / ".whl").exists() and not (workspace["source"] / "build").exists()
+    assert fleet.runs["fresh_installed"] == []  # nothing installed on any host
+    # --check likewise: no wheel, no install, changed=0, and the same hosts named.
+    c = fleet.runs["fresh_check"]
+    assert {b: c.recap[b]["changed"] for b in ("ct-a", "ct-b", "ct-c")} == dict.fromkeys(
+        ("ct-a", "ct-b", "ct-c"), 0
+    ), _explain(c)
+    assert fleet.runs["fresh_check_wheels"] == [] and "TASK [gpubox_install" not in c.stdout, _explain(c)
+    assert "needs playbooks/install.yml (this build is not there): pve-a, pve-b, pve-c" in c.stdout, _explain(
+        c
+    )
+    summary = fleet.runs["fresh_summary"]
+    assert summary["needs_install"] == ["pve-a", "pve-b", "pve-c"] and summary["failed"] == [
+        "ct-a",
+        "ct-b",
+        "ct-c",
+    ]
+    assert "run playbooks/install.yml -l pve-b" in summary["boxes"]["ct-b"]["reason"]
+    assert "needs playbooks/install.yml (this build is not there): pve-a, pve-b, pve-c" in p.stdout, _explain(
+        p
+    )
+
+
+def test_install_puts_this_build_on_every_host(fleet, workspace):
+    p = fleet.runs["install"]
+    assert p.returncode == 0, _explain(p)
+    assert all(p.recap[h]["changed"] >= 1 for h in ("pve-a", "pve-b", "pve-c")), _explain(p)
+    (wheel,) = workspace["wheels"].rglob("*.whl")  # built once, into the cache folder of its build
+    build = wheel.parent.name
+    assert re.fullmatch(r"0\.\d+\.\d+\+[0-9a-f]{12}", build), build
+    for host in ("pve-a", "pve-b", "pve-c"):
+        assert (workspace["venvs"] / host / ".gpubox-build").read_text().strip() == build
+
+
+def test_doctor_fails_with_the_findings_and_changes_nothing(fleet):
     p = fleet.runs["doctor"]
-    assert p.returncode != 0, _explain(p)  # the summary play fails: every box has findings
+    assert p.returncode != 0, _explain(p)  # the summary fails the run: every box has findings
     assert set(p.recap) >= {"ct-a", "ct-b", "ct-c"}, _explain(p)
-    assert all(p.recap[b]["rescued"] == 1 for b in ("ct-a", "ct-b", "ct-c")), _explain(p)
+    assert all(p.recap[b]["changed"] == 0 for b in p.recap), _explain(p)
     assert "box(es) degraded/failed: ct-a, ct-b, ct-c" in p.stdout, _explain(p)
+    assert "TASK [gpubox_install" not in p.stdout, _explain(p)  # no install task ran
     res = json.loads((fleet.results / "doctor" / "ct-b.json").read_text())
     # The module ran from the venv the role built on the managed host, not from this checkout.
     assert res["gpubox_location"].startswith(str(fleet.base.parent / "venvs" / "pve-b")), res[
@@ -333,7 +410,7 @@ def test_check_diff_changes_no_file_and_shows_the_diffs(fleet):
     assert fleet.runs["digest_before_check"] == fleet.runs["digest_after_check"]
     assert p.returncode == 0, _explain(p)  # drift in check mode is a plan, not a failure
     for box in ("ct-a", "ct-b", "ct-c"):
-        assert p.recap[box]["failed"] == 0 and p.recap[box]["rescued"] == 0, _explain(p)
+        assert p.recap[box]["failed"] == 0 and p.recap[box]["ignored"] == 0, _explain(p)
         assert p.recap[box]["changed"] >= 1, _explain(p)  # "would change"
         res = fleet.runs["check_results"][box]
         assert res["mode"] == "plan" and res["changed"] is True
@@ -359,7 +436,7 @@ def test_fault_run_repairs_every_box(fleet):
     p = fleet.runs["recover"]
     assert p.returncode == 0, _explain(p)
     for box in ("ct-a", "ct-b", "ct-c"):
-        assert p.recap[box]["failed"] == 0 and p.recap[box]["rescued"] == 0, _explain(p)
+        assert p.recap[box]["failed"] == 0 and p.recap[box]["ignored"] == 0, _explain(p)
         res = fleet.runs["recover_results"][box]
         assert res["ok"] is True and res["changed"] is True and res["mode"] == "apply"
         assert {s["status"] for s in res["steps"]} <= {"ok", "fixed", "skipped"}
@@ -375,8 +452,26 @@ def test_second_run_changes_nothing(fleet):
     p = fleet.runs["again"]
     assert p.returncode == 0, _explain(p)
     rc = p.recap
-    assert {b: rc[b]["changed"] for b in rc} == {"ct-a": 0, "ct-b": 0, "ct-c": 0}, _explain(p)
-    assert all(rc[b]["failed"] == 0 and rc[b]["ok"] > 0 for b in rc), _explain(p)
+    boxes = {b: rc[b] for b in ("ct-a", "ct-b", "ct-c")}
+    assert {b: boxes[b]["changed"] for b in boxes} == {"ct-a": 0, "ct-b": 0, "ct-c": 0}, _explain(p)
+    assert all(boxes[b]["failed"] == 0 and boxes[b]["ok"] > 0 for b in boxes), _explain(p)
+    # Every host has this build: no wheel build, no install task, one module call per box.
+    assert "Build the wheel" not in p.stdout and "TASK [gpubox_install" not in p.stdout, _explain(p)
+    assert p.stdout.count("TASK [gpubox_box : Gpubox recover]") == 1, _explain(p)
+
+
+def test_a_host_with_another_build_is_named_not_checked(fleet, workspace):
+    """doctor never installs: a host whose venv holds another build is named for install.yml."""
+    marker = workspace["venvs"] / "pve-a" / ".gpubox-build"
+    build = marker.read_text()
+    marker.write_text("0.0.1+000000000000\n")
+    try:
+        p = fleet.play("doctor.yml", "-l", "ct-a")
+    finally:
+        marker.write_text(build)
+    assert p.returncode != 0 and p.recap["ct-a"]["changed"] == 0, _explain(p)
+    reason = json.loads((fleet.results / "doctor" / "summary.json").read_text())["boxes"]["ct-a"]["reason"]
+    assert "installed: 0.0.1+000000000000" in reason and "install.yml -l pve-a" in reason, reason
 
 
 def test_bench_playbook_runs_the_short_simulated_benchmark(fleet):
@@ -456,14 +551,15 @@ def test_a_failing_box_does_not_stop_the_others(workspace, sshd_factory, fleet):
     f.base.mkdir()
     b = sshd_factory("127.0.0.2")
     py = {"ansible_python_interpreter": sys.executable}
-    # Same venvs as the first fleet: the install is already there (and must stay unchanged).
+    # ct-ok's host has no gpubox yet: recover.yml installs this build there first (the wheel is
+    # already in the cache). ct-locked's host has it (the first fleet's pve-b venv).
     f.add(
         "ct-ok",
         "pve-ok",
         211,
         ["numa_balancing", "nccl_missing"],
         {"ansible_connection": "local", **py},
-        ws["venvs"] / "pve-a",
+        ws["venvs"] / "pve-ok",
     )
     f.add("ct-locked", "pve-locked", 212, ["conf_locked", "uvm_stale_major"], b.vars(), ws["venvs"] / "pve-b")
     port = _closed_port("127.0.0.4")
@@ -495,13 +591,16 @@ def test_a_failing_box_does_not_stop_the_others(workspace, sshd_factory, fleet):
     assert tree_digest(f.sims["ct-locked"].dest / "pve-locked" / "etc" / "pve") == before
     # The final task names the failed boxes.
     assert re.search(r"2 box\(es\) failed: ct-gone, ct-locked", p.stdout), _explain(p)
-    # Only the broken boxes were rescued; the final task (run once) fails the whole play at the end.
-    assert {b: p.recap[b]["rescued"] for b in ("ct-ok", "ct-locked", "ct-gone")} == {
-        "ct-ok": 0,
-        "ct-locked": 1,
-        "ct-gone": 1,
-    }, _explain(p)
+    # Only the broken boxes' calls failed (each became its box's result); the final task (run
+    # once) fails the whole play at the end.
+    assert {b: p.recap[b]["ignored"] for b in ("ct-ok", "ct-locked")} == {"ct-ok": 0, "ct-locked": 1}, (
+        _explain(p)
+    )
     ok_res = json.loads((f.results / "recover" / "ct-ok.json").read_text())
     assert ok_res["ok"] is True and {"numa-balancing", "nccl-env"} <= {
         s["name"] for s in ok_res["steps"] if s["status"] == "fixed"
     }
+    # Installed on demand on pve-ok only (the wheel came from the cache: no second build).
+    assert ok_res["gpubox_location"].startswith(str(ws["venvs"] / "pve-ok")), ok_res["gpubox_location"]
+    assert re.search(r"changed: \[ct-ok -> pve-ok\]", p.stdout), _explain(p)  # the install tasks
+    assert len(list(ws["wheels"].rglob("*.whl"))) == 1

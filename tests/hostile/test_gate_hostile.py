@@ -257,3 +257,22 @@ def test_container_side_request_passes_the_same_gate(case):
     with pytest.raises(GpuboxError) as ei:
         context_from({"container": {"name": "ct1", "vars": ct}, "host": {"name": "pve1", "vars": {}}})
     assert var in str(ei.value) and str(ei.value).startswith("ct1: "), str(ei.value)
+
+
+@pytest.mark.parametrize("spelling", ["0200", "0x10"], ids=["octal", "hex"])
+def test_playbook_refuses_the_inventory_spelling_the_cli_refuses(tmp_path, capsys, playbook_bin, spelling):
+    """Ansible's YAML 1.1 reading turns `gpubox_vmid: 0200` into 128 before any module sees it; the
+    playbook checks the inventory's source text once on the control node with the CLI's gate, so
+    the CLI's error ends the play before anything is read or changed."""
+    inv = _inventory(tmp_path, {"ct1": ("gpubox_gpus", 1)})
+    text = inv.read_text()
+    assert "gpubox_vmid: 200\n" in text
+    inv.write_text(text.replace("gpubox_vmid: 200\n", f"gpubox_vmid: {spelling}\n"))
+    code, err = _cli_error(capsys, inv, "ct1")
+    assert code == 2 and "not a plain decimal number" in err, err
+    results = tmp_path / "results"
+    p = _doctor_playbook(playbook_bin, inv, tmp_path, {"gpubox_results_dir": str(results)})
+    assert p.returncode != 0, p.stdout[-3000:]
+    assert err.removeprefix("gpubox: error: ") in " ".join(p.stdout.split()), p.stdout[-3000:]
+    assert "TASK [gpubox_box : Gpubox doctor]" not in p.stdout  # the play ended at the gate
+    assert not (tmp_path / "pve1" / "run").exists(), "DAMAGE: a lock or file appeared on the host"

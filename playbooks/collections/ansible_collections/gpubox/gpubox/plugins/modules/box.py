@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: gpubox contributors
+# Apache License 2.0 (see LICENSE in the collection)
 """Ansible module: run one gpubox action (doctor, recover, tune, stage, bench) for one box.
 
 A thin adapter over the gpubox library (docs/architecture.md "One library, every front end"): it builds the
@@ -8,7 +10,9 @@ CLI calls (provision.recover.doctor/recover, hwtune.steps, provision.stage_step.
 bench.runner.run_box). No check, plan or repair logic lives here.
 """
 
-from __future__ import annotations
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 module: box
@@ -106,6 +110,22 @@ options:
     description: Fail the task when problems remain (like the CLI's exit status 1).
     type: bool
     default: true
+  build:
+    description:
+      - The gpubox build the play expects (C(<version>+<digest>), from M(gpubox.gpubox.preflight)).
+        When the venv the module runs in holds another build (or none), the module runs nothing and
+        returns RV(needs_install), so the play installs this build first (or, for doctor and check
+        mode, says that the host needs C(playbooks/install.yml)).
+      - Omitted, whatever gpubox the interpreter imports runs.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    description: recover, tune, stage and autostart plan only (gpubox's C(--dry-run)); C(changed) then
+      means "would change". doctor and validate read only; bench is skipped.
+  diff_mode:
+    support: full
+    description: Each step's unified diff and the exact commands it runs (or would run).
 """
 
 EXAMPLES = r"""
@@ -149,10 +169,22 @@ result_path:
   description: bench - the result JSON on the machine that ran it (C(path) in C(gpubox bench --json)).
   type: str
   returned: for bench
+result_text:
+  description: bench - that file's text, which M(gpubox.gpubox.fleet) copies to the control node.
+  type: str
+  returned: for bench
 gpubox_location:
   description: Where that library was imported from (the venv on the managed host).
   type: str
   returned: always
+needs_install:
+  description: The venv holds another build than O(build) (or none); nothing ran.
+  type: bool
+  returned: when O(build) is given and differs
+installed:
+  description: The build the venv holds (empty when none).
+  type: str
+  returned: when O(build) is given
 """
 
 import contextlib
@@ -162,10 +194,20 @@ import sys
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpubox.gpubox.plugins.module_utils.build import MARKER  # the venv's build
 
 # Variables that say how gpubox reaches a host from the control node; on the managed host the
 # module is already there, so they are dropped (the key file path, for one, is the control node's).
 _CONNECTION_VARS = ("gpubox_known_hosts", "gpubox_ssh_password_env")
+
+
+def installed_build():
+    """The build the running venv holds ('' when none is recorded)."""
+    try:
+        with open(os.path.join(sys.prefix, MARKER)) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _entry(name, variables, connection):
@@ -256,6 +298,10 @@ def _run(p, ctx, check_mode):
     doc = dict(doc)
     # `path` in a module result makes Ansible add that file's owner/mode/size to the result.
     doc["result_path"] = doc.pop("path", None)
+    if doc["result_path"]:
+        # The file as written, so the control node keeps an exact copy with no fetch task per box.
+        with open(doc["result_path"], encoding="utf-8") as f:
+            doc["result_text"] = f.read()
     doc["ok"] = exit_code(doc["verdict"]) == 0
     return doc, exit_code(doc["verdict"])
 
@@ -319,10 +365,20 @@ def main():
             out_dir=dict(type="path"),
             state_dir=dict(type="path"),
             fail_on_problems=dict(type="bool", default=True),
+            build=dict(type="str"),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    if p["build"]:
+        installed = installed_build()
+        if installed != p["build"]:
+            # Nothing of this library runs: the play installs this build first (apply), or says
+            # which host needs playbooks/install.yml (doctor, check mode).
+            found = ("build " + installed) if installed else "no gpubox build"
+            module.exit_json(changed=False, ok=False, box=p["box"], needs_install=True, installed=installed,
+                             build=p["build"], exit_code=2,
+                             msg="gpubox %s is not installed for %s (found %s)" % (p["build"], sys.executable, found))
     if p["state_dir"]:
         os.environ["GPUBOX_STATE_DIR"] = p["state_dir"]
     try:

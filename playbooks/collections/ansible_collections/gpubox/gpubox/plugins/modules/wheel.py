@@ -1,23 +1,24 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Ansible module: build the gpubox wheel from a checkout on the control node.
+# Copyright: gpubox contributors
+# Apache License 2.0 (see LICENSE in the collection)
+"""Ansible module: the gpubox wheel of a checkout, built once per build on the control node."""
 
-Why a module and not `command: pip wheel`: a rebuilt wheel differs byte for byte (zip timestamps)
-even when no file in it changed, which would make every `copy` to the managed hosts "changed".
-This module compares the new wheel's *contents* with the wheel already in DEST and keeps the old
-file when they are equal, so a second run changes nothing, anywhere.
-"""
+from __future__ import absolute_import, division, print_function
 
-from __future__ import annotations
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 module: wheel
-short_description: Build the gpubox wheel from a checkout, keeping the old file when its contents did not change
+short_description: Build the gpubox wheel of a checkout once per build, into a cache on the control node
 description:
-  - Copies the checkout (without .git, tests, caches and build outputs) to a temporary directory
-    and runs C(pip wheel --no-deps --no-build-isolation) there, so the checkout gets no build/ or
-    egg-info debris.
-  - C(changed) only when the wheel's contents differ from the one already in O(dest).
+  - Names the checkout's build C(<version>+<digest>) (a SHA-256 over the files the wheel is made of,
+    so any edit of the library is a new build) and returns the wheel of that build from
+    O(cache)C(/<build>/), building it only when the cache has none.
+  - The build runs C(pip wheel --no-deps --no-build-isolation) on a copy of the checkout (without .git,
+    tests, caches and build outputs), so the checkout gets no build/ or egg-info debris.
+  - C(changed) when it built the wheel (a new file in the cache on the control node); in check mode
+    nothing is built and C(changed) says whether a real run would build.
 version_added: "0.1.0"
 author: gpubox contributors (@gpubox)
 options:
@@ -25,104 +26,109 @@ options:
     description: The gpubox checkout (the directory holding pyproject.toml).
     type: path
     required: true
-  dest:
-    description: Directory the wheel is written to.
+  cache:
+    description: Wheel cache on the control node; each build's wheel goes into its own folder there.
     type: path
-    required: true
+    default: ~/.cache/gpubox/wheels
   build_isolation:
     description: Let pip fetch the build backend in an isolated environment (needs an index).
     type: bool
     default: false
+attributes:
+  check_mode:
+    support: full
+    description: Builds nothing; reports whether a real run would build.
+  diff_mode:
+    support: none
+    description: No diff; the result is a file in the control node's cache.
 """
 
 EXAMPLES = r"""
-- name: Build the gpubox wheel
+- name: The gpubox wheel of this checkout
   gpubox.gpubox.wheel:
     src: "{{ playbook_dir }}/.."
-    dest: "{{ playbook_dir }}/../.whl"
   delegate_to: localhost
   run_once: true
 """
 
 RETURN = r"""
+build:
+  description: The build, C(<version>+<digest>); the install role writes it into the venv it installs.
+  type: str
+  returned: always
+  sample: 0.1.0+3f2a9c01be77
 path:
-  description: Path of the wheel on the control node.
+  description: The wheel on the control node (in check mode, where it would be).
   type: str
-  returned: success
+  returned: always
 filename:
-  description: Its file name.
+  description: Its file name (empty in check mode when it is not built yet).
   type: str
-  returned: success
-content_sha256:
-  description: SHA-256 over the wheel's member names and contents (independent of zip timestamps).
-  type: str
-  returned: success
+  returned: always
 """
 
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpubox.gpubox.plugins.module_utils.build import build_id, cached_wheel
 
 IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "*.egg-info", "build", "dist", "tests",
                                 ".venv", "venv", ".pytest_cache", "results", "out", ".whl", "benchmarks",
-                                "playbooks", "inventory", "*.partial")
+                                "playbooks", "inventory", "docs", "*.partial", ".*")
 
 
-def content_digest(path):
-    """SHA-256 of (name, content) of every member, sorted: equal for equal contents."""
-    h = hashlib.sha256()
-    with zipfile.ZipFile(path) as z:
-        for name in sorted(z.namelist()):
-            h.update(name.encode() + b"\0")
-            h.update(hashlib.sha256(z.read(name)).digest())
-    return h.hexdigest()
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(src=dict(type="path", required=True), dest=dict(type="path", required=True),
-                           build_isolation=dict(type="bool", default=False)),
-        supports_check_mode=True,
-    )
-    src, dest = module.params["src"], module.params["dest"]
-    if not os.path.isfile(os.path.join(src, "pyproject.toml")):
-        module.fail_json(msg=f"{src} has no pyproject.toml (point gpubox_source at the gpubox checkout)")
+def build_into(module, src, folder, isolation):
+    """pip wheel of a copy of SRC, moved into FOLDER (atomically: a half-written wheel is never seen)."""
     with tempfile.TemporaryDirectory(prefix="gpubox-wheel-") as tmp:
         tree = os.path.join(tmp, "src")
         shutil.copytree(src, tree, ignore=IGNORE, symlinks=False)
         out = os.path.join(tmp, "out")
         argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
                 "-w", out, tree]
-        if not module.params["build_isolation"]:
+        if not isolation:
             argv.insert(4, "--no-build-isolation")
-        # Fixed zip timestamps (1980-01-01) where the backend honours SOURCE_DATE_EPOCH.
-        env = dict(os.environ, SOURCE_DATE_EPOCH="315532800")
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp)
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp, check=False)
         if proc.returncode != 0:
             module.fail_json(msg="building the gpubox wheel failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1],
                              cmd=argv, stderr=proc.stderr, stdout=proc.stdout, rc=proc.returncode)
         built = [f for f in os.listdir(out) if f.endswith(".whl")]
         if len(built) != 1:
-            module.fail_json(msg=f"expected one wheel, pip wrote {built}")
-        name = built[0]
-        new = os.path.join(out, name)
-        digest = content_digest(new)
-        target = os.path.join(dest, name)
-        changed = not (os.path.exists(target) and content_digest(target) == digest)
-        if changed:
-            # A control-node build artifact: written in check mode too, so the copy task can
-            # say what it would change on the managed hosts.
-            os.makedirs(dest, exist_ok=True)
-            staging = os.path.join(dest, f".{name}.tmp")
-            shutil.copyfile(new, staging)
-            os.replace(staging, target)
-    module.exit_json(changed=changed, path=target, filename=name, content_sha256=digest)
+            module.fail_json(msg="expected one wheel, pip wrote %s" % built)
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(folder))
+        shutil.copyfile(os.path.join(out, built[0]), os.path.join(staging, built[0]))
+        try:
+            os.rename(staging, folder)
+        except OSError:  # another run built it meanwhile: keep theirs
+            shutil.rmtree(staging, ignore_errors=True)
+        return cached_wheel(os.path.dirname(folder), os.path.basename(folder))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(src=dict(type="path", required=True),
+                           cache=dict(type="path", default="~/.cache/gpubox/wheels"),
+                           build_isolation=dict(type="bool", default=False)),
+        supports_check_mode=True,
+    )
+    src, cache = module.params["src"], module.params["cache"]
+    if not os.path.isfile(os.path.join(src, "pyproject.toml")):
+        module.fail_json(msg="%s has no pyproject.toml (point gpubox_source at the gpubox checkout)" % src)
+    build = build_id(src)
+    folder = os.path.join(cache, build)
+    path = cached_wheel(cache, build)
+    if path:
+        module.exit_json(changed=False, build=build, path=path, filename=os.path.basename(path))
+    if module.check_mode:
+        module.exit_json(changed=True, build=build, path=folder, filename="")
+    path = build_into(module, src, folder, module.params["build_isolation"])
+    if not path:
+        module.fail_json(msg="no wheel in %s after the build" % folder, build=build)
+    module.exit_json(changed=True, build=build, path=path, filename=os.path.basename(path))
 
 
 if __name__ == "__main__":
