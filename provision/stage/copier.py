@@ -69,6 +69,12 @@ class Copier(ColdProbe):
         ]
         for j in jobs:
             os.makedirs(os.path.dirname(j.dpath), exist_ok=True)
+        # big files on tmpfs: through a shared mapping, past the inode lock (readers.map_span);
+        # a disk destination keeps pwrite (MAP_FS; its fdatasync per journaled range flushes mapped
+        # pages too, but writes there do not queue the same way)
+        if readers.MAP_MIN is not None and fstype(self.dest) in readers.MAP_FS:
+            for j in jobs:
+                j.mapped = j.info["size"] >= max(1, readers.MAP_MIN)
         sched = Schedule(jobs)
         try:
             threads = self._choose_read(jobs)  # a cold probe copies into the partials: inside the try
@@ -175,6 +181,7 @@ class Copier(ColdProbe):
                     extra=whole,
                     advance=self.advance,
                     wlock=job.wlock,
+                    mapped=job.mapped,
                     **how,
                 )
             self._finish(job, whole.hexdigest())
@@ -195,6 +202,7 @@ class Copier(ColdProbe):
                     advance=self.advance,
                     h=h,
                     wlock=job.wlock,
+                    mapped=job.mapped,
                     **how,
                 )
             except OSError as exc:
@@ -203,7 +211,7 @@ class Copier(ColdProbe):
                 self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
                 streams.drop("direct")
                 fd, _ = self._reader(job, start, end, streams)
-                job.digests[i] = chunk(fd, job.dfd, start, end, self.algo, wlock=job.wlock)
+                job.digests[i] = chunk(fd, job.dfd, start, end, self.algo, wlock=job.wlock, mapped=job.mapped)
             if job.n > 1:
                 self._journal_range(job, i)
         with job.lock:

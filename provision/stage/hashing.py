@@ -36,7 +36,7 @@ import zlib
 
 from . import sizes
 from .errors import StageError
-from .readers import NO_LOCK, copy_span, open_src
+from .readers import NO_LOCK, copy_span, map_span, open_src
 from .threads import default_workers, run_tasks
 
 try:  # python-xxhash (pyproject dependency); the standalone payload may run where it is missing
@@ -97,13 +97,17 @@ def chunk(
     prefetch: int = 0,
     h=None,
     wlock=NO_LOCK,
+    mapped: bool = False,
 ) -> bytes:
     """The `algo` digest of [start, end) of sfd, copied to dfd on the way (readers.copy_span). `h`:
     a hash that already holds the range's first bytes (the cold probe copied them), continued from
-    start."""
+    start. `mapped`: dfd is written through a shared mapping (readers.map_span), not pwrite."""
     if h is None:
         h = CHUNK_HASH[algo]()
-    copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch, wlock)
+    if mapped and dfd is not None:
+        map_span(h, sfd, dfd, start, end, extra, advance, block, prefetch)
+    else:
+        copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch, wlock)
     return h.digest()
 
 

@@ -208,6 +208,78 @@ def copy_span(
         advance(pending)
 
 
+# a file at least this large is written through a shared mapping of its destination (map_span), not
+# pwrite: tmpfs takes the inode lock for every write(2), so writers of one file queue and one big file
+# copies at one memcpy's speed; page faults into a mapping take no inode lock. GPUBOX_STAGE_MAP_MIB
+# sets it (0: every non-empty file; "off": never); docs/stage.md "Performance" has the measurement.
+_MAP_SETTING = (os.environ.get("GPUBOX_STAGE_MAP_MIB") or "").strip().lower()
+MAP_MIN = None if _MAP_SETTING == "off" else int(_MAP_SETTING or 256) << 20
+MAP_FS = {"tmpfs"}  # the filesystems whose write(2) serializes writers of one file and that map cheaply
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+; older: EINVAL, ignored
+
+
+def map_span(
+    h, sfd: int, dfd: int, start: int, end: int, extra=None, advance=None, block: int = sizes.BUF, prefetch=0
+) -> None:
+    """copy_span's contract, the destination written through a MAP_SHARED mapping of [start, end):
+    the range is allocated first (posix_fallocate: a full tmpfs is ENOSPC here, never a SIGBUS on a
+    page fault later), each `block` is pre-faulted writable (MADV_POPULATE_WRITE), the source is read
+    straight into the mapping (preadv) and each BUF slice hashed from the mapping, i.e. the bytes
+    written, while it is in the CPU cache. No write(2), so no inode lock: the workers of one big file
+    fill their ranges in parallel. dfd must be open O_RDWR."""
+    length = end - start
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(dfd, start, length)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+            raise NoRoom(exc.strerror) from None
+        raise
+    m = mmap.mmap(dfd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    mv = memoryview(m)
+    try:
+        off, pending = 0, 0
+        if prefetch:
+            _prefetch(sfd, start, min(prefetch, length))
+        while off < length:
+            want = min(block, length - off)
+            ask = -(-want // mmap.PAGESIZE) * mmap.PAGESIZE
+            if prefetch:
+                _prefetch(sfd, start + off + prefetch, min(block, length - off - prefetch))
+            try:
+                m.madvise(MADV_POPULATE_WRITE, off, want)
+            except (OSError, ValueError):
+                pass  # an old kernel: the reads below fault the pages in
+            if off + ask <= length:
+                n = min(os.preadv(sfd, [mv[off : off + ask]], start + off), want)
+            else:  # the file's last, partial page: an O_DIRECT read needs whole pages, read beside
+                buf = _buf()
+                n = min(os.preadv(sfd, [buf[:ask]], start + off), want)
+                mv[off : off + n] = buf[:n]
+            if n == 0:
+                raise _shrank(start + off)
+            for p in range(off, off + n, sizes.BUF):
+                view = mv[p : min(off + n, p + sizes.BUF)]
+                h.update(view)
+                if extra is not None:
+                    extra.update(view)
+                view.release()
+            off += n
+            pending += n
+            if advance and pending >= 32 * sizes.BUF:
+                advance(pending)
+                pending = 0
+        if advance and pending:
+            advance(pending)
+    finally:
+        mv.release()
+        try:
+            m.close()
+        except BufferError:  # a slice still held by a traceback: unmapped when it is collected
+            pass
+
+
 class Streams:
     """A worker's open source fds for the file it copies, one per read path ("direct", "buffered"):
     kept from range to range of that file (the readahead state lives in the open file), closed

@@ -50,6 +50,9 @@ class FileJob:
         self.sfd = self.dfd = None
         self.ident: tuple[int, int] | None = None
         self.finished = False
+        # written through a shared mapping (readers.map_span), not pwrite: set by the Copier for a
+        # big file on tmpfs, where writers of one file would queue on the inode lock
+        self.mapped = False
 
     def open(self) -> None:
         with self.lock:
@@ -61,7 +64,12 @@ class FileJob:
                 # A partial with journaled ranges is kept (resume); any other starts empty.
                 # O_NOFOLLOW: a link planted at NAME.partial (next to a forged journal) is refused,
                 # never truncated or written through
-                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (0 if self.resume else os.O_TRUNC)
+                flags = (
+                    (os.O_RDWR if self.mapped else os.O_WRONLY)
+                    | os.O_CREAT
+                    | os.O_NOFOLLOW
+                    | (0 if self.resume else os.O_TRUNC)
+                )
                 self.dfd = os.open(self.partial, flags, 0o600)
 
     def close(self) -> None:
