@@ -100,22 +100,54 @@ def _shard(path: Path, nbytes: int, name: str, block: bytearray, counter: list) 
         os.fsync(f.fileno())  # clean pages: DONTNEED can evict them
 
 
-def generate(src: Path, total_gb: float) -> int:
+LAYOUTS = ("sharded", "one-big", "big-plus-small", "many-small")
+
+
+def layout_files(layout: str, total_gb: float) -> list[tuple[str, int]]:
+    """(name, bytes) of the weights files of a model of `layout`: "sharded" (8 shards of varying
+    size, the default), "one-big" (one model.safetensors: a single-file checkpoint; config and
+    tokenizer beside it), "big-plus-small" (one big shard and 20 small files of 256 KiB beside it),
+    "many-small" (32 MiB shards)."""
+    total = int(total_gb * GB) // 2048 * 2048
+    if layout == "sharded":
+        sizes = shard_sizes(total_gb)
+        return [(f"model-{i + 1:05d}-of-{len(sizes):05d}.safetensors", s) for i, s in enumerate(sizes)]
+    if layout in ("one-big", "big-plus-small"):
+        return [("model.safetensors", total - (20 << 18 if layout == "big-plus-small" else 0))]
+    if layout == "many-small":
+        n = max(1, total // (32 * MIB))
+        return [(f"model-{i + 1:05d}-of-{n:05d}.safetensors", total // n // 2048 * 2048) for i in range(n)]
+    raise SystemExit(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+
+
+def generate(src: Path, total_gb: float, layout: str = "sharded") -> int:
     src.mkdir(parents=True)
-    sizes = shard_sizes(total_gb)
-    n, weight_map = len(sizes), {}
+    files = layout_files(layout, total_gb)
+    sizes = [s for _, s in files]
+    weight_map = {}
+    todo = queue.Queue()
+    for i, f in enumerate(files):
+        todo.put((i, f))
 
-    def one(i: int, size: int) -> None:
+    def worker() -> None:
         block = bytearray(os.urandom(16 << 20))
-        rel, t = f"model-{i + 1:05d}-of-{n:05d}.safetensors", f"model.layers.{i}.weight"
-        _shard(src / rel, size, t, block, [i << 40])
-        weight_map[t] = rel
+        while True:
+            try:
+                i, (rel, size) = todo.get_nowait()
+            except queue.Empty:
+                return
+            t = f"model.layers.{i}.weight"
+            _shard(src / rel, size, t, block, [i << 40])
+            weight_map[t] = rel
 
-    ts = [threading.Thread(target=one, args=(i, s)) for i, s in enumerate(sizes)]
+    ts = [threading.Thread(target=worker) for _ in range(min(8, len(files)))]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    if layout == "big-plus-small":
+        for k in range(20):
+            (src / f"extra-{k:02d}.txt").write_bytes(os.urandom(1 << 18))
     docs = {
         "config.json": {
             "architectures": ["Qwen3ForCausalLM"],
@@ -124,11 +156,12 @@ def generate(src: Path, total_gb: float) -> int:
         },
         "tokenizer.json": {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}},
         "tokenizer_config.json": {"tokenizer_class": "Qwen2Tokenizer"},
-        "model.safetensors.index.json": {
+    }
+    if len(files) > 1:
+        docs["model.safetensors.index.json"] = {
             "metadata": {"total_size": sum(sizes)},
             "weight_map": dict(sorted(weight_map.items())),
-        },
-    }
+        }
     for rel, doc in docs.items():
         (src / rel).write_text(json.dumps(doc) + "\n")
     os.sync()
@@ -502,6 +535,14 @@ def main() -> int:
     ap.add_argument("--size", type=float, default=4.0, help="model size in GB (default 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     ap.add_argument(
+        "--layout",
+        action="append",
+        choices=LAYOUTS,
+        help="model layout, repeatable (each one measured in turn, its own table): sharded (default), "
+        "one-big (one model.safetensors), big-plus-small (one big shard + 20 small files), many-small "
+        "(32 MiB shards)",
+    )
+    ap.add_argument(
         "--workdir", default=None, help="disk directory for the source (default: a temp dir in /var/tmp)"
     )
     ap.add_argument("--tmpfs", default="/dev/shm", help="tmpfs directory to stage into (default /dev/shm)")
@@ -552,27 +593,39 @@ def main() -> int:
         )
     work = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.workdir or "/var/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="gpubox-bench-", dir=args.tmpfs))
-    src = work / "Model"
     # the cold probe's verdicts (kept per source filesystem) in this run's own state directory: the
     # first cold gpubox run probes, later ones reuse the verdict as the next reboot would; a
     # variant with GPUBOX_STAGE_STATE_DIR= (empty) probes in every run
     os.environ.setdefault("GPUBOX_STAGE_STATE_DIR", str(work / "state"))
-    res: dict = {}
+    results: list[dict] = []
     try:
-        t0 = time.perf_counter()
-        total = generate(src, args.size)
-        nfiles = len(source_files(src))
-        log(f"generated {src}: {nfiles} files, {total / GB:.2f} GB in {time.perf_counter() - t0:.1f} s")
-        if args.paired:
-            res = paired(src, shm, total, args.paired, args.drop_caches and not args.no_cold, args.no_cold)
-        else:
-            res = rounds(src, shm, total, nfiles, args, variants, t_start)
+        for layout in args.layout or ["sharded"]:
+            src = work / layout / "Model"
+            t0 = time.perf_counter()
+            total = generate(src, args.size, layout)
+            nfiles = len(source_files(src))
+            log(
+                f"generated {src} ({layout}): {nfiles} files, {total / GB:.2f} GB "
+                f"in {time.perf_counter() - t0:.1f} s"
+            )
+            if args.paired:
+                res = paired(
+                    src, shm, total, args.paired, args.drop_caches and not args.no_cold, args.no_cold
+                )
+            else:
+                res = rounds(src, shm, total, nfiles, args, variants, t_start)
+            res["layout"] = layout
+            results.append(res)
+            shutil.rmtree(work / layout, ignore_errors=True)  # the disk holds one layout at a time
+            print(f"\n== layout {layout} ==")
+            (print_paired if args.paired else print_table)(res)
+            sys.stdout.flush()
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=1) + "\n")
-    (print_paired if args.paired else print_table)(res)
+        out = results[0] if len(results) == 1 else results
+        Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
