@@ -160,6 +160,44 @@ def main() -> int:
         return t
 
     out[f"mapped steps {n} threads"] = whole_run(n)
+
+    def one_map_run(k):  # one mapping of the whole file, faults on first touch (no populate, no munmap churn)
+        fd, p = fresh("o")
+        os.posix_fallocate(fd, 0, size)
+        m = mmap.mmap(fd, size)
+        mv = memoryview(m)
+
+        def w(s, e):
+            for o in range(s, e, BLK):
+                os.preadv(sfd, [mv[o : o + BLK]], o)
+
+        t = par(k, ranges, w)
+        mv.release()
+        m.close()
+        os.close(fd)
+        os.unlink(p)
+        return t
+
+    out[f"one mapping, faults {n} thr"] = one_map_run(n)
+
+    def many_files_run(k):  # the same bytes by k threads into k files: the per-file lock out of the way
+        fds = [fresh(f"f{i}") for i in range(k)]
+
+        def w(s, e):
+            fd = fds[(s // RANGE) % k][0]
+            buf = bytearray(BLK)
+            mv = memoryview(buf)
+            for o in range(s, e, BLK):
+                os.preadv(sfd, [mv], o)
+                os.pwrite(fd, mv, o)
+
+        t = par(k, ranges, w)
+        for fd, p in fds:
+            os.close(fd)
+            os.unlink(p)
+        return t
+
+    out[f"pwrite {n} thr into {n} files"] = many_files_run(n)
     for k, t in out.items():
         print(f"{k:28} {t:7.3f} s  {gb / t:7.2f} GB/s")
     os.close(sfd)

@@ -181,7 +181,7 @@ class Copier(ColdProbe):
                     extra=whole,
                     advance=self.advance,
                     wlock=job.wlock,
-                    mapped=job.mapped,
+                    view=job.view,
                     **how,
                 )
             self._finish(job, whole.hexdigest())
@@ -202,7 +202,7 @@ class Copier(ColdProbe):
                     advance=self.advance,
                     h=h,
                     wlock=job.wlock,
-                    mapped=job.mapped,
+                    view=job.view,
                     **how,
                 )
             except OSError as exc:
@@ -211,7 +211,7 @@ class Copier(ColdProbe):
                 self.direct = False  # O_DIRECT refused at read time: this chunk again, buffered
                 streams.drop("direct")
                 fd, _ = self._reader(job, start, end, streams)
-                job.digests[i] = chunk(fd, job.dfd, start, end, self.algo, wlock=job.wlock, mapped=job.mapped)
+                job.digests[i] = chunk(fd, job.dfd, start, end, self.algo, wlock=job.wlock, view=job.view)
             if job.n > 1:
                 self._journal_range(job, i)
         with job.lock:

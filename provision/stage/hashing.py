@@ -97,15 +97,15 @@ def chunk(
     prefetch: int = 0,
     h=None,
     wlock=NO_LOCK,
-    mapped: bool = False,
+    view=None,
 ) -> bytes:
     """The `algo` digest of [start, end) of sfd, copied to dfd on the way (readers.copy_span). `h`:
     a hash that already holds the range's first bytes (the cold probe copied them), continued from
-    start. `mapped`: dfd is written through a shared mapping (readers.map_span), not pwrite."""
+    start. `view`: the destination's shared mapping (readers.map_span writes there, not pwrite to dfd)."""
     if h is None:
         h = CHUNK_HASH[algo]()
-    if mapped and dfd is not None:
-        map_span(h, sfd, dfd, start, end, extra, advance, block, prefetch)
+    if view is not None:
+        map_span(h, sfd, view, start, end, extra, advance, block, prefetch)
     else:
         copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch, wlock)
     return h.digest()

@@ -208,76 +208,68 @@ def copy_span(
         advance(pending)
 
 
-# a file at least this large is written through a shared mapping of its destination (map_span), not
-# pwrite: tmpfs takes the inode lock for every write(2), so writers of one file queue and one big file
-# copies at one memcpy's speed; page faults into a mapping take no inode lock. GPUBOX_STAGE_MAP_MIB
-# sets it (0: every non-empty file; "off": never); docs/stage.md "Performance" has the measurement.
-_MAP_SETTING = (os.environ.get("GPUBOX_STAGE_MAP_MIB") or "").strip().lower()
-MAP_MIN = None if _MAP_SETTING == "off" else int(_MAP_SETTING or 256) << 20
+# GPUBOX_STAGE_MAP_MIB=N: a file of at least N MiB on tmpfs is written through one shared mapping of
+# its destination (map_destination, map_span) instead of pwrite, so that its writers do not queue on
+# the tmpfs inode lock. Off by default: on the 16-core device VM it measured slower than pwrite, for
+# one big file (2.1 against 2.3 GB/s warm) and for shards (7.0 against 10.3), each 4 KiB page
+# faulting in on first touch (1.47M minor faults for 6 GB); docs/stage.md "Writing one big file".
+_MAP_SETTING = (os.environ.get("GPUBOX_STAGE_MAP_MIB") or "off").strip().lower()
+MAP_MIN = int(_MAP_SETTING) << 20 if _MAP_SETTING.isdigit() else None  # anything else: off
 MAP_FS = {"tmpfs"}  # the filesystems whose write(2) serializes writers of one file and that map cheaply
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+; older: EINVAL, ignored
 
 
-def map_span(
-    h, sfd: int, dfd: int, start: int, end: int, extra=None, advance=None, block: int = sizes.BUF, prefetch=0
-) -> None:
-    """copy_span's contract, the destination written through a MAP_SHARED mapping of [start, end):
-    the range is allocated first (posix_fallocate: a full tmpfs is ENOSPC here, never a SIGBUS on a
-    page fault later), each `block` is pre-faulted writable (MADV_POPULATE_WRITE), the source is read
-    straight into the mapping (preadv) and each BUF slice hashed from the mapping, i.e. the bytes
-    written, while it is in the CPU cache. No write(2), so no inode lock: the workers of one big file
-    fill their ranges in parallel. dfd must be open O_RDWR."""
-    length = end - start
-    if length <= 0:
-        return
+def map_destination(dfd: int, size: int):
+    """(mapping, memoryview) of the whole destination file, MAP_SHARED, its `size` bytes allocated
+    first (posix_fallocate: a full tmpfs is ENOSPC here, never a SIGBUS on a page fault later). One
+    mapping per file, made once: a mapping per range (mmap/munmap under the process's mmap lock,
+    with a TLB shootdown each) measured as slow as pwrite (docs/stage.md)."""
     try:
-        os.posix_fallocate(dfd, start, length)
+        os.posix_fallocate(dfd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
             raise NoRoom(exc.strerror) from None
         raise
-    m = mmap.mmap(dfd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
-    mv = memoryview(m)
-    try:
-        off, pending = 0, 0
+    m = mmap.mmap(dfd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return m, memoryview(m)
+
+
+def map_span(
+    h, sfd: int, view, start: int, end: int, extra=None, advance=None, block: int = sizes.BUF, prefetch=0
+) -> None:
+    """copy_span's contract, the destination being `view`, a shared mapping of the whole file
+    (map_destination): the source is read straight into the mapping (preadv; the pages fault in on
+    first touch, no inode lock) and each BUF slice hashed from the mapping, i.e. the bytes written,
+    while it is in the CPU cache. No write(2): the workers of one big file fill their ranges in
+    parallel."""
+    off, pending = start, 0
+    if prefetch:
+        _prefetch(sfd, start, min(prefetch, end - start))
+    while off < end:
+        want = min(block, end - off)
+        ask = -(-want // mmap.PAGESIZE) * mmap.PAGESIZE
         if prefetch:
-            _prefetch(sfd, start, min(prefetch, length))
-        while off < length:
-            want = min(block, length - off)
-            ask = -(-want // mmap.PAGESIZE) * mmap.PAGESIZE
-            if prefetch:
-                _prefetch(sfd, start + off + prefetch, min(block, length - off - prefetch))
-            try:
-                m.madvise(MADV_POPULATE_WRITE, off, want)
-            except (OSError, ValueError):
-                pass  # an old kernel: the reads below fault the pages in
-            if off + ask <= length:
-                n = min(os.preadv(sfd, [mv[off : off + ask]], start + off), want)
-            else:  # the file's last, partial page: an O_DIRECT read needs whole pages, read beside
-                buf = _buf()
-                n = min(os.preadv(sfd, [buf[:ask]], start + off), want)
-                mv[off : off + n] = buf[:n]
-            if n == 0:
-                raise _shrank(start + off)
-            for p in range(off, off + n, sizes.BUF):
-                view = mv[p : min(off + n, p + sizes.BUF)]
-                h.update(view)
-                if extra is not None:
-                    extra.update(view)
-                view.release()
-            off += n
-            pending += n
-            if advance and pending >= 32 * sizes.BUF:
-                advance(pending)
-                pending = 0
-        if advance and pending:
+            _prefetch(sfd, off + prefetch, min(block, end - off - prefetch))
+        if off + ask <= len(view):
+            n = min(os.preadv(sfd, [view[off : off + ask]], off), want)
+        else:  # the file's last, partial page: an O_DIRECT read needs whole pages, read beside
+            buf = _buf()
+            n = min(os.preadv(sfd, [buf[:ask]], off), want)
+            view[off : off + n] = buf[:n]
+        if n == 0:
+            raise _shrank(off)
+        for p in range(off, off + n, sizes.BUF):
+            part = view[p : min(off + n, p + sizes.BUF)]
+            h.update(part)
+            if extra is not None:
+                extra.update(part)
+            part.release()
+        off += n
+        pending += n
+        if advance and pending >= 32 * sizes.BUF:
             advance(pending)
-    finally:
-        mv.release()
-        try:
-            m.close()
-        except BufferError:  # a slice still held by a traceback: unmapped when it is collected
-            pass
+            pending = 0
+    if advance and pending:
+        advance(pending)
 
 
 class Streams:

@@ -17,7 +17,7 @@ import threading
 
 from . import sizes
 from .manifest import temp_path
-from .readers import NO_LOCK
+from .readers import NO_LOCK, map_destination
 
 # writers of one file take turns on a lock of ours around each pwrite (GPUBOX_STAGE_WRITE_LOCK=0:
 # not, for the benchmark): tmpfs holds the inode lock for the whole copy of a write, and a second
@@ -53,6 +53,7 @@ class FileJob:
         # written through a shared mapping (readers.map_span), not pwrite: set by the Copier for a
         # big file on tmpfs, where writers of one file would queue on the inode lock
         self.mapped = False
+        self.map = self.view = None  # the mapping (readers.map_destination), while open
 
     def open(self) -> None:
         with self.lock:
@@ -71,8 +72,17 @@ class FileJob:
                     | (0 if self.resume else os.O_TRUNC)
                 )
                 self.dfd = os.open(self.partial, flags, 0o600)
+                if self.mapped and self.info["size"]:
+                    self.map, self.view = map_destination(self.dfd, self.info["size"])
 
     def close(self) -> None:
+        if self.view is not None:
+            self.view.release()
+            try:
+                self.map.close()
+            except BufferError:  # a slice still held by a traceback: unmapped when it is collected
+                pass
+            self.map = self.view = None
         for fd in (self.sfd, self.dfd):
             if fd is not None:
                 try:
