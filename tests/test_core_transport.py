@@ -518,20 +518,20 @@ def test_ssh_file_calls_from_two_lanes_at_once(ssh, tmp_path):
     import concurrent.futures
 
     files = []
-    for i in range(8):
+    for i in range(2):
         f = tmp_path / f"f{i}"
         f.write_bytes(bytes([i]) * (50_000 + i))
         files.append(f)
 
     def work(i):
-        for _ in range(15):
+        for _ in range(40):
             assert ssh.read_bytes(str(files[i])) == files[i].read_bytes()
             assert ssh.stat(str(files[i])).size == 50_000 + i
             ssh.write_bytes_atomic(str(tmp_path / f"w{i}"), b"x" * i, mode=0o600)
         return i
 
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futs = [pool.submit(work, i) for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two lanes, as recover runs them
+        futs = [pool.submit(work, i) for i in range(2)]
         done, pending = concurrent.futures.wait(futs, timeout=60)
     assert not pending, "an SFTP call waited forever for a reply another thread took"
-    assert sorted(f.result() for f in done) == list(range(8))
+    assert sorted(f.result() for f in done) == [0, 1]
