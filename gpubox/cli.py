@@ -190,6 +190,12 @@ def interrupted(exc: BaseException) -> None:
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
+    # Every command checks afresh on its next run and a staging copy resumes from its journal: say so,
+    # so that an interrupted stage or recover is re-run rather than cleaned up by hand.
+    lines = [
+        *lines,
+        "re-run the same command to go on: it checks everything again, and a copy resumes where it stopped",
+    ]
     msg = "\ngpubox: interrupted" + "".join(f"\n  {line}" for line in lines) + "\n"
     try:
         os.write(2, msg.encode(errors="replace"))

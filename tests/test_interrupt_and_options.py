@@ -179,3 +179,17 @@ def test_a_bad_benchmark_profile_is_refused_before_any_repair(tmp_path, capsys, 
     assert sim.hpath("/etc/pve/lxc/200.conf").read_text() == conf
     assert sim.hpath("/proc/sys/kernel/numa_balancing").read_text() == numa
     assert sim.calls() == []  # no stand-in (setpci, pct, nvidia-modprobe...) ran
+
+
+def test_ctrl_c_says_how_to_go_on(monkeypatch, capfd):
+    """Ctrl-C anywhere (a staging copy too) ends 130 with the way on: re-run, a copy resumes."""
+    from gpubox import cli as climod
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(climod.cli, "main", boom)
+    with pytest.raises(SystemExit) as e:
+        climod.main(["stage", "ct200"])
+    err = capfd.readouterr().err
+    assert e.value.code == 130 and "interrupted" in err and "a copy resumes where it stopped" in err
