@@ -602,3 +602,26 @@ def test_advise_on_a_result_the_benchmark_really_wrote(tmp_path, capsys):
         assert "1 repetition" in w["best"]["noise"]["detail"]
     assert a["plan"][0]["config"]["name"] in ("TP4 DDTree b15", "TP8 DDTree b15")
     assert any(g["kind"] == "noise_unknown" for g in a["gaps"])
+
+
+def test_plan_rows_never_overlap_when_the_winner_changes_back():
+    """TP8 wins at 25k context and TP4 (the default) again at 100k: each context is in one row, never
+    "context up to 100k -> TP4" beside "prompts of 25k or more -> TP8"."""
+    a = advise(
+        sim_run(
+            [
+                meas(4, "ddtree:15", "decode", 280.0, spread=[278.0, 282.0]),
+                meas(8, "ddtree:15", "decode", 260.0, spread=[258.0, 262.0]),
+                meas(4, "ddtree:15", "long_context", 40.0, ctx=25000, out=256, spread=[39.5, 40.5]),
+                meas(8, "ddtree:15", "long_context", 90.0, ctx=25000, out=256, spread=[89.5, 90.5]),
+                meas(4, "ddtree:15", "long_context", 30.0, ctx=100000, out=256, spread=[29.5, 30.5]),
+                meas(8, "ddtree:15", "long_context", 10.0, ctx=100000, out=256, spread=[9.5, 10.5]),
+            ]
+        )
+    )
+    default, switch = a.plan
+    assert default.config.name == "TP4 DDTree b15" and switch.config.name == "TP8 DDTree b15"
+    assert "up to" not in default.when and "context of 100k tokens" in default.when
+    assert switch.when == "prompts of 25k tokens (the default wins again at 100k)"
+    rows = [set(r.workloads) for r in a.plan]
+    assert not rows[0] & rows[1]

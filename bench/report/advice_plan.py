@@ -72,7 +72,12 @@ def plan(run: ResultDoc, points: list[WorkloadAdvice]) -> tuple[list[PlanRow], l
     if conc:
         when.append(f"concurrency C={_range(conc)}")
     ctxs = [w.context_tokens for w in won if w.kind in ("long_context", "agentic")]
-    if ctxs:
+    lost_ctxs = [w.context_tokens for w in lost if w.kind in ("long_context", "agentic") and w.context_tokens]
+    if ctxs and lost_ctxs and max(ctxs) > min(lost_ctxs):
+        # another configuration wins between the default's contexts: "up to" would cover its row
+        # too (every workload belongs to one row), so name the contexts the default won
+        when.append(f"context of {', '.join(ctx_name(c) for c in sorted(set(ctxs)))} tokens")
+    elif ctxs:
         when.append(f"context up to {ctx_name(max(ctxs))} tokens")
     rows = [
         PlanRow(
@@ -94,7 +99,13 @@ def plan(run: ResultDoc, points: list[WorkloadAdvice]) -> tuple[list[PlanRow], l
         ws = sorted(ws, key=order_key)
         if kind == "context":
             th = min(w.context_tokens or 0 for w in ws)
-            when_txt = f"prompts of {ctx_name(th)} tokens or more"
+            hi = max(w.context_tokens or 0 for w in ws)
+            longer = [c for c in ctxs if c > hi]
+            if longer:  # the default wins again above: a bounded range, not "or more"
+                span = ctx_name(th) if hi == th else f"{ctx_name(th)} to {ctx_name(hi)}"
+                when_txt = f"prompts of {span} tokens (the default wins again at {ctx_name(min(longer))})"
+            else:
+                when_txt = f"prompts of {ctx_name(th)} tokens or more"
             shorter = [
                 w.context_tokens
                 for w in won
