@@ -501,6 +501,7 @@ def status(ctx, s: Spec) -> dict[str, Any]:
             enabled=st["is-enabled"],
             active=st["is-active"],
             last_service_state=unit_state(h, s.service)["is-active"],
+            service=s.service,
         )
     if systemd:
         out["next_run"] = next_elapse(h, s.timer)
@@ -523,9 +524,13 @@ def status(ctx, s: Spec) -> dict[str, Any]:
             "reasons": [r.get("message") for r in (last.get("verdict") or {}).get("reasons") or []],
         }
     )
+    # A timer that is enabled and active but whose service's last run failed (gpubox exited non-zero:
+    # a degraded/failed verdict, or it could not run at all) is a failing check, not a healthy one.
+    out["failing"] = systemd and out.get("last_service_state") == "failed"
     out["ok"] = bool(
         out["installed"]
         and out["current"]
         and (not systemd or (out.get("enabled") == "enabled" and out.get("active") == "active"))
+        and not out["failing"]
     )
     return out

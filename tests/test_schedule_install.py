@@ -187,3 +187,21 @@ def test_steps_for_the_recover_pipeline(sim):
     inv = Inventory(sim.inventory_path)
     (step,) = steps(Context(box=inv.box("ct200"), inventory=inv))
     assert isinstance(step, ScheduleStep) and step.spec.every == 8 * 3600
+
+
+def test_status_of_a_timer_whose_last_run_failed_is_failing(sim, capsys):
+    """Enabled and active timer, but the service's last run exited non-zero: systemd shows the
+    service "failed"; status must say so and exit 1, never show a healthy schedule."""
+    cli(capsys, sim, "schedule", "install", "ct200", "--json")
+    rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200", "--json")
+    assert rc == 0 and json.loads(out)["failing"] is False
+    with sim.state() as st:
+        st["units"]["container"].setdefault(
+            "gpubox-health-ct200.service", {"enabled": False, "active": False, "starts": 1}
+        )
+        st["units"]["container"]["gpubox-health-ct200.service"]["failed"] = True
+    rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200", "--json")
+    st = json.loads(out)
+    assert rc == 1 and st["failing"] and st["last_service_state"] == "failed" and not st["ok"]
+    rc, out, _ = cli(capsys, sim, "schedule", "status", "ct200")
+    assert rc == 1 and "last service run" in out and "failed" in out

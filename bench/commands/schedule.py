@@ -144,6 +144,12 @@ def status(ctx, box, on, mechanism, as_json) -> None:
         )
         if st["mechanism"] == "systemd":
             t.add_row("timer", f"{st.get('enabled')}, {st.get('active')}")
+            if st.get("failing"):
+                unit = escape(st["service"]) if st.get("service") else "the service"
+                t.add_row(
+                    "last service run",
+                    f"[bold red]failed[/] (systemctl status {unit}; journalctl -u {unit})",
+                )
         if st["installed"]:
             t.add_row("next run", escape(st.get("next_run") or "not scheduled (timer inactive?)"))
         last = st["last_run"]

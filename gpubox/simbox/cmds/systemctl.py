@@ -106,7 +106,9 @@ def main(sim: SimBox, argv: list[str]) -> int:
                 print("enabled" if s["enabled"] else "disabled")
                 return 0 if s["enabled"] else 1
             elif verb == "is-active":
-                print("active" if s["active"] else "inactive")
+                # a oneshot service whose last run exited non-zero is "failed" (exit 3), as systemd says
+                state = "active" if s["active"] else "failed" if s.get("failed") else "inactive"
+                print(state)
                 return 0 if s["active"] else 3
             else:
                 raise StandinError(f"systemctl: verb {verb!r} is not simulated", 1)
