@@ -388,7 +388,8 @@ class StageCopy(Action):
             desc += f", set the source's permissions on {len(out['would_chmod'])} file(s)"
         if out.get("room_problem") and not ctx.opt("force"):
             desc += f" - refused: {out['room_problem']}"
-        listing = "\n".join(f"+ {r}  ({why})" for r, why in sorted(out["reasons"].items()))
+        # "before:": the same listing is the dry run's plan and, after apply, the diff of what was done
+        listing = "\n".join(f"+ {r}  (before: {why})" for r, why in sorted(out["reasons"].items()))
         listing += "".join(
             f"\n+ {r}  (link out of the source -> {t})" for r, t in (out.get("links_out") or {}).items()
         )

@@ -46,7 +46,7 @@ def test_shm_empty_found_then_restaged_then_nothing_to_do(tmp_path):
     assert not sim.cpath(MODEL_DEST).exists()  # a dry run writes nothing
     m = _by_name(plan)["model-stage"]
     assert m.commands == [["gpubox", "stage", MODEL_SRC, MODEL_DEST]]
-    assert "+ model-00001-of-00003.safetensors  (not staged)" in m.diff
+    assert "+ model-00001-of-00003.safetensors  (before: not staged)" in m.diff
     rep = run_steps(ctx, steps(ctx), "apply")
     assert [s.status for s in rep.steps] == ["fixed", "fixed"] and rep.ok
     assert (sim.cpath(MODEL_DEST) / engine.MANIFEST).exists()
