@@ -28,6 +28,20 @@ def _progress(console, total: int):
     """A rich progress bar on the console (stderr), or a no-op when quiet/JSON."""
     if console is None:
         return None, (lambda desc, advance=True: None)
+    if not console.is_terminal:
+        # a pipe or a file: a bar would print nothing until the end (rich draws live only on a
+        # terminal), so one plain line per measurement, as it happens
+        done = [0]
+
+        def line(desc: str, advance: bool = True) -> None:
+            # announced (advance=False) as the measurement it starts; a bare advance ends it quietly
+            if desc:
+                n = max(1, min(done[0] + (0 if advance else 1), total))
+                console.print(f"bench [{n}/{total}] {desc}", markup=False, highlight=False, soft_wrap=True)
+            if advance:
+                done[0] += 1
+
+        return None, line
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     prog = Progress(

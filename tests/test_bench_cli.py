@@ -221,3 +221,27 @@ def test_bench_step_check_apply_verify(sim, tmp_path):
     assert rep.steps[0].status == "fixed", rep.steps[0].detail
     rep = run_steps(ctx, [BenchStep()], "apply")  # second run: a fresh healthy result, nothing to do
     assert rep.steps[0].status == "ok" and not rep.steps[0].changed
+
+
+def test_progress_in_a_pipe_is_a_line_per_measurement():
+    """rich draws its bar only on a terminal: in a pipe the benchmark says each measurement as it
+    starts, counted, instead of nothing until the table."""
+    import io
+
+    from rich.console import Console
+
+    from gpubox.bench.measure import _progress
+
+    buf = io.StringIO()
+    prog, step = _progress(Console(file=buf, force_terminal=False), 2)
+    assert prog is None
+    step("TP1 auto: starting server", advance=False)
+    step("TP1 auto decode 1024", advance=False)
+    step("")
+    step("TP1 auto concurrency 8", advance=False)
+    step("")
+    assert buf.getvalue().splitlines() == [
+        "bench [1/2] TP1 auto: starting server",
+        "bench [1/2] TP1 auto decode 1024",
+        "bench [2/2] TP1 auto concurrency 8",
+    ]
