@@ -121,13 +121,20 @@ def _progress(ctx):
         "skipped": "[dim]skipped[/]",
     }
 
+    live = con.is_terminal
+
     def start(node):
-        con.print(f"[dim]…[/] {escape(node.name)} ({escape(node.step.host_name(ctx))})")
+        # on a terminal only: in a pipe or a log the two lanes' start lines fell between the other
+        # lane's results, and each step showed twice; there a step is its one result line
+        if live:
+            con.print(f"[dim]…[/] {escape(node.name)} ({escape(node.step.host_name(ctx))})")
 
     def done(res: StepResult):
         # the whole detail, wrapped by the console: a cut at a fixed length stopped mid-word
+        where = "" if live else f" ({escape(res.host)})" if getattr(res, "host", None) else ""
         con.print(
-            f"  {sym.get(res.status, res.status)} {res.name}: {escape(res.detail)} [dim]({res.seconds:.2f} s)[/]"
+            f"  {sym.get(res.status, res.status)} {res.name}{where}: {escape(res.detail)} "
+            f"[dim]({res.seconds:.2f} s)[/]"
         )
 
     return start, done

@@ -43,6 +43,16 @@ def test_recover_dry_run_piped_keeps_every_line_whole(tmp_path):
     assert "…" not in out
     # progress lines (stderr) carry the whole detail: the persistence file names end as written
     assert "/etc/modules-load.d/nvidia-uvm.conf" in err.replace("\n", " ") and "…/etc" not in err
+    # in a pipe each step is one result line (no start line the other lane's results fall between)
+    lines = err.splitlines()
+    assert not any(line.startswith("…") for line in lines)
+    assert (
+        sum(
+            line.lstrip().startswith(("drift host-devices (pve1):", "fixed host-devices (pve1):"))
+            for line in lines
+        )
+        == 1
+    )
     assert out.rstrip().splitlines()[-1].startswith("ct200: problems remain")
     assert "recap: ok=" in out.rstrip().splitlines()[-1]
 
