@@ -34,3 +34,20 @@ def _isolated_state(tmp_path, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.delenv("LINES", raising=False)
     yield
+
+
+_PYTEST_PID = os.getpid()
+_real_exit = os._exit
+
+
+def _guarded_exit(code: int) -> None:
+    """os._exit in the test process itself would end the whole run at once, with no summary (CI saw
+    only an exit status): refuse it there. Forked children (multiprocessing) still leave as usual."""
+    if os.getpid() == _PYTEST_PID:
+        raise AssertionError(
+            f"os._exit({code}) called in the pytest process; run that path in a child process"
+        )
+    _real_exit(code)
+
+
+os._exit = _guarded_exit
