@@ -78,3 +78,30 @@ def test_on_box_reads_the_scheduled_runs_store(tmp_path, capsys, monkeypatch):
     doc = json.loads(out)
     assert doc["store"] == f"ct200:/var/lib/gpubox/history/{box.id}.jsonl" and len(doc["runs"]) == 3
     assert box.id == "pve1-ct200"
+
+
+def test_on_box_with_a_failed_scheduled_run_is_not_shown_healthy(tmp_path, capsys):
+    """The timer's service failed after the last recorded healthy run: the listing says so, exit 1."""
+    from gpubox.inventory import Inventory
+    from gpubox.simbox import build
+
+    sim = build(tmp_path / "box")
+    box = Inventory(sim.inventory_path).box("ct200")
+    doc = json.loads((FIX / "run01.json").read_text())
+    doc["box_id"] = box.id
+    history.record(regress.with_verdict(doc, []))
+    dest = sim.cpath("/var/lib/gpubox/history")
+    dest.mkdir(parents=True)
+    shutil.copy(history.store_path(box), dest / f"{box.id}.jsonl")
+    argv = ["-i", str(sim.inventory_path), "history", "ct200", "--on-box"]
+    rc, out, _ = gpubox(capsys, *argv, "--json")
+    assert rc == 0 and json.loads(out)["schedule_failing"] is False
+    assert gpubox(capsys, "-i", str(sim.inventory_path), "schedule", "install", "ct200")[0] == 0
+    with sim.state() as st:
+        units = st["units"]["container"]
+        units.setdefault("gpubox-health-ct200.service", {"enabled": False, "active": False, "starts": 1})
+        units["gpubox-health-ct200.service"]["failed"] = True
+    rc, out, _ = gpubox(capsys, *argv, "--json")
+    assert rc == 1 and json.loads(out)["schedule_failing"] is True
+    rc, out, _ = gpubox(capsys, *argv)
+    assert rc == 1 and "last run failed" in out and "journalctl -u gpubox-health-ct200.service" in out

@@ -163,13 +163,15 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
 
         c = box_context(ctx, box, as_json=True)
         try:
-            path = f"{spec_from(c.box).state_dir}/history/{store.store_key(c.box)}.jsonl"
+            spec = spec_from(c.box)
+            path = f"{spec.state_dir}/history/{store.store_key(c.box)}.jsonl"
             try:
                 key = store.store_key(c.box)
                 docs = [d for d in store.parse_lines(c.container.read_text(path)) if store.doc_key(d) == key]
             except FileNotFoundError:
                 docs = []
             where = f"{box}:{path}"
+            failed_unit = _failed_service(c, spec)
         finally:
             c.close()
         docs = docs[-last:] if last else docs
@@ -182,7 +184,9 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
 
         for p in skipped[:5]:  # damaged lines: said (on stderr), never listed as runs
             click.echo(f"gpubox: warning: skipped {terminal(p)}", err=True)
-    if not docs:
+    if not on_box:
+        failed_unit = None
+    if not docs and not failed_unit:
         others = [b for b in store.boxes() if b != box]
         hint = (
             f"boxes with a history here: {', '.join(others)}"
@@ -194,8 +198,11 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
     if plot_file:
         plot(keys, rows, plot_file, box)
     if as_json:
-        print_json({"box": box, "store": where, "keys": keys, "runs": rows, "plot": plot_file})
-        sys.exit(0)
+        doc = {"box": box, "store": where, "keys": keys, "runs": rows, "plot": plot_file}
+        if on_box:
+            doc["schedule_failing"] = bool(failed_unit)
+        print_json(doc)
+        sys.exit(1 if failed_unit else 0)
     t = Table(title=f"{box}: {len(rows)} run(s), {workload} tok/s ({escape(where)})")
     t.add_column("started (UTC)", no_wrap=True)
     t.add_column("verdict", no_wrap=True)
@@ -214,4 +221,23 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
     con.print(t)
     if plot_file:
         con.print(f"plot: {escape(plot_file)}")
-    sys.exit(0)
+    if failed_unit:
+        unit = escape(failed_unit)
+        con.print(
+            f"[bold red]the scheduled check's last run failed[/] (a degraded or failed verdict, or it "
+            f"could not run; systemctl status {unit}; journalctl -u {unit})"
+        )
+    sys.exit(1 if failed_unit else 0)
+
+
+def _failed_service(c, spec) -> str | None:
+    """The schedule's service unit when systemd says its last run failed, else None.
+
+    A run that failed before recording anything leaves the history's newest verdict in place: the
+    listing alone would show a failing check as healthy (the same rule as `schedule status`)."""
+    from ..schedule import target, unit_state, uses_systemd
+
+    h = target(c, spec)
+    if not uses_systemd(h, spec):
+        return None
+    return spec.service if unit_state(h, spec.service)["is-active"] == "failed" else None
