@@ -175,6 +175,25 @@ def test_pdf_compiles_and_shows_hostile_strings(tmp_path, capsys):
     assert HOSTILE_BOX in flat
     assert "TP8 is 6.1% slower than TP4" in flat
     assert "NCCL_SOCKET_IFNAME=" in flat
+    # nothing runs into the margin: long keys, paths and NCCL names wrap, tables fit the line
+    log = (out / "report.log").read_text(errors="replace")
+    assert "Overfull \\hbox" not in log, re.findall(r"Overfull \\hbox.*", log)
+
+
+def test_long_words_may_break_and_wide_label_columns_wrap():
+    from gpubox.bench.report.latex import colspec
+
+    tex = tex_escape("prompt + max_model_len > /dev/shm/models/Qwen3-27B/model.safetensors")
+    assert r"max\_\discretionary{}{}{}model" in tex and r"/dev/\discretionary{}{}{}shm" in tex
+    assert r"a\_b" in tex_escape("a_b") and "discretionary" not in tex_escape("ct_200 a/b")
+
+    def table(*cols):
+        return T.Table("t", "t", ["a"] * len(cols), [[T.Cell.label(t) for t in cols]])
+
+    assert str(colspec(table("partial", "tp1/ddtree:15/decode/out1024"))) == "ll"
+    spec = str(colspec(table("partial", "tp1/ddtree:15/long_context/ctx25000/out256", "x" * 70)))
+    widths = [float(w) for w in re.findall(r"p\{([0-9.]+)\\linewidth\}", spec)]
+    assert spec.startswith("l>") and len(widths) == 2 and sum(widths) <= 0.86, spec
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -219,3 +238,41 @@ def test_option_misuse_exit_2(tmp_path, capsys):
     assert rc == 2 and "two or more" in err
     rc, _, err = gpubox(capsys, "report", AFTER, BEFORE, "--name", "one", "-o", str(tmp_path / "z"))
     assert rc == 2 and "one --name per result file" in err
+
+
+def test_series_with_the_same_figures_are_drawn_side_by_side(tmp_path, monkeypatch):
+    """Two runs of one box with identical figures: every line of a chart is still visible (each
+    series dodged sideways), never one line hiding the other."""
+    from gpubox.bench.report import plots
+
+    drawn = {}
+
+    def keep(fig, outdir, name, fmt):
+        drawn[name] = [tuple(line.get_xdata()) for line in fig.axes[0].get_lines()]
+        plots.plt.close(fig)
+        return outdir / f"{name}.{fmt}"
+
+    monkeypatch.setattr(plots, "_save", keep)
+    runs = load_runs([AFTER, AFTER], ["a", "b"])
+    plots.make_all(runs, tmp_path, "png")
+    assert {"tok_s_by_tp", "concurrency", "context"} <= set(drawn)
+    for name in ("tok_s_by_tp", "concurrency", "context"):
+        xs = drawn[name]
+        assert len(xs) >= 2 and len(set(xs)) == len(xs), (name, xs)
+
+
+@pytest.mark.parametrize(
+    "fmt,heading", [("md", "## Figures"), ("html", "<h2>Figures</h2>"), ("latex", r"\section{Figures}")]
+)
+def test_no_figures_heading_over_nothing(tmp_path, capsys, monkeypatch, fmt, heading):
+    """With only the comparison chart (it sits with the comparison tables), no empty Figures section."""
+    from gpubox.bench.report import plots
+
+    monkeypatch.setattr(plots, "PLOTS", ())
+    out = tmp_path / fmt
+    rc, _, _ = gpubox(capsys, "report", BEFORE, AFTER, "--compare", "--format", fmt, "-o", str(out))
+    assert rc == 0
+    doc = next(p for p in out.iterdir() if p.name.startswith("report."))
+    text = doc.read_text()
+    shown = "<img" if fmt == "html" else "compare-"  # HTML carries its images inline
+    assert shown in text and heading not in text

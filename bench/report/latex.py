@@ -7,6 +7,7 @@ holding `_ % & # $ { } ~ ^ \\` prints as written instead of breaking the documen
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import unicodedata
@@ -73,23 +74,38 @@ class TexSafe(Markup):
 
 
 def tex_escape(value) -> str:
-    """Plain text -> LaTeX source that typesets exactly that text."""
+    """Plain text -> LaTeX source that typesets exactly that text.
+
+    A long word (a path, `max_model_len`, `NCCL_P2P_NET_CHUNKSIZE=524288`) may break after its
+    `/`, `_` and `=`, as a URL does: unbroken it runs into the margin."""
     if isinstance(value, TexSafe):
         return str(value)
     out = []
-    for ch in str(value):
-        if ch in _TEX:
-            out.append(_TEX[ch])
-        elif ch == "\n":
-            out.append(" ")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append("?")
-        elif ord(ch) < 128:
-            out.append(ch)
-        else:
-            plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
-            out.append(tex_escape(plain) if plain else "?")
+    for token in re.split(r"(\s+)", str(value)):
+        breakable = len(token) >= _LONG_WORD
+        for i, ch in enumerate(token):
+            out.append(_tex_char(ch))
+            if breakable and ch in "/_=" and 0 < i < len(token) - 1:
+                out.append(_BREAK)
     return "".join(out)
+
+
+# A break with the small penalty of an explicit hyphen's, printing nothing on either side.
+_BREAK = r"\discretionary{}{}{}"
+_LONG_WORD = 12
+
+
+def _tex_char(ch: str) -> str:
+    if ch in _TEX:
+        return _TEX[ch]
+    if ch == "\n":
+        return " "
+    if ord(ch) < 32 or ord(ch) == 127:
+        return "?"
+    if ord(ch) < 128:
+        return ch
+    plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+    return tex_escape(plain) if plain else "?"
 
 
 def tex_code(value) -> TexSafe:
@@ -162,22 +178,44 @@ def cell_tex(c) -> TexSafe:
     return TexSafe(tex_escape(c.text))
 
 
+# Characters of small text on one line of the page (A4, 2 cm margins, 9 pt Helvetica): how wide
+# a column of label text grows before it must wrap.
+_LINE_CHARS = 100
+
+
 def colspec(table) -> TexSafe:
-    """l for label columns, r for numbers; a wrapping column for long free text (reasons)."""
-    spec = []
+    """l for label columns, r for numbers. When the label columns would not fit on the line
+    together (a reason, a long measurement key), the long ones wrap: each gets a share of what
+    the other columns leave, in proportion to its longest text (never into the margin)."""
+    kinds, longest = [], []
     for j, _ in enumerate(table.columns):
         col = [r[j] for r in table.rows if j < len(r)]
+        width = max([len(str(table.columns[j]))] + [len(c.text) for c in col])
+        longest.append(width)
         if col and all(c.status == "label" for c in col):
-            longest = max(len(c.text) for c in col)
-            spec.append("p{0.5\\linewidth}" if longest > 60 else "l")
+            kinds.append("l")
         elif (
             col
             and all(c.status in ("label", "failed", "skipped") for c in col)
             and j < len(table.columns) - 1
         ):
-            spec.append("l")
+            kinds.append("l")
         else:
-            spec.append("r")
+            kinds.append("r")
+    gaps = 2 * len(kinds)  # \tabcolsep on each side of each column, about a character each
+    if sum(longest) + gaps <= _LINE_CHARS:
+        return TexSafe("".join(kinds))
+    wrap = [j for j, k in enumerate(kinds) if k == "l" and longest[j] > 16]
+    fixed = sum(w for j, w in enumerate(longest) if j not in wrap) + gaps
+    room = max(_LINE_CHARS - fixed, 10 * len(wrap))
+    total = sum(longest[j] for j in wrap) or 1
+    spec = []
+    for j, k in enumerate(kinds):
+        if j in wrap:
+            share = round(0.97 * room * longest[j] / total / _LINE_CHARS, 2)
+            spec.append(r">{\raggedright\arraybackslash}p{" + f"{share}" + r"\linewidth}")
+        else:
+            spec.append(k)
     return TexSafe("".join(spec))
 
 
@@ -199,16 +237,20 @@ def render(report, outdir: Path, figures: list) -> Path:
         .get_template("report.tex.j2")
         .render(
             report=report,
-            figures=[
-                {"title": f.title, "caption": f.caption, "path": TexSafe(_fig_path(f.path, outdir))}
-                for f in figures
-            ],
+            # the comparison figures sit with the comparison tables; "Figures" holds the rest and
+            # is left out when there is no rest (a heading over nothing)
+            compare_figures=[_fig(f, outdir) for f in figures if f.id.startswith("compare")],
+            figures=[_fig(f, outdir) for f in figures if not f.id.startswith("compare")],
             multi=len(report.runs) > 1,
         )
     )
     out = outdir / "report.tex"
     out.write_text(tex, encoding="utf-8")
     return out
+
+
+def _fig(f, outdir: Path) -> dict:
+    return {"title": f.title, "caption": f.caption, "path": TexSafe(_fig_path(f.path, outdir))}
 
 
 def _fig_path(path: Path, outdir: Path) -> str:

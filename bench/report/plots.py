@@ -5,6 +5,7 @@ so a failed measurement leaves a gap instead of a fake zero.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,29 @@ def _save(fig, outdir: Path, name: str, fmt: str) -> Path:
     return path
 
 
+# How far apart the series' points are drawn along x: a fraction of a category on a linear axis, a
+# factor on a log axis. Two methods with the same figure at the same x would otherwise hide one
+# another (one marker, one line); the tick still names the true x.
+_DODGE = 0.06
+
+
+def _draw(ax, lines: list[tuple], runs, pal, log_x: bool) -> int:
+    """Draw each (xs, ys, run index, name, run) series, dodged sideways from the others."""
+    n = len(lines)
+    for k, (xs, ys, i, name, r) in enumerate(lines):
+        d = _DODGE * (k - (n - 1) / 2) if n > 1 else 0.0
+        xd = [x * math.exp(d / 2) for x in xs] if log_x else [x + d for x in xs]
+        ax.plot(
+            xd,
+            ys,
+            STYLES[i % 4],
+            marker=pal.marker(name),
+            color=pal(name),
+            label=_series_name(runs, r, name),
+        )
+    return n
+
+
 def _legend(ax, n: int) -> None:
     """Inside when few series, outside on the right when many (never over the data)."""
     if n > 4:
@@ -135,7 +159,7 @@ def _grouped_bars(ax, bars: list[tuple], pal, fmt: str) -> None:
 def tok_s_by_tp(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     fig, ax = _new("Decode tok/s by tensor-parallel size", "tensor-parallel size (GPUs)", "tok/s (batch 1)")
     all_tp = sorted({m.tp for r in runs for m in r.select("decode") if m.value is not None})
-    n = 0
+    lines: list[tuple] = []
     for i, r in enumerate(runs):
         L = ref_len(r)
         for lab, meth, bud in r.labels("decode"):
@@ -148,15 +172,8 @@ def tok_s_by_tp(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) ->
             if len(pts) < 2:
                 continue
             name = method_name(meth, bud)
-            ax.plot(
-                [all_tp.index(t) for t, _ in pts],
-                [v for _, v in pts],
-                STYLES[i % 4],
-                marker=pal.marker(name),
-                color=pal(name),
-                label=_series_name(runs, r, name),
-            )
-            n += 1
+            lines.append(([all_tp.index(t) for t, _ in pts], [v for _, v in pts], i, name, r))
+    n = _draw(ax, lines, runs, pal, log_x=False)
     if not n:
         plt.close(fig)
         return None
@@ -207,7 +224,8 @@ def speedup(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Fig
 
 def concurrency(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     fig, ax = _new("Aggregate throughput vs concurrency", "concurrent requests (C)", "aggregate tok/s")
-    n, cs_all = 0, set()
+    lines: list[tuple] = []
+    cs_all: set = set()
     for i, r in enumerate(runs):
         for lab, meth, bud in r.labels("concurrency"):
             for j, tp in enumerate(sorted({m.tp for m in r.select("concurrency", label=lab)})):
@@ -220,15 +238,8 @@ def concurrency(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) ->
                     continue
                 name = f"TP{tp} {method_name(meth, bud)}"
                 cs_all |= {c for c, _ in pts}
-                ax.plot(
-                    [c for c, _ in pts],
-                    [v for _, v in pts],
-                    STYLES[i % 4],
-                    marker=pal.marker(name),
-                    color=pal(name),
-                    label=_series_name(runs, r, name),
-                )
-                n += 1
+                lines.append(([c for c, _ in pts], [v for _, v in pts], i, name, r))
+    n = _draw(ax, lines, runs, pal, log_x=True)
     if not n:
         plt.close(fig)
         return None
@@ -248,7 +259,8 @@ def concurrency(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) ->
 
 def context(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Figure | None:
     fig, ax = _new("Generation speed vs context length", "prompt length (tokens)", "decode tok/s")
-    n, xs_all = 0, set()
+    lines: list[tuple] = []
+    xs_all: set = set()
     for i, r in enumerate(runs):
         by: dict[tuple, list] = {}
         for w in ("long_context", "agentic"):
@@ -259,15 +271,8 @@ def context(runs: list[ResultDoc], outdir: Path, fmt: str, pal: _Palette) -> Fig
             pts.sort()
             name = f"TP{tp} {method_name(meth, bud)}"
             xs_all |= {c for c, _ in pts}
-            ax.plot(
-                [c for c, _ in pts],
-                [v for _, v in pts],
-                STYLES[i % 4],
-                marker=pal.marker(name),
-                color=pal(name),
-                label=_series_name(runs, r, name),
-            )
-            n += 1
+            lines.append(([c for c, _ in pts], [v for _, v in pts], i, name, r))
+    n = _draw(ax, lines, runs, pal, log_x=True)
     if not n:
         plt.close(fig)
         return None
