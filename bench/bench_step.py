@@ -18,8 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from gpubox.errors import GpuboxError
 from gpubox.facts import Fact
 from gpubox.readlimit import read_regular
@@ -27,7 +25,7 @@ from gpubox.steps import OMIT, Action, Execution, Finding, Omit, Plan, Step
 
 from . import history, results, schema
 from .launcher import build_command, spec_from_box
-from .workloads import resolve_profile
+from .profiles import resolve_profile
 
 MAX_AGE_S = 24 * 3600
 
@@ -95,6 +93,8 @@ class ServerHealth(Fact):
 
     @staticmethod
     def read(ctx, url: str) -> bool:
+        import httpx  # here, not at the top: deciding a plan (doctor, a dry run) needs no HTTP client
+
         try:
             return httpx.get(url + "/health", timeout=2).status_code == 200
         except httpx.HTTPError:

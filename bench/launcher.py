@@ -31,12 +31,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from gpubox.errors import GpuboxError
+
+if TYPE_CHECKING:
+    import httpx
+    import psutil
 
 METHODS = ("auto", "linear", "ddtree")
 ENGINES = ("vllm", "sglang", "custom")
@@ -353,6 +354,8 @@ class Server:
 
     def _remember_children(self) -> None:
         """Track descendants while they exist, so ones that leave the group are still reaped."""
+        import psutil
+
         if not self.proc:
             return
         try:
@@ -386,6 +389,8 @@ class Server:
         Hugging Face cache repos: `{"data": []}` for a local directory, 500 without a cache) is
         ready only once a one-token request for `model` answers 200: an answering HTTP port is
         not a loaded model. The timeout error names what each endpoint last answered."""
+        import httpx
+
         deadline = time.monotonic() + timeout
         seen = {"/health": "no answer", "/v1/models": "no answer"}
         asked: dict[str, int | str] = {}  # a request for the named model, where none is listed
@@ -429,6 +434,8 @@ class Server:
 
     def _try_model(self, h: httpx.Client) -> int | str:
         """Status of a one-token request for self.model (chat, else plain completions)."""
+        import httpx
+
         status: int | str = "no answer"
         for path, body in (
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ping"}]}),
@@ -449,6 +456,8 @@ class Server:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the process group, wait, SIGKILL what is left; return when all are gone."""
+        import psutil
+
         if not self.proc:
             return
         self._remember_children()

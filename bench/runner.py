@@ -22,8 +22,8 @@ from .launcher import parse_method
 
 # re-exported: callers and tests import these from bench.runner; run_url uses _progress
 from .measure import Progress, _progress, box_facts, measure_box, measure_server  # noqa: F401
+from .profiles import plan, resolve_profile
 from .verdict import decide
-from .workloads import plan, resolve_profile
 
 
 def server_identity(url: str, model: str | None) -> str:
