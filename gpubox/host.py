@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from .errors import InventoryError
 from .inventory import Box, HostEntry
+from .opsproviders import OPS_PROVIDERS, register_ops_provider  # noqa: F401
 from .state import backup_path
 from .transport.base import CmdResult, FileStat, Transport
 from .transport.fsops import FileOps
@@ -189,17 +190,6 @@ def transport_for(entry: HostEntry, *, via: "Host | None" = None, vmid: int | No
         f"{entry.name}: unsupported connection {conn!r}",
         "use ansible_connection local or ssh, or gpubox_connection pct",
     )
-
-
-# Hosts whose files follow rules of their own (gpubox.transport.fsops): functions HostEntry ->
-# FileOps | None, asked in order when a local transport is made. The code that knows such hosts
-# registers one (the simulator, for the pmxcfs rules of a simulated box's /etc/pve).
-OPS_PROVIDERS: list[Callable[[HostEntry], FileOps | None]] = []
-
-
-def register_ops_provider(fn: Callable[[HostEntry], FileOps | None]) -> None:
-    if fn not in OPS_PROVIDERS:
-        OPS_PROVIDERS.append(fn)
 
 
 def _local_ops(entry: HostEntry) -> FileOps | None:

@@ -13,8 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 class StandinError(Exception):
     """A stand-in fails the way the real command does: message on stderr, exit status rc."""
@@ -166,9 +164,7 @@ class SimBox:
                 },
             }
         }
-        self.inventory_path.write_text(
-            "# Written by gpubox's simulated-box builder.\n" + yaml.safe_dump(inv, sort_keys=False)
-        )
+        self.inventory_path.write_text("# Written by gpubox's simulated-box builder.\n" + _yaml_dump(inv))
         self._install_gpubox_in_container()
         return self.inventory_path
 
@@ -184,3 +180,11 @@ class SimBox:
         inv = self.ct_root / "etc/gpubox/inventory.yml"
         inv.parent.mkdir(parents=True, exist_ok=True)
         inv.write_text(self.inventory_path.read_text())
+
+
+def _yaml_dump(doc) -> str:
+    """yaml, imported here: the stand-ins, which load this module for every simulated command,
+    never write an inventory."""
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False)

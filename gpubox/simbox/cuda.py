@@ -20,13 +20,10 @@ import errno
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
-from ..provision import cuda_probe
 from ..provision.cuda_probe import CU_NAMES, NOTDEV, _not_a_device, kernel_version, lib_version
 from ..transport import payload
 from .core import SimBox
@@ -42,38 +39,12 @@ def build(sim: SimBox, faults: set[str]) -> None:
         f"#!{sys.executable}\n"
         "# gpubox simulation stand-in: the simulated hosts' python3 (gpubox/simbox/cuda.py).\n"
         f"import sys; sys.path.insert(0, {str(pkg_parent)!r})\n"
-        "from gpubox.simbox.cuda import python3_main\npython3_main()\n"
+        "from gpubox.simbox.python3 import main\nmain()\n"
     )
     p.chmod(0o755)
 
 
-def _next_python3() -> str | None:
-    """The python3 that comes after this stand-in's folder on PATH (what ran before it existed)."""
-    here = Path(sys.argv[0]).resolve().parent
-    rest = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != here]
-    return shutil.which("python3", path=os.pathsep.join(rest))
-
-
-def python3_main() -> None:
-    argv = sys.argv[1:]
-    probe = "gpubox.provision.cuda_probe"
-    if os.environ.get("GPUBOX_SIM_SIDE") == "container" and argv[:3] == ["-c", payload.BOOT, probe]:
-        stream = sys.stdin.buffer.read()
-        src = _shipped(stream, probe)
-        if src == Path(cuda_probe.__file__).read_bytes():
-            sys.exit(_simulated_probe(src.decode(), argv[4:]))
-        spool = tempfile.TemporaryFile()  # the payload, given back to the real python3 as its stdin
-        spool.write(stream)
-        spool.seek(0)
-        os.dup2(spool.fileno(), 0)
-    real = _next_python3()
-    if real is None:
-        sys.stderr.write("python3: command not found\n")
-        sys.exit(127)
-    os.execv(real, [real, *argv])
-
-
-def _shipped(stream: bytes, module: str) -> bytes | None:
+def shipped(stream: bytes, module: str) -> bytes | None:
     """MODULE's source in the payload on stdin (None: not a payload that holds it)."""
     try:
         return payload.unpack(stream)[0].get(module)
@@ -81,7 +52,7 @@ def _shipped(stream: bytes, module: str) -> bytes | None:
         return None
 
 
-def _simulated_probe(src: str, args: list[str]) -> int:
+def simulated_probe(src: str, args: list[str]) -> int:
     """The shipped probe's source, run here with the simulated reads; prints what its __main__ does."""
     shipped: dict = {"__name__": "cuda_probe"}
     exec(compile(src, "<stdin>", "exec"), shipped)
