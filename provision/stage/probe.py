@@ -124,8 +124,12 @@ class ColdProbe:
         Measured on the 16-core device VM, 8 GB in 8 shards, warm, 5 rounds
         (benchmarks/results/stage.md, run H): 8 threads 0.93 s / 6.2 CPU-s, 12 threads 0.80 s /
         7.4 CPU-s, 16 threads 0.79 s / 9.3 CPU-s (`xargs -P16 cp` 0.81 s / 4.7, `cp -r` 4.3 CPU-s)."""
-        multi = sum(1 for j in jobs if j.n > 1 or j.whole)
-        return min(self.workers, max(2, math.ceil(WRITERS_PER_FILE * multi)))
+        multi = sum(1 for j in jobs if (j.n > 1 and not j.mapped) or j.whole)
+        # a file written through a shared mapping (readers.map_span) takes no inode lock per write:
+        # a writer for each of its ranges, up to `workers` (with 1.5 per file, one mapped 6 GB file
+        # got 2 threads and copied no faster than pwrite, 16-core device VM)
+        mapped = sum(j.n for j in jobs if j.mapped and j.n > 1 and not j.whole)
+        return min(self.workers, max(2, math.ceil(WRITERS_PER_FILE * multi) + mapped))
 
     def _probe(self, pick: list[tuple[FileJob, int]], threads: int) -> dict:
         """Time the two cold read paths on this box: `threads` readers at once, each copying the

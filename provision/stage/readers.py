@@ -208,14 +208,29 @@ def copy_span(
         advance(pending)
 
 
-# GPUBOX_STAGE_MAP_MIB=N: a file of at least N MiB on tmpfs is written through one shared mapping of
-# its destination (map_destination, map_span) instead of pwrite, so that its writers do not queue on
-# the tmpfs inode lock. Off by default: on the 16-core device VM it measured slower than pwrite, for
-# one big file (2.1 against 2.3 GB/s warm) and for shards (7.0 against 10.3), each 4 KiB page
-# faulting in on first touch (1.47M minor faults for 6 GB); docs/stage.md "Writing one big file".
-_MAP_SETTING = (os.environ.get("GPUBOX_STAGE_MAP_MIB") or "off").strip().lower()
-MAP_MIN = int(_MAP_SETTING) << 20 if _MAP_SETTING.isdigit() else None  # anything else: off
+# Big files on tmpfs can be written through one shared mapping of the destination (map_destination,
+# map_span) instead of pwrite, so that the writers of one file do not queue on the tmpfs inode lock.
+# Each 4 KiB page then faults in on first touch (1.47M minor faults for 6 GB), which costs CPU: it
+# pays where pwrite leaves workers idle (one big file: 3.2 GB/s against pwrite's 2.2 and cp -r's 1.8
+# on the 16-core device VM), not where the files alone keep every worker busy (8 shards: 6.7 against
+# 9.1), and always on a tmpfs mounted with huge pages (one fault per 2 MiB; one big file: 14.4
+# against 4.0). docs/stage.md "Writing one big file".
+# GPUBOX_STAGE_MAP_MIB: "auto" (default: files of 256 MiB or more, where map_pays), N (every file of
+# at least N MiB on tmpfs), "off" (never).
+_MAP_SETTING = (os.environ.get("GPUBOX_STAGE_MAP_MIB") or "auto").strip().lower()
+MAP_AUTO = _MAP_SETTING == "auto"
+MAP_MIN = 256 << 20 if MAP_AUTO else (int(_MAP_SETTING) << 20 if _MAP_SETTING.isdigit() else None)
 MAP_FS = {"tmpfs"}  # the filesystems whose write(2) serializes writers of one file and that map cheaply
+HUGE = ("huge=always", "huge=within_size")  # tmpfs mount options that give big files 2 MiB pages
+
+
+def map_pays(big_files: int, workers: int, mount_options: tuple[str, ...]) -> bool:
+    """Whether the big files of this copy are written through mappings (MAP_AUTO): on a tmpfs with
+    huge pages, always; else when they are too few to keep the workers busy with pwrite (at most a
+    quarter as many as workers: one big file, a big shard beside small files)."""
+    if any(o in HUGE for o in mount_options):
+        return True
+    return 0 < big_files <= max(1, workers // 4)
 
 
 def map_destination(dfd: int, size: int):

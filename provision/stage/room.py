@@ -14,20 +14,25 @@ MEM_MARGIN = 4 << 30  # and 4 GiB of the container's memory limit for everything
 
 def fstype(path: str) -> str | None:
     """Filesystem type of the mount holding path, from /proc/self/mounts (read only)."""
+    return mount_of(path)[0]
+
+
+def mount_of(path: str) -> tuple[str | None, tuple[str, ...]]:
+    """(filesystem type, mount options) of the mount holding path, from /proc/self/mounts."""
     real = os.path.realpath(path)
-    best, typ = "", None
+    best, found = "", (None, ())
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) < 3:
+                if len(parts) < 4:
                     continue
                 mp = parts[1].replace("\\040", " ")
                 if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
-                    best, typ = mp, parts[2]
+                    best, found = mp, (parts[2], tuple(parts[3].split(",")))
     except OSError:
-        return None
-    return typ
+        return None, ()
+    return found
 
 
 def existing(path: str) -> str:

@@ -20,6 +20,7 @@ def mapped(monkeypatch, tmp_path):
     monkeypatch.setattr(sizes, "CHUNK", 128 << 10)
     monkeypatch.setattr(readers, "MAP_MIN", 1 << 20)  # the 3 MiB shard mapped, the small files not
     monkeypatch.setattr(readers, "MAP_FS", {room.fstype(str(tmp_path))})
+    monkeypatch.setattr(readers, "MAP_AUTO", False)  # forced: whatever the file count
 
 
 def test_a_big_file_is_written_through_the_mapping_and_matches_the_pwrite_copy(tmp_path, monkeypatch, mapped):
@@ -55,7 +56,10 @@ def test_a_killed_mapped_copy_resumes_and_ends_identical(tmp_path, mapped):
     ranges in the partial (written through the mapping) and keeps them."""
     src, dest = tmp_path / "s", tmp_path / "d"
     shard = _big_model(src, seed=42)
-    force = f"readers.MAP_MIN = 0\nreaders.MAP_FS = {{{room.fstype(str(tmp_path))!r}}}\n"
+    force = (
+        f"readers.MAP_MIN = 0\nreaders.MAP_AUTO = False\n"
+        f"readers.MAP_FS = {{{room.fstype(str(tmp_path))!r}}}\n"
+    )
     killer = KILLER.replace("sizes.CHUNK = 128 << 10\n", "sizes.CHUNK = 128 << 10\n" + force)
     killer = killer.replace("import sizes", "import readers, sizes")
     r = subprocess.run([sys.executable, "-c", killer, str(src), str(dest), "5"], capture_output=True)
@@ -77,3 +81,61 @@ def test_a_full_destination_at_fallocate_is_one_error_and_no_partial(tmp_path, m
     with pytest.raises(st.StageError, match="is full"):
         _stage(src, dest, workers=2)
     assert not list(dest.glob("*" + st.PARTIAL))
+
+
+def test_a_mapped_file_in_the_page_cache_gets_a_writer_per_range(tmp_path, mapped):
+    """A cached source gets 1.5 writers per pwrite file (they queue on the inode lock), but a
+    mapped file none of that limit: one big file is copied by all the workers (with the pwrite
+    limit, the mapped writer ran 2 threads and was no faster than pwrite)."""
+    src = tmp_path / "s"
+    _big_model(src, seed=43, size=3 << 20)  # 24 ranges of 128 KiB
+    mapped_run = _stage(src, tmp_path / "m", workers=8)
+    assert mapped_run["read"]["mode"] == "cached" and mapped_run["read"]["threads"] == 8
+    readers.MAP_MIN = None  # the pwrite path: one multi-range file -> 2 writers
+    plain = _stage(src, tmp_path / "p", workers=8)
+    assert plain["read"]["threads"] == 2
+
+
+def test_auto_maps_where_pwrite_would_leave_workers_idle_or_pages_are_huge():
+    """The default (GPUBOX_STAGE_MAP_MIB=auto): one big file, or a few, are mapped; as many big
+    shards as a quarter of the workers or more keep pwrite (the files alone keep every worker busy,
+    and the mapping's 4 KiB faults cost CPU: 8 shards 6.7 GB/s mapped against 9.1); a tmpfs with
+    huge pages always maps (one fault per 2 MiB)."""
+    assert readers.map_pays(1, 16, ("rw", "nosuid"))
+    assert readers.map_pays(4, 16, ())
+    assert not readers.map_pays(8, 16, ("rw",))
+    assert not readers.map_pays(0, 16, ())
+    assert readers.map_pays(8, 16, ("rw", "size=20g", "huge=within_size"))
+    assert readers.map_pays(30, 16, ("huge=always",))
+    assert not readers.map_pays(8, 16, ("huge=never",))
+
+
+def test_the_copier_asks_auto_with_the_destination_mount(tmp_path, monkeypatch):
+    """One big shard beside small files is mapped by default; eight big shards are not."""
+    monkeypatch.setattr(sizes, "CHUNK", 128 << 10)
+    monkeypatch.setattr(readers, "MAP_MIN", 1 << 20)
+    monkeypatch.setattr(readers, "MAP_FS", {room.fstype(str(tmp_path))})
+    assert readers.MAP_AUTO
+    seen = []
+    real = readers.map_destination
+
+    def spy(dfd, size):
+        seen.append(size)
+        return real(dfd, size)
+
+    monkeypatch.setattr(readers, "map_destination", spy)
+    from gpubox.provision.stage import schedule
+
+    monkeypatch.setattr(schedule, "map_destination", spy)
+    one = _big_model(tmp_path / "one", seed=44, size=3 << 20)
+    _stage(tmp_path / "one", tmp_path / "d1", workers=8)
+    assert seen == [one.stat().st_size]
+    seen.clear()
+    many = tmp_path / "many"
+    _big_model(many, seed=45, size=3 << 20)
+    shard = next(many.glob("*.safetensors"))
+    for k in range(7):
+        (many / f"extra-{k}.bin").write_bytes(os.urandom(2 << 20))
+    _stage(many, tmp_path / "d8", workers=8, force=True)
+    assert seen == [], "eight big files keep pwrite with 8 workers"
+    assert (tmp_path / "d8" / shard.name).read_bytes() == shard.read_bytes()
