@@ -239,36 +239,13 @@ def map_destination(dfd: int, size: int):
     mapping per file, made once: a mapping per range (mmap/munmap under the process's mmap lock,
     with a TLB shootdown each) measured as slow as pwrite (docs/stage.md)."""
     try:
-        if MAP_ALLOC == "populate":
-            os.ftruncate(dfd, size)  # the pages: each worker populates its own ranges (map_span)
-        else:
-            os.posix_fallocate(dfd, 0, size)
+        os.posix_fallocate(dfd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
             raise NoRoom(exc.strerror) from None
         raise
     m = mmap.mmap(dfd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     return m, memoryview(m)
-
-
-# How a mapped file's pages are allocated: "fallocate" (the whole file at open, one thread) or
-# "populate" (each worker's ranges with MADV_POPULATE_WRITE before it reads into them: allocation,
-# zeroing and page tables in parallel and in one call a range instead of a fault a page)
-MAP_ALLOC = (os.environ.get("GPUBOX_STAGE_MAP_ALLOC") or "fallocate").strip().lower()
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
-
-
-def _populate(view, start: int, end: int) -> None:
-    """Allocate and map [start, end) of the mapping now; a full tmpfs is NoRoom here (EFAULT: the
-    access would SIGBUS), never a SIGBUS in the copy."""
-    lo = start - start % mmap.PAGESIZE
-    try:
-        view.obj.madvise(MADV_POPULATE_WRITE, lo, end - lo)
-    except OSError as exc:
-        if exc.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):
-            raise NoRoom("no space left on device") from None
-        if exc.errno != errno.EINVAL:  # a kernel without MADV_POPULATE_WRITE: the faults do it
-            raise
 
 
 def map_span(
@@ -282,8 +259,6 @@ def map_span(
     off, pending = start, 0
     if prefetch:
         _prefetch(sfd, start, min(prefetch, end - start))
-    if MAP_ALLOC == "populate":
-        _populate(view, start, end)
     while off < end:
         want = min(block, end - off)
         ask = -(-want // mmap.PAGESIZE) * mmap.PAGESIZE
