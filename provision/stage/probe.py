@@ -90,6 +90,11 @@ class ColdProbe:
         if cold < 0.5:
             self.read["threads"] = self._cached_threads(jobs)
             return self.read["threads"]
+        # A source read from the disk is written with pwrite: the disk sets the pace, and the mapped
+        # writer's page faults only cost (one 6 GB file, cold, 16-core device VM: 1.29 GB/s mapped
+        # against 1.60 with pwrite, 0.72 and 0.88 of the disk's rate)
+        for j in jobs:
+            j.mapped = False
         threads = max(self.workers, COLD_THREADS)
         mode = self.setting if self.direct else "buffered"  # O_DIRECT: local block filesystems only
         self.read = {"mode": mode, "threads": threads, "cold_share": round(cold, 3)}

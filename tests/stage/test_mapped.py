@@ -139,3 +139,17 @@ def test_the_copier_asks_auto_with_the_destination_mount(tmp_path, monkeypatch):
     _stage(many, tmp_path / "d8", workers=8, force=True)
     assert seen == [], "eight big files keep pwrite with 8 workers"
     assert (tmp_path / "d8" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_a_source_read_from_the_disk_is_written_with_pwrite(tmp_path, monkeypatch, mapped):
+    """Cold (most of the source not in the page cache), the disk sets the pace and the mapping's
+    faults only cost: no mapping is made, the copy is the same."""
+    from gpubox.provision.stage import schedule
+
+    calls = []
+    monkeypatch.setattr(schedule, "map_destination", lambda *a: calls.append(a) or None)
+    monkeypatch.setattr(readers, "cached_bytes", lambda fd, off, n: 0)  # nothing cached
+    shard = _big_model(tmp_path / "s", seed=46)
+    out = _stage(tmp_path / "s", tmp_path / "d", workers=4)
+    assert out["read"]["mode"] != "cached" and calls == []
+    assert (tmp_path / "d" / shard.name).read_bytes() == shard.read_bytes()
