@@ -95,6 +95,9 @@ def _resolved(here: Path, launcher: str) -> str | None:
         return None
     known[key] = exe
     tmp = memo.with_name(f"{memo.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(known))
-    os.replace(tmp, memo)
+    try:  # remembered for the next call; a folder that cannot hold it only costs the next call
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, memo)
+    except OSError:
+        pass
     return exe
