@@ -19,7 +19,8 @@ from . import results
 from .client import Client
 from .gpus import box_topology
 from .launcher import LaunchError, Server, build_command, nccl_env, parse_method, spec_from_box
-from .workloads import RUNNERS, Point, not_run, plan
+from .profiles import plan
+from .workloads import RUNNERS, Point, not_run
 
 Progress = Callable[[str], None]
 

@@ -91,7 +91,7 @@ def remote_timeout(prof: dict[str, Any], settings: dict[str, Any], launches: int
     request its deadline (the same bounds the local loop applies); gpubox_bench.remote_timeout wins."""
     if settings.get("remote_timeout"):
         return float(settings["remote_timeout"])
-    from .workloads import plan
+    from .profiles import plan
 
     timeout = float(settings.get("request_timeout", 120))
     deadline = float(prof.get("request_deadline_s", max(timeout * 8, 60.0)))
@@ -188,7 +188,7 @@ def run_remote(
     from gpubox.transport import payload  # control side only: not shipped with this module
 
     from .measure import _progress
-    from .workloads import plan
+    from .profiles import plan
 
     # Each measurement as the container runs it: its progress lines, relayed live by the transport.
     prog, step = (progress or _progress)(ctx.console, launches * len(plan(prof)))
@@ -281,7 +281,7 @@ def context_from(req: dict[str, Any]):
 def serve(req: dict[str, Any], step=None) -> dict[str, Any]:
     """Run the request's measurements here; the document without a verdict."""
     from .measure import measure_box
-    from .workloads import resolve_profile
+    from .profiles import resolve_profile
 
     if not isinstance(req, dict) or req.get("protocol") != PROTOCOL:
         got = req.get("protocol") if isinstance(req, dict) else None
@@ -328,7 +328,7 @@ def preflight() -> int:
 
     from .gpus import GpuTopology  # noqa: F401
     from .measure import measure_box  # noqa: F401
-    from .workloads import resolve_profile  # noqa: F401
+    from .profiles import resolve_profile  # noqa: F401
 
     return 0
 

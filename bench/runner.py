@@ -167,7 +167,7 @@ def run_url(
     settings = settings or {}
     prof = resolve_profile(profile, settings)
     if overrides:
-        from .workloads import apply_overrides
+        from .profiles import apply_overrides
 
         prof = apply_overrides(prof, **overrides)
     if method != "custom":

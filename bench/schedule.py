@@ -461,6 +461,16 @@ def recorded_runs(ctx, s: Spec) -> list[dict[str, Any]]:
     return out
 
 
+def failed_service(ctx, s: Spec) -> str | None:
+    """The schedule's service unit when systemd says its last run failed (gpubox exited non-zero),
+    else None: a run that failed before recording anything leaves the history's newest verdict in
+    place, so a listing of the history alone would show a failing check as healthy."""
+    h = target(ctx, s)
+    if not uses_systemd(h, s):
+        return None
+    return s.service if unit_state(h, s.service)["is-active"] == "failed" else None
+
+
 def next_elapse(host, timer: str) -> str | None:
     """When systemd runs the timer next (`systemctl show -p NextElapseUSecRealtime --value`), as
     systemd prints it; None when it says nothing ("n/a", empty, or no systemctl)."""

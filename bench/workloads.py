@@ -17,15 +17,7 @@ from typing import Any
 
 from . import metrics
 from .client import Client, ContextTooLong, Request, Sample, run_concurrent
-from .profiles import (  # noqa: F401  (the profile API, kept importable from here)
-    KINDS,
-    PROFILES,
-    WARMUP_TOKENS,
-    apply_overrides,
-    key_of,
-    plan,
-    resolve_profile,
-)
+from .profiles import WARMUP_TOKENS, key_of
 
 
 # -- statistics ------------------------------------------------------------------------------------

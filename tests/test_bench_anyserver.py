@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpubox.bench.launcher import LaunchError, Server, free_port
+from gpubox.bench.profiles import PROFILES, apply_overrides, plan
 from gpubox.bench.runner import bounded_tps
-from gpubox.bench.workloads import PROFILES, apply_overrides, plan
 from gpubox.errors import GpuboxError
 from tests.clirun import gpubox
 from tests.hostile.server import hostile

@@ -10,8 +10,8 @@ import pytest
 
 from gpubox.bench import metrics
 from gpubox.bench.client import Client, ContextTooLong, Request, run_concurrent
+from gpubox.bench.profiles import plan, resolve_profile
 from gpubox.bench.runner import measure_server
-from gpubox.bench.workloads import plan, resolve_profile
 from tests.bench_helpers import simserver
 
 FAST = ("--speed", "50")

@@ -156,10 +156,11 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
     """Show BOX's recorded benchmark runs: tok/s per TP and method over time, with each verdict."""
     from .. import history as store
 
+    failed_unit = None  # --on-box: the scheduled check's service, when its last run failed
     if on_box:
         from gpubox.clihelp import box_context
 
-        from ..schedule import spec_from
+        from ..schedule import failed_service, spec_from
 
         c = box_context(ctx, box, as_json=True)
         try:
@@ -171,7 +172,7 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
             except FileNotFoundError:
                 docs = []
             where = f"{box}:{path}"
-            failed_unit = _failed_service(c, spec)
+            failed_unit = failed_service(c, spec)
         finally:
             c.close()
         docs = docs[-last:] if last else docs
@@ -184,8 +185,6 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
 
         for p in skipped[:5]:  # damaged lines: said (on stderr), never listed as runs
             click.echo(f"gpubox: warning: skipped {terminal(p)}", err=True)
-    if not on_box:
-        failed_unit = None
     if not docs and not failed_unit:
         others = [b for b in store.boxes() if b != box]
         hint = (
@@ -228,16 +227,3 @@ def history(ctx, box, last, workload, plot_file, on_box, as_json) -> None:
             f"could not run; systemctl status {unit}; journalctl -u {unit})"
         )
     sys.exit(1 if failed_unit else 0)
-
-
-def _failed_service(c, spec) -> str | None:
-    """The schedule's service unit when systemd says its last run failed, else None.
-
-    A run that failed before recording anything leaves the history's newest verdict in place: the
-    listing alone would show a failing check as healthy (the same rule as `schedule status`)."""
-    from ..schedule import target, unit_state, uses_systemd
-
-    h = target(c, spec)
-    if not uses_systemd(h, spec):
-        return None
-    return spec.service if unit_state(h, spec.service)["is-active"] == "failed" else None

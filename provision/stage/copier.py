@@ -24,7 +24,7 @@ from .hashing import HASH_ALGO, chunk, tree
 from .manifest import JOURNAL
 from .probe import ColdProbe, read_mode_setting
 from .readers import DIRECT_FS, PREFETCH, NoRoom, Streams, direct_fd, open_src
-from .room import fstype, mount_of, statvfs_free
+from .room import fstype, statvfs_free
 from .schedule import FileJob, Schedule
 from .threads import run_tasks
 
@@ -69,15 +69,6 @@ class Copier(ColdProbe):
         ]
         for j in jobs:
             os.makedirs(os.path.dirname(j.dpath), exist_ok=True)
-        # big files on tmpfs: through a shared mapping, past the inode lock (readers.map_span);
-        # a disk destination keeps pwrite (MAP_FS; its fdatasync per journaled range flushes mapped
-        # pages too, but writes there do not queue the same way)
-        typ, opts = mount_of(self.dest)
-        if readers.MAP_MIN is not None and typ in readers.MAP_FS:
-            big = [j for j in jobs if j.info["size"] >= max(1, readers.MAP_MIN)]
-            if not readers.MAP_AUTO or readers.map_pays(len(big), self.workers, opts):
-                for j in big:
-                    j.mapped = True
         sched = Schedule(jobs)
         try:
             threads = self._choose_read(jobs)  # a cold probe copies into the partials: inside the try

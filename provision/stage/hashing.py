@@ -105,7 +105,7 @@ def chunk(
     if h is None:
         h = CHUNK_HASH[algo]()
     if view is not None:
-        map_span(h, sfd, view, start, end, extra, advance, block, prefetch)
+        map_span(h, sfd, view, start, end, extra, advance, block)  # cached: no prefetch
     else:
         copy_span(h, sfd, dfd, start, end, extra, advance, block, prefetch, wlock)
     return h.digest()

@@ -23,6 +23,7 @@ import time
 from . import readers, sizes
 from .hashing import CHUNK_HASH
 from .readers import copy_span, direct_fd, open_src
+from .room import mount_of
 from .schedule import FileJob
 from .threads import run_tasks
 from .verdicts import remember, remembered
@@ -88,13 +89,9 @@ class ColdProbe:
         """How to read this run's source, and with how many threads (returned)."""
         cold, ranges = self._cold_share(jobs)
         if cold < 0.5:
+            self._map_big_files(jobs)
             self.read["threads"] = self._cached_threads(jobs)
             return self.read["threads"]
-        # A source read from the disk is written with pwrite: the disk sets the pace, and the mapped
-        # writer's page faults only cost (one 6 GB file, cold, 16-core device VM: 1.29 GB/s mapped
-        # against 1.60 with pwrite, 0.72 and 0.88 of the disk's rate)
-        for j in jobs:
-            j.mapped = False
         threads = max(self.workers, COLD_THREADS)
         mode = self.setting if self.direct else "buffered"  # O_DIRECT: local block filesystems only
         self.read = {"mode": mode, "threads": threads, "cold_share": round(cold, 3)}
@@ -119,6 +116,20 @@ class ColdProbe:
         if self.read["mode"] == "buffered":
             self.direct = False
         return threads
+
+    def _map_big_files(self, jobs: list[FileJob]) -> None:
+        """Mark the big files that are written through a shared mapping (readers.map_span), past
+        the tmpfs inode lock: only for a cached source (from the disk, the disk sets the pace and
+        the mapping's page faults only cost: one 6 GB file, cold, 16-core device VM, 1.29 GB/s
+        mapped against 1.60 with pwrite), and only into tmpfs (MAP_FS: on a disk, writes of one
+        file do not queue the same way)."""
+        typ, opts = mount_of(self.dest)
+        if readers.MAP_MIN is None or typ not in readers.MAP_FS:
+            return
+        big = [j for j in jobs if j.info["size"] >= max(1, readers.MAP_MIN)]
+        if not readers.MAP_AUTO or readers.map_pays(len(big), self.workers, opts):
+            for j in big:
+                j.mapped = True
 
     def _cached_threads(self, jobs: list[FileJob]) -> int:
         """Copy threads for a source in the page cache: 1.5 per file of more than one range

@@ -249,27 +249,18 @@ def map_destination(dfd: int, size: int):
 
 
 def map_span(
-    h, sfd: int, view, start: int, end: int, extra=None, advance=None, block: int = sizes.BUF, prefetch=0
+    h, sfd: int, view, start: int, end: int, extra=None, advance=None, block: int = sizes.BUF
 ) -> None:
     """copy_span's contract, the destination being `view`, a shared mapping of the whole file
     (map_destination): the source is read straight into the mapping (preadv; the pages fault in on
     first touch, no inode lock) and each BUF slice hashed from the mapping, i.e. the bytes written,
     while it is in the CPU cache. No write(2): the workers of one big file fill their ranges in
-    parallel."""
+    parallel. Only for a source in the page cache (probe.ColdProbe._map_big_files): buffered reads,
+    so no page rounding and no readahead hints."""
     off, pending = start, 0
-    if prefetch:
-        _prefetch(sfd, start, min(prefetch, end - start))
     while off < end:
         want = min(block, end - off)
-        ask = -(-want // mmap.PAGESIZE) * mmap.PAGESIZE
-        if prefetch:
-            _prefetch(sfd, off + prefetch, min(block, end - off - prefetch))
-        if off + ask <= len(view):
-            n = min(os.preadv(sfd, [view[off : off + ask]], off), want)
-        else:  # the file's last, partial page: an O_DIRECT read needs whole pages, read beside
-            buf = _buf()
-            n = min(os.preadv(sfd, [buf[:ask]], off), want)
-            view[off : off + n] = buf[:n]
+        n = min(os.preadv(sfd, [view[off : off + want]], off), want)
         if n == 0:
             raise _shrank(off)
         for p in range(off, off + n, sizes.BUF):

@@ -116,17 +116,16 @@ def test_the_copier_asks_auto_with_the_destination_mount(tmp_path, monkeypatch):
     monkeypatch.setattr(readers, "MAP_MIN", 1 << 20)
     monkeypatch.setattr(readers, "MAP_FS", {room.fstype(str(tmp_path))})
     assert readers.MAP_AUTO
+    from gpubox.provision.stage import schedule
+
     seen = []
-    real = readers.map_destination
+    real = schedule.map_destination
 
     def spy(dfd, size):
         seen.append(size)
         return real(dfd, size)
 
-    monkeypatch.setattr(readers, "map_destination", spy)
-    from gpubox.provision.stage import schedule
-
-    monkeypatch.setattr(schedule, "map_destination", spy)
+    monkeypatch.setattr(schedule, "map_destination", spy)  # where FileJob.open calls it
     one = _big_model(tmp_path / "one", seed=44, size=3 << 20)
     _stage(tmp_path / "one", tmp_path / "d1", workers=8)
     assert seen == [one.stat().st_size]
