@@ -61,6 +61,9 @@ ENGINE = ROOT / "provision" / "stage"
 sys.path.insert(0, str(ENGINE.parent))
 import stage as engine  # noqa: I001  (the stdlib-only engine, for cachestat and its default checksum)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tmpfs_fill  # noqa: E402  (the tmpfs's own ceiling, benchmarks/tmpfs_fill.py)
+
 GB = 1e9
 RANGE = 64 << 20
 MIB = 1 << 20
@@ -574,6 +577,11 @@ def main() -> int:
         "(from git show or git archive, with its safetensors_check.py in the same directory)",
     )
     ap.add_argument("--budget", type=float, default=0, help="seconds: no new round after this (0: none)")
+    ap.add_argument(
+        "--no-fill",
+        action="store_true",
+        help="do not measure the tmpfs's fill ceiling (benchmarks/tmpfs_fill.py) before the layouts",
+    )
     ap.add_argument("--json-out", help="also write the figures as JSON to this file")
     args = ap.parse_args()
     cold_v = dict(parse_variant(v) for v in args.variant)
@@ -598,6 +606,11 @@ def main() -> int:
     # variant with GPUBOX_STAGE_STATE_DIR= (empty) probes in every run
     os.environ.setdefault("GPUBOX_STAGE_STATE_DIR", str(work / "state"))
     results: list[dict] = []
+    fill = None
+    if not (args.paired or args.no_fill):  # what the tmpfs itself allows, in the same run
+        fill = tmpfs_fill.measure(args.tmpfs, min(args.size, 4.0), ncpu(), rounds=2)
+        for k, v in fill.items():
+            log(f"fill ceiling: {k:36} {v:6.2f} GB/s")
     try:
         for layout in args.layout or ["sharded"]:
             src = work / layout / "Model"
@@ -615,6 +628,19 @@ def main() -> int:
             else:
                 res = rounds(src, shm, total, nfiles, args, variants, t_start)
             res["layout"] = layout
+            if fill and not args.paired:
+                big = sum(1 for p in source_files(src) if p.stat().st_size >= RANGE)
+                shards = {}
+                if big > 1 and layout != "one-big":  # this layout's own bound: at most `big` writers
+                    shards = tmpfs_fill.measure(
+                        args.tmpfs,
+                        min(args.size, 4.0),
+                        ncpu(),
+                        rounds=2,
+                        files=big,
+                        only={f"tmpfs pwrite, {big} files", f"tmpfs {big} files, pwrite + faults"},
+                    )
+                add_fill(res, fill, layout, shards)
             results.append(res)
             shutil.rmtree(work / layout, ignore_errors=True)  # the disk holds one layout at a time
             print(f"\n== layout {layout} ==")
@@ -627,6 +653,37 @@ def main() -> int:
         out = results[0] if len(results) == 1 else results
         Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
+
+
+def add_fill(res: dict, fill: dict, layout: str, shards: dict) -> None:
+    """The tmpfs's fill ceilings (tmpfs_fill.measure: new pages written from a cached buffer by as
+    many threads as CPUs, no source read, no checksum) and each warm row against the one that
+    bounds it: a copier of this layout writes at most that fast, and reads the source too. One big
+    file: the best way into one file (pwrite, or a mapping, however allocated). Shards: pwrite
+    into as many files as the layout has big ones (`shards`, at most one writer per file at a time)
+    and into a file per thread (no lock shared: no layout copies faster)."""
+    fill = {**fill, **shards}
+    res["fill_ceiling_gb_s"] = {k: round(v, 3) for k, v in fill.items()}
+    if layout == "one-big":
+        bounds = {
+            "one file, the best way": max(
+                v for k, v in fill.items() if k.startswith("tmpfs") and ("one file" in k or "mapped" in k)
+            )
+        }
+    else:
+        bounds = {"pwrite, a file per thread": fill["tmpfs pwrite, a file each"]}
+        bounds.update({k.removeprefix("tmpfs "): v for k, v in shards.items()})
+    res["fill_bound_gb_s"] = {k: round(v, 3) for k, v in bounds.items()}
+    xa = next((k for k in res["warm"] if k.startswith("xargs")), None)
+    for which, bound in bounds.items():
+        for k, r in res["warm"].items():
+            res["ratios"][f"warm: {k} rate / fill ceiling ({which}, {bound:.2f} GB/s)"] = round(
+                r["gb_s"] / bound, 3
+            )
+        if xa:
+            res["ratios"][f"warm: 1.5x {xa}'s rate / fill ceiling ({which}; above 1: beyond the tmpfs)"] = (
+                round(1.5 * res["warm"][xa]["gb_s"] / bound, 3)
+            )
 
 
 def log(*a) -> None:
@@ -852,6 +909,8 @@ def print_table(res: dict) -> None:
             print(
                 f"note: {', '.join(beat)} read faster than the anchor's best strategy (within noise, or a better one)"
             )
+    for k, v in res.get("fill_ceiling_gb_s", {}).items():
+        print(f"fill  {k:38} {v:6.2f} GB/s")
     for k, v in res["ratios"].items():
         print(f"{v:6.2f}  {k}")
     print(

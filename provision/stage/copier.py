@@ -73,7 +73,7 @@ class Copier(ColdProbe):
         try:
             threads = self._choose_read(jobs)  # a cold probe copies into the partials: inside the try
             run_tasks(
-                [self._worker(sched) for _ in range(min(threads, sum(j.n for j in jobs)) or 1)],
+                [self._worker(sched, k) for k in range(min(threads, sum(j.n for j in jobs)) or 1)],
                 threads,
                 abort=lambda: setattr(sched, "stop", True),
             )
@@ -103,9 +103,10 @@ class Copier(ColdProbe):
             "free space on the destination (or raise the tmpfs size), then re-run to resume",
         )
 
-    def _worker(self, sched: Schedule):
+    def _worker(self, sched: Schedule, k: int = 0):
         def run():
             span, streams = None, Streams()
+            streams.pwriter = k < readers.MAP_PWRITERS
             try:
                 while (t := sched.take(span)) is not None:
                     span, i = t
@@ -175,7 +176,7 @@ class Copier(ColdProbe):
                     extra=whole,
                     advance=self.advance,
                     wlock=job.wlock,
-                    view=job.view,
+                    view=None if streams.pwriter else job.view,
                     **how,
                 )
             self._finish(job, whole.hexdigest())
@@ -196,7 +197,7 @@ class Copier(ColdProbe):
                     advance=self.advance,
                     h=h,
                     wlock=job.wlock,
-                    view=job.view,
+                    view=None if streams.pwriter else job.view,
                     **how,
                 )
             except OSError as exc:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -24,8 +25,10 @@ def mapped(monkeypatch, tmp_path):
 
 
 def test_a_big_file_is_written_through_the_mapping_and_matches_the_pwrite_copy(tmp_path, monkeypatch, mapped):
-    """No pwrite reaches the big file's partial, the bytes are the source's, and the manifest's
-    digests equal those of the pwrite path (the checksum is of the bytes in the mapping)."""
+    """With no pwrite writer (GPUBOX_STAGE_MAP_PWRITERS=0) no pwrite reaches the big file's partial,
+    the bytes are the source's, and the manifest's digests equal those of the pwrite path (the
+    checksum is of the bytes in the mapping)."""
+    monkeypatch.setattr(readers, "MAP_PWRITERS", 0)
     src = tmp_path / "s"
     shard = _big_model(src, seed=41, size=(3 << 20) + 12345)  # a last, partial page
     real = os.pwrite
@@ -49,6 +52,38 @@ def test_a_big_file_is_written_through_the_mapping_and_matches_the_pwrite_copy(t
         }
 
     assert entries(tmp_path / "m") == entries(tmp_path / "p")
+
+
+@pytest.mark.parametrize("pwriters", [1, 4])
+def test_the_first_writers_of_a_mapped_file_use_pwrite(tmp_path, monkeypatch, mapped, pwriters):
+    """GPUBOX_STAGE_MAP_PWRITERS=K: the first K copy threads pwrite their ranges of a mapped file
+    (into pages allocated already: no fault), the others write through the mapping. Only those
+    threads pwrite into it; with as many as there are workers, every byte goes through pwrite; the
+    copy and its digests are those of the mapping-only copy."""
+    monkeypatch.setattr(readers, "MAP_PWRITERS", pwriters)
+    src = tmp_path / "s"
+    shard = _big_model(src, seed=47, size=(3 << 20) + 777)
+    real, by_thread = os.pwrite, {}
+
+    def pwrite(fd, data, off):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(shard.name + st.PARTIAL):
+            key = threading.get_ident()
+            by_thread[key] = by_thread.get(key, 0) + len(data)
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    _stage(src, tmp_path / "h", workers=4)
+    monkeypatch.setattr(os, "pwrite", real)
+    monkeypatch.setattr(readers, "MAP_PWRITERS", 0)
+    _stage(src, tmp_path / "m", workers=4)
+    assert len(by_thread) <= pwriters
+    if pwriters >= 4:
+        assert sum(by_thread.values()) == shard.stat().st_size
+    assert (tmp_path / "h" / shard.name).read_bytes() == shard.read_bytes()
+    assert _files(tmp_path / "h") == _files(tmp_path / "m")
+    assert json.loads((tmp_path / "h" / st.MANIFEST).read_text())["files"] == json.loads(
+        (tmp_path / "m" / st.MANIFEST).read_text()
+    )["files"]
 
 
 def test_a_killed_mapped_copy_resumes_and_ends_identical(tmp_path, mapped):
