@@ -631,7 +631,7 @@ def main() -> int:
             if fill and not args.paired:
                 big = sum(1 for p in source_files(src) if p.stat().st_size >= RANGE)
                 shards = {}
-                if big > 1 and layout != "one-big":  # this layout's own bound: at most `big` writers
+                if big > 1:  # this layout's own bound: at most `big` writers
                     shards = tmpfs_fill.measure(
                         args.tmpfs,
                         min(args.size, 4.0),
@@ -640,7 +640,7 @@ def main() -> int:
                         files=big,
                         only={f"tmpfs pwrite, {big} files", f"tmpfs {big} files, pwrite + faults"},
                     )
-                add_fill(res, fill, layout, shards)
+                add_fill(res, fill, shards)
             results.append(res)
             shutil.rmtree(work / layout, ignore_errors=True)  # the disk holds one layout at a time
             print(f"\n== layout {layout} ==")
@@ -655,16 +655,18 @@ def main() -> int:
     return 0
 
 
-def add_fill(res: dict, fill: dict, layout: str, shards: dict) -> None:
+def add_fill(res: dict, fill: dict, shards: dict) -> None:
     """The tmpfs's fill ceilings (tmpfs_fill.measure: new pages written from a cached buffer by as
     many threads as CPUs, no source read, no checksum) and each warm row against the one that
     bounds it: a copier of this layout writes at most that fast, and reads the source too. One big
-    file: the best way into one file (pwrite, or a mapping, however allocated). Shards: pwrite
-    into as many files as the layout has big ones (`shards`, at most one writer per file at a time)
-    and into a file per thread (no lock shared: no layout copies faster)."""
+    file (alone or beside small ones): the best way into one file that allocates its pages
+    (pwrite, or a mapping, however allocated). Shards (`shards`: the fills of as many files as the
+    layout has big ones, at most one pwrite writer per file at a time, with and without faulting
+    writers beside): those, and pwrite into a file per thread (no lock shared: no layout copies
+    faster)."""
     fill = {**fill, **shards}
     res["fill_ceiling_gb_s"] = {k: round(v, 3) for k, v in fill.items()}
-    if layout == "one-big":  # every way into one file that allocates its pages ("copy only" does not)
+    if len(shards) < 2:  # one big file (beside small ones): every way into one file that allocates its pages
         bounds = {
             "one file, the best way": max(
                 v
@@ -686,7 +688,7 @@ def add_fill(res: dict, fill: dict, layout: str, shards: dict) -> None:
                 r["gb_s"] / bound, 3
             )
         # the goals (issue 41) as a share of the bound: one big file >= 2.5x cp -r, shards >= 1.5x xargs
-        goal = ("cp -r", 2.5) if layout == "one-big" else (xa, 1.5)
+        goal = ("cp -r", 2.5) if len(shards) < 2 else (xa, 1.5)
         if goal[0] in res["warm"]:
             res["ratios"][
                 f"warm: {goal[1]}x {goal[0]}'s rate / fill ceiling ({which}; above 1: beyond the tmpfs)"

@@ -1,0 +1,93 @@
+"""benchmarks/tmpfs_fill.py (the tmpfs's fill ceilings) and how benchmarks/stage_vs_cp.py bounds
+each layout with them: every case writes what it says and cleans up, and a copy is never bounded
+by a case that skips the allocation it cannot skip."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return mod
+
+
+fill = _load("tmpfs_fill")
+
+
+def test_every_case_writes_its_bytes_and_leaves_nothing(tmp_path, monkeypatch):
+    """Each case runs (two 1 MiB ranges, 2 threads, 2 files), gives a rate, and removes its files;
+    the files it writes hold the size the case says (seen through the per-file pwrite case)."""
+    monkeypatch.setattr(fill, "RANGE", 1 << 20)
+    out = fill.measure(str(tmp_path), 2 * (1 << 20) / 1e9, 2, rounds=1, files=2)
+    assert set(out) >= {
+        "memory, fresh pages",
+        "tmpfs pwrite, a file each",
+        "tmpfs pwrite, 2 files",
+        "tmpfs 2 files, pwrite + faults",
+        "tmpfs mapped, fallocate whole",
+        "tmpfs mapped, copy only (allocated)",
+    }
+    assert all(v > 0 for v in out.values())
+    assert list(tmp_path.iterdir()) == []
+    f = fill.Fill(str(tmp_path), 4 << 20, 2, files=2)
+    sizes = []
+    real = f._drop
+
+    def drop(fd, path):
+        sizes.append(Path(path).stat().st_size)
+        real(fd, path)
+
+    f._drop = drop
+    f.pwrite_files(2)
+    f.close()
+    assert sizes == [2 << 20, 2 << 20]  # four ranges into two files, two each
+
+
+def test_a_copy_is_bounded_by_ways_that_allocate():
+    """One big file: the bound is the best fill that allocates the file's pages (never "copy
+    only", which fills pages allocated before the clock, nor the bare fallocate); shards: pwrite
+    into that many files (and with faulting writers beside), and a file per thread. The goal is
+    shown as a share of each bound."""
+    sv = _load("stage_vs_cp")
+    ceil = {
+        "memory, touched": 60.0,
+        "tmpfs pwrite, a file each": 30.0,
+        "tmpfs pwrite, one file": 2.7,
+        "tmpfs fallocate, one call": 9.4,
+        "tmpfs mapped, fallocate whole": 6.4,
+        "tmpfs mapped, faults allocate": 4.6,
+        "tmpfs mapped, copy only (allocated)": 23.8,
+        "tmpfs mapped + 1 pwrite, copy only": 24.9,
+    }
+    res = {
+        "warm": {"cp -r": {"gb_s": 2.0}, "xargs -P16 cp": {"gb_s": 2.2}, "gpubox xxh3": {"gb_s": 4.8}},
+        "ratios": {},
+    }
+    sv.add_fill(res, ceil, {})
+    assert res["fill_bound_gb_s"] == {"one file, the best way": 6.4}
+    assert res["ratios"]["warm: gpubox xxh3 rate / fill ceiling (one file, the best way, 6.40 GB/s)"] == 0.75
+    assert res["ratios"][
+        "warm: 2.5x cp -r's rate / fill ceiling (one file, the best way; above 1: beyond the tmpfs)"
+    ] == round(5 / 6.4, 3)
+    res = {"warm": {"xargs -P16 cp": {"gb_s": 12.0}, "gpubox xxh3": {"gb_s": 11.0}}, "ratios": {}}
+    sv.add_fill(res, ceil, {"tmpfs pwrite, 8 files": 20.0, "tmpfs 8 files, pwrite + faults": 24.0})
+    assert res["fill_bound_gb_s"] == {
+        "pwrite, a file per thread": 30.0,
+        "pwrite, 8 files": 20.0,
+        "8 files, pwrite + faults": 24.0,
+    }
+    assert (
+        res["ratios"][
+            "warm: 1.5x xargs -P16 cp's rate / fill ceiling (pwrite, 8 files; above 1: beyond the tmpfs)"
+        ]
+        == 0.9
+    )
