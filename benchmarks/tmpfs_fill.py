@@ -79,14 +79,20 @@ def address(m: mmap.mmap) -> int:
 class Fill:
     """The cases, on one tmpfs directory; each returns seconds for `size` bytes."""
 
-    def __init__(self, tmpfs: str, size: int, threads: int, files: int = 0):
+    def __init__(self, tmpfs: str, size: int, threads: int, files: int = 0, source: str | None = None):
         self.files = files
+        # a file in the page cache to copy from ("copy:" cases): the copier's own work, less its
+        # checksum and the Python around it
+        self.sfd = os.open(source, os.O_RDONLY) if source else None
+        self.ssize = os.fstat(self.sfd).st_size // BLK * BLK if source else 0
         self.dir = tempfile.mkdtemp(prefix="gpubox-fill-", dir=tmpfs)
         self.size, self.n = size, threads
         self.ranges = [(o, min(size, o + RANGE)) for o in range(0, size, RANGE)]
         self.buf = mmap.mmap(-1, BLK)
         self.buf.write(os.urandom(BLK))
         self.src = address(self.buf)
+        self._tls = threading.local()
+        self.copying = False
 
     def _fresh(self, name: str) -> tuple[int, str]:
         p = os.path.join(self.dir, name)
@@ -95,6 +101,30 @@ class Fill:
     def _drop(self, fd: int, path: str) -> None:
         os.close(fd)
         os.unlink(path)
+
+    def _src_off(self, off: int) -> int:
+        return off % self.ssize if self.ssize else off
+
+    def _put(self, fd: int, off: int, n: int = BLK, src: int | None = None) -> None:
+        """n bytes at off into fd with pwrite: from the buffer, or (self.copying) read from the
+        source (at `src`, default `off`) into this thread's buffer first, as a copier does."""
+        if self.copying:
+            buf = getattr(self._tls, "buf", None)
+            if buf is None:
+                buf = self._tls.buf = memoryview(bytearray(BLK))
+            os.preadv(self.sfd, [buf[:n]], self._src_off(off if src is None else src))
+            os.pwrite(fd, buf[:n], off)
+        else:
+            os.pwrite(fd, self.buf[:n] if n < BLK else self.buf, off)
+
+    def _map_put(self, view: memoryview, base: int, s: int, e: int) -> None:
+        """[s, e) of a mapping: memmove from the buffer, or (self.copying) preadv from the source
+        straight into the mapping, as the copier's mapped writer does."""
+        if not self.copying:
+            self._copy_into(base, s, e)
+            return
+        for o in range(s, e, BLK):
+            os.preadv(self.sfd, [view[o : min(e, o + BLK)]], self._src_off(o))
 
     def _copy_into(self, base: int, s: int, e: int) -> None:
         for o in range(s, e, BLK):
@@ -120,7 +150,7 @@ class Fill:
                 with lock:
                     owner.fd = files[next(counter)][0]
             for o in range(s, e, BLK):
-                os.pwrite(owner.fd, self.buf[: min(BLK, e - o)] if e - o < BLK else self.buf, o)
+                self._put(owner.fd, o, min(BLK, e - o))
 
         t = run_ranges(self.n, self.ranges, w)
         for fd, p in files:
@@ -135,7 +165,7 @@ class Fill:
         def w(s, e):
             fd, base = files[(s // RANGE) % k][0], (s // RANGE) // k * RANGE
             for o in range(0, e - s, BLK):
-                os.pwrite(fd, self.buf, base + o)
+                self._put(fd, base + o, src=s + o)
 
         t = run_ranges(self.n, self.ranges, w)
         for fd, p in files:
@@ -165,7 +195,7 @@ class Fill:
                     tls.k = next(counter)
             if tls.k < k:
                 for o in range(0, e - s, BLK):
-                    os.pwrite(files[j][0], self.buf, off + o)
+                    self._put(files[j][0], off + o)
             else:
                 self._copy_into(bases[j] + off, 0, e - s)
 
@@ -181,7 +211,7 @@ class Fill:
 
         def w(s, e):
             for o in range(s, e, BLK):
-                os.pwrite(fd, self.buf, o)
+                self._put(fd, o, min(BLK, e - o))
 
         t = run_ranges(self.n, self.ranges, w)
         self._drop(fd, p)
@@ -234,14 +264,16 @@ class Fill:
                     tls.pw = next(counter) < pwriters
             if tls.pw:
                 for o in range(s, e, BLK):
-                    os.pwrite(fd, self.buf, o)
+                    self._put(fd, o, min(BLK, e - o))
             else:
-                self._copy_into(base, s, e)
+                self._map_put(view, base, s, e)
 
+        view = memoryview(m)
         run_ranges(self.n, self.ranges, w)
         if alloc == "ahead":
             ta.join()
         t = time.perf_counter() - t0
+        view.release()
         m.close()
         self._drop(fd, p)
         return t
@@ -268,17 +300,47 @@ class Fill:
             "tmpfs mapped, copy only (allocated)": lambda: self.mapped("copy only"),
             "tmpfs mapped + 1 pwrite, copy only": lambda: self.mapped("copy only", 1),
             "tmpfs mapped + 2 pwrite, copy only": lambda: self.mapped("copy only", 2),
+            **(self.copy_cases() if self.sfd is not None else {}),
         }
+
+    def copy_cases(self) -> dict:
+        """The same writes with the bytes read from `source` (in the page cache) on the way: what
+        a copier without a checksum can reach, the copier's own method among them."""
+
+        def copy(fn):
+            def run():
+                self.copying = True
+                try:
+                    return fn()
+                finally:
+                    self.copying = False
+
+            return run
+
+        out = {
+            "copy: one file, fallocate + mapping + 1 pwrite": copy(lambda: self.mapped("whole", 1)),
+            "copy: one file, fallocate + mapping": copy(lambda: self.mapped("whole")),
+            "copy: one file, pwrite": copy(self.pwrite_one),
+            "copy: a file each, pread + pwrite": copy(self.pwrite_each),
+        }
+        if self.files > 1:
+            out[f"copy: {self.files} files, pread + pwrite"] = copy(lambda: self.pwrite_files(self.files))
+        return out
 
     def close(self) -> None:
         self.buf.close()
+        if self.sfd is not None:
+            os.close(self.sfd)
         os.rmdir(self.dir)
 
 
-def measure(tmpfs: str, size_gb: float, threads: int, rounds: int = 3, only=None, files: int = 0) -> dict:
-    """{case: best GB/s over `rounds`} (best: the ceiling is what the machine can do)."""
+def measure(
+    tmpfs: str, size_gb: float, threads: int, rounds: int = 3, only=None, files: int = 0, source=None
+) -> dict:
+    """{case: best GB/s over `rounds`} (best: the ceiling is what the machine can do). `source`: a
+    file in the page cache to copy from, which adds the "copy:" cases."""
     size = max(RANGE, int(size_gb * 1e9) // RANGE * RANGE)
-    f = Fill(tmpfs, size, threads, files)
+    f = Fill(tmpfs, size, threads, files, source)
     out = {}
     try:
         for name, fn in f.cases().items():
@@ -298,10 +360,11 @@ def main() -> int:
     ap.add_argument(
         "--files", type=int, default=0, help="also: pwrite into this many files (a layout's shards)"
     )
+    ap.add_argument("--source", help="also: the copy cases, reading this file (keep it in the page cache)")
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--json-out")
     a = ap.parse_args()
-    out = measure(a.tmpfs, a.size, a.threads, a.rounds, files=a.files)
+    out = measure(a.tmpfs, a.size, a.threads, a.rounds, files=a.files, source=a.source)
     print(f"{a.size:g} GB, {a.threads} threads, best of {a.rounds}, into {a.tmpfs}")
     for k, v in out.items():
         print(f"  {k:36} {v:7.2f} GB/s")

@@ -52,6 +52,45 @@ def test_every_case_writes_its_bytes_and_leaves_nothing(tmp_path, monkeypatch):
     assert sizes == [2 << 20, 2 << 20]  # four ranges into two files, two each
 
 
+def test_the_copy_cases_write_the_source_bytes(tmp_path, monkeypatch):
+    """With a source, the "copy:" cases read it on the way: each file they write holds the
+    source's bytes (at the same offsets), by the mapping and by pwrite alike."""
+    import os
+
+    monkeypatch.setattr(fill, "RANGE", 1 << 20)
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(4 << 20))
+    out_dir = tmp_path / "fill"
+    out_dir.mkdir()
+    f = fill.Fill(str(out_dir), 4 << 20, 2, files=2, source=str(src))
+    seen = {}
+    real = f._drop
+
+    def drop(fd, path):
+        seen[Path(path).name] = Path(path).read_bytes()
+        real(fd, path)
+
+    f._drop = drop
+    cases = f.copy_cases()
+    assert set(cases) == {*sv_copy_cases(), "copy: 2 files, pread + pwrite"}
+    cases["copy: one file, fallocate + mapping + 1 pwrite"]()
+    assert seen.pop("mapped") == src.read_bytes()
+    cases["copy: one file, pwrite"]()
+    assert seen.pop("one") == src.read_bytes()
+    cases["copy: 2 files, pread + pwrite"]()
+    data = src.read_bytes()
+    mb = 1 << 20  # range r goes to file r % 2 at (r // 2) MiB
+    assert seen["k-0"] == data[0:mb] + data[2 * mb : 3 * mb]
+    assert seen["k-1"] == data[mb : 2 * mb] + data[3 * mb : 4 * mb]
+    assert not f.copying
+    f.close()
+    assert list(out_dir.iterdir()) == []
+
+
+def sv_copy_cases():
+    return _load("stage_vs_cp").COPY_CASES
+
+
 def test_a_copy_is_bounded_by_ways_that_allocate():
     """One big file: the bound is the best fill that allocates the file's pages (never "copy
     only", which fills pages allocated before the clock, nor the bare fallocate); shards: pwrite
@@ -72,22 +111,38 @@ def test_a_copy_is_bounded_by_ways_that_allocate():
         "warm": {"cp -r": {"gb_s": 2.0}, "xargs -P16 cp": {"gb_s": 2.2}, "gpubox xxh3": {"gb_s": 4.8}},
         "ratios": {},
     }
-    sv.add_fill(res, ceil, {})
-    assert res["fill_bound_gb_s"] == {"one file, the best way": 6.4}
-    assert res["ratios"]["warm: gpubox xxh3 rate / fill ceiling (one file, the best way, 6.40 GB/s)"] == 0.75
+    sv.add_fill(
+        res, ceil, {"copy: one file, fallocate + mapping + 1 pwrite": 5.5, "copy: one file, pwrite": 2.4}
+    )
+    assert res["fill_bound_gb_s"] == {
+        "one file, the best way": 6.4,
+        "a copy into one file, the best way": 5.5,
+    }
+    assert res["ratios"]["warm: gpubox xxh3 rate / bound (one file, the best way, 6.40 GB/s)"] == 0.75
     assert res["ratios"][
-        "warm: 2.5x cp -r's rate / fill ceiling (one file, the best way; above 1: beyond the tmpfs)"
+        "warm: 2.5x cp -r's rate / bound (one file, the best way; above 1: beyond this machine)"
     ] == round(5 / 6.4, 3)
     res = {"warm": {"xargs -P16 cp": {"gb_s": 12.0}, "gpubox xxh3": {"gb_s": 11.0}}, "ratios": {}}
-    sv.add_fill(res, ceil, {"tmpfs pwrite, 8 files": 20.0, "tmpfs 8 files, pwrite + faults": 24.0})
+    sv.add_fill(
+        res,
+        ceil,
+        {
+            "tmpfs pwrite, 8 files": 20.0,
+            "tmpfs 8 files, pwrite + faults": 24.0,
+            "copy: 8 files, pread + pwrite": 15.0,
+            "copy: a file each, pread + pwrite": 22.0,
+        },
+    )
     assert res["fill_bound_gb_s"] == {
         "pwrite, a file per thread": 30.0,
         "pwrite, 8 files": 20.0,
         "8 files, pwrite + faults": 24.0,
+        "copy: 8 files, pread + pwrite": 15.0,
+        "copy: a file each, pread + pwrite": 22.0,
     }
     assert (
         res["ratios"][
-            "warm: 1.5x xargs -P16 cp's rate / fill ceiling (pwrite, 8 files; above 1: beyond the tmpfs)"
+            "warm: 1.5x xargs -P16 cp's rate / bound (pwrite, 8 files; above 1: beyond this machine)"
         ]
         == 0.9
     )

@@ -81,9 +81,10 @@ def test_the_first_writers_of_a_mapped_file_use_pwrite(tmp_path, monkeypatch, ma
         assert sum(by_thread.values()) == shard.stat().st_size
     assert (tmp_path / "h" / shard.name).read_bytes() == shard.read_bytes()
     assert _files(tmp_path / "h") == _files(tmp_path / "m")
-    assert json.loads((tmp_path / "h" / st.MANIFEST).read_text())["files"] == json.loads(
-        (tmp_path / "m" / st.MANIFEST).read_text()
-    )["files"]
+    assert (
+        json.loads((tmp_path / "h" / st.MANIFEST).read_text())["files"]
+        == json.loads((tmp_path / "m" / st.MANIFEST).read_text())["files"]
+    )
 
 
 def test_a_killed_mapped_copy_resumes_and_ends_identical(tmp_path, mapped):
