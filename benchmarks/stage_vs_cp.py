@@ -708,10 +708,11 @@ def add_fill(res: dict, fill: dict, shards: dict) -> None:
             res["ratios"][f"warm: {k} rate / bound ({which}, {bound:.2f} GB/s)"] = round(r["gb_s"] / bound, 3)
         # the goals (issue 41) as a share of the bound: one big file >= 2.5x cp -r, shards >= 1.5x xargs
         goal = ("cp -r", 2.5) if not many else (xa, 1.5)
+        beyond = "beyond this way of copying" if "copy" in which else "beyond this machine"
         if goal[0] in res["warm"]:
-            res["ratios"][
-                f"warm: {goal[1]}x {goal[0]}'s rate / bound ({which}; above 1: beyond this machine)"
-            ] = round(goal[1] * res["warm"][goal[0]]["gb_s"] / bound, 3)
+            res["ratios"][f"warm: {goal[1]}x {goal[0]}'s rate / bound ({which}; above 1: {beyond})"] = round(
+                goal[1] * res["warm"][goal[0]]["gb_s"] / bound, 3
+            )
 
 
 def log(*a) -> None:
