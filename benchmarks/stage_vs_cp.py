@@ -628,15 +628,16 @@ def main() -> int:
             else:
                 res = rounds(src, shm, total, nfiles, args, variants, t_start)
             res["layout"] = layout
-            if fill and not args.paired:
+            if fill:
                 # this layout's own bounds: at most `big` pwrite writers (one per big file), and
                 # the same writes with the bytes read from its largest file (warm) on the way
                 files = sorted(source_files(src), key=lambda p: -p.stat().st_size)
                 big = sum(1 for p in files if p.stat().st_size >= RANGE)
-                only = {k for k in COPY_CASES if ("one file" in k) == (big <= 1)}
-                if big > 1:
-                    only |= {f"tmpfs pwrite, {big} files", f"tmpfs {big} files, pwrite + faults"}
-                    only |= {f"copy: {big} files, pread + pwrite"}
+                only = (
+                    {tmpfs_fill.COPY_EACH, *tmpfs_fill.k_files(big)}
+                    if big > 1
+                    else set(tmpfs_fill.COPY_ONE_FILE)
+                )
                 warm(src)
                 shards = tmpfs_fill.measure(
                     args.tmpfs,
@@ -662,14 +663,6 @@ def main() -> int:
     return 0
 
 
-COPY_CASES = (
-    "copy: one file, fallocate + mapping + 1 pwrite",
-    "copy: one file, fallocate + mapping",
-    "copy: one file, pwrite",
-    "copy: a file each, pread + pwrite",
-)
-
-
 def add_fill(res: dict, fill: dict, shards: dict) -> None:
     """The tmpfs's fill ceilings (tmpfs_fill.measure: new pages written from a cached buffer by as
     many threads as CPUs, no source read, no checksum) and each warm row against the ones that
@@ -682,25 +675,15 @@ def add_fill(res: dict, fill: dict, shards: dict) -> None:
     file on the way, no checksum): the bound of a copier that does nothing but copy."""
     fill = {**fill, **shards}
     res["fill_ceiling_gb_s"] = {k: round(v, 3) for k, v in fill.items()}
-    many = [k for k in shards if k.startswith("tmpfs pwrite, ") and k.endswith(" files")]
+    many = any(k.endswith(" files") for k in shards)  # several big files: tmpfs_fill.k_files
     if not many:  # one big file (beside small ones): every way into one file that allocates its pages
-        bounds = {
-            "one file, the best way": max(
-                v
-                for k, v in fill.items()
-                if k.startswith("tmpfs")
-                and ("one file" in k or "mapped" in k)
-                and "copy only" not in k
-                and "fallocate, one call" not in k
-            )
-        }
-        copies = [v for k, v in shards.items() if k.startswith("copy: one file")]
+        bounds = {"one file, the best way": max(fill[k] for k in tmpfs_fill.ONE_FILE if k in fill)}
+        copies = [shards[k] for k in tmpfs_fill.COPY_ONE_FILE if k in shards]
         if copies:
             bounds["a copy into one file, the best way"] = max(copies)
     else:
         bounds = {"pwrite, a file per thread": fill["tmpfs pwrite, a file each"]}
-        bounds.update({k.removeprefix("tmpfs "): v for k, v in shards.items() if k.startswith("tmpfs")})
-        bounds.update({k: v for k, v in shards.items() if k.startswith("copy:") and "one file" not in k})
+        bounds.update({k.removeprefix("tmpfs "): v for k, v in shards.items()})
     res["fill_bound_gb_s"] = {k: round(v, 3) for k, v in bounds.items()}
     xa = next((k for k in res["warm"] if k.startswith("xargs")), None)
     for which, bound in bounds.items():

@@ -44,24 +44,49 @@ RANGE = 64 << 20
 BLK = 1 << 20
 
 
+# The cases that write into one file and allocate its pages as they go, however: what bounds a
+# copy into one file ("copy only" fills pages allocated before the clock, and "fallocate, one
+# call" writes nothing). And the copy cases for one file (Fill.copy_cases).
+ONE_FILE = (
+    "tmpfs pwrite, one file",
+    "tmpfs mapped, fallocate whole",
+    "tmpfs mapped, fallocate per range",
+    "tmpfs mapped, faults allocate",
+    "tmpfs mapped, an allocator ahead",
+)
+COPY_ONE_FILE = (
+    "copy: one file, fallocate + mapping + 1 pwrite",
+    "copy: one file, fallocate + mapping",
+    "copy: one file, pwrite",
+)
+COPY_EACH = "copy: a file each, pread + pwrite"
+
+
+def k_files(k: int) -> tuple[str, str, str]:
+    """The names of the cases for a layout of k shards: pwrite, pwrite with faulting writers
+    beside, and the copy (Fill(files=k))."""
+    return f"tmpfs pwrite, {k} files", f"tmpfs {k} files, pwrite + faults", f"copy: {k} files, pread + pwrite"
+
+
 def run_ranges(n: int, ranges: list, fn) -> float:
-    """Seconds for n threads to run fn(start, end) over `ranges`, handed out in turn."""
+    """Seconds for n threads to run fn(start, end, thread) over `ranges`, handed out in turn
+    (`thread`: 0..n-1, which of them runs it)."""
     it = iter(ranges)
     lock = threading.Lock()
     errors: list = []
 
-    def run():
+    def run(t: int):
         try:
             while True:
                 with lock:
                     r = next(it, None)
                 if r is None:
                     return
-                fn(*r)
+                fn(*r, t)
         except BaseException as exc:  # shown after the join: a failed case must not look fast
             errors.append(exc)
 
-    ts = [threading.Thread(target=run) for _ in range(n)]
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(n)]
     t0 = time.perf_counter()
     for t in ts:
         t.start()
@@ -134,23 +159,17 @@ class Fill:
         m = mmap.mmap(-1, self.size)
         base = address(m)
         if touched:
-            run_ranges(self.n, self.ranges, lambda s, e: self._copy_into(base, s, e))
-        t = run_ranges(self.n, self.ranges, lambda s, e: self._copy_into(base, s, e))
+            run_ranges(self.n, self.ranges, lambda s, e, _: self._copy_into(base, s, e))
+        t = run_ranges(self.n, self.ranges, lambda s, e, _: self._copy_into(base, s, e))
         m.close()
         return t
 
     def pwrite_each(self) -> float:
         files = [self._fresh(f"each-{k}") for k in range(self.n)]
-        owner = threading.local()
-        counter = iter(range(self.n))
-        lock = threading.Lock()
 
-        def w(s, e):
-            if not hasattr(owner, "fd"):
-                with lock:
-                    owner.fd = files[next(counter)][0]
+        def w(s, e, t):
             for o in range(s, e, BLK):
-                self._put(owner.fd, o, min(BLK, e - o))
+                self._put(files[t][0], o, min(BLK, e - o))
 
         t = run_ranges(self.n, self.ranges, w)
         for fd, p in files:
@@ -162,7 +181,7 @@ class Fill:
         most k writers at a time, the inode lock)."""
         files = [self._fresh(f"k-{j}") for j in range(k)]
 
-        def w(s, e):
+        def w(s, e, _):
             fd, base = files[(s // RANGE) % k][0], (s // RANGE) // k * RANGE
             for o in range(0, e - s, BLK):
                 self._put(fd, base + o, src=s + o)
@@ -184,16 +203,10 @@ class Fill:
             os.ftruncate(fd, per)
             maps.append(mmap.mmap(fd, per, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
         bases = [address(m) for m in maps]
-        tls = threading.local()
-        counter = iter(range(self.n))
-        lock = threading.Lock()
 
-        def w(s, e):
+        def w(s, e, t):
             j, off = (s // RANGE) % k, (s // RANGE) // k * RANGE
-            if not hasattr(tls, "k"):
-                with lock:
-                    tls.k = next(counter)
-            if tls.k < k:
+            if t < k:
                 for o in range(0, e - s, BLK):
                     self._put(files[j][0], off + o)
             else:
@@ -209,7 +222,7 @@ class Fill:
     def pwrite_one(self) -> float:
         fd, p = self._fresh("one")
 
-        def w(s, e):
+        def w(s, e, _):
             for o in range(s, e, BLK):
                 self._put(fd, o, min(BLK, e - o))
 
@@ -240,8 +253,8 @@ class Fill:
             os.ftruncate(fd, self.size)
         m = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         base = address(m)
-        done = [threading.Event() for _ in self.ranges]
         if alloc == "ahead":
+            done = [threading.Event() for _ in self.ranges]
 
             def allocator():
                 for k, (s, e) in enumerate(self.ranges):
@@ -250,19 +263,13 @@ class Fill:
 
             ta = threading.Thread(target=allocator)
             ta.start()
-        tls = threading.local()
-        counter = iter(range(self.n))
-        lock = threading.Lock()
 
-        def w(s, e):
+        def w(s, e, t):
             if alloc == "range":
                 os.posix_fallocate(fd, s, e - s)
             elif alloc == "ahead":
                 done[s // RANGE].wait()
-            if not hasattr(tls, "pw"):
-                with lock:
-                    tls.pw = next(counter) < pwriters
-            if tls.pw:
+            if t < pwriters:
                 for o in range(s, e, BLK):
                     self._put(fd, o, min(BLK, e - o))
             else:
@@ -285,10 +292,12 @@ class Fill:
             "tmpfs pwrite, a file each": self.pwrite_each,
             "tmpfs pwrite, one file": self.pwrite_one,
             **(
-                {
-                    f"tmpfs pwrite, {self.files} files": lambda: self.pwrite_files(self.files),
-                    f"tmpfs {self.files} files, pwrite + faults": lambda: self.files_both(self.files),
-                }
+                dict(
+                    zip(
+                        k_files(self.files)[:2],
+                        (lambda: self.pwrite_files(self.files), lambda: self.files_both(self.files)),
+                    )
+                )
                 if self.files > 1
                 else {}
             ),
@@ -317,14 +326,19 @@ class Fill:
 
             return run
 
-        out = {
-            "copy: one file, fallocate + mapping + 1 pwrite": copy(lambda: self.mapped("whole", 1)),
-            "copy: one file, fallocate + mapping": copy(lambda: self.mapped("whole")),
-            "copy: one file, pwrite": copy(self.pwrite_one),
-            "copy: a file each, pread + pwrite": copy(self.pwrite_each),
-        }
+        out = dict(
+            zip(
+                COPY_ONE_FILE,
+                (
+                    copy(lambda: self.mapped("whole", 1)),
+                    copy(lambda: self.mapped("whole")),
+                    copy(self.pwrite_one),
+                ),
+            )
+        )
+        out[COPY_EACH] = copy(self.pwrite_each)
         if self.files > 1:
-            out[f"copy: {self.files} files, pread + pwrite"] = copy(lambda: self.pwrite_files(self.files))
+            out[k_files(self.files)[2]] = copy(lambda: self.pwrite_files(self.files))
         return out
 
     def close(self) -> None:

@@ -229,7 +229,8 @@ HUGE = ("huge=always", "huge=within_size")  # tmpfs mount options that give big 
 # mapping. Its pages are allocated by then (map_destination), so a pwrite is a copy under the inode
 # lock and no page fault: one such writer adds to what the faulting ones move (16-core device VM,
 # 12 GB into one file from a buffer: 21.2-24.9 GB/s through the mapping alone, 23.2-27.5 with one
-# pwrite writer; two: 22.2-25.4).
+# pwrite writer, two 22.2-25.4; the copier, one 12 GB file warm: 4.72 GB/s against 4.17 without,
+# benchmarks/results/stage.md run P).
 MAP_PWRITERS = max(0, int(os.environ.get("GPUBOX_STAGE_MAP_PWRITERS") or 1))
 
 

@@ -1,6 +1,6 @@
 """benchmarks/tmpfs_fill.py (the tmpfs's fill ceilings) and how benchmarks/stage_vs_cp.py bounds
-each layout with them: every case writes what it says and cleans up, and a copy is never bounded
-by a case that skips the allocation it cannot skip."""
+each layout with them: every case runs and cleans up, the shard and copy cases write where and
+what they say, and a copy is never bounded by a case that skips the allocation it cannot skip."""
 
 import importlib.util
 import sys
@@ -23,9 +23,9 @@ def _load(name: str):
 fill = _load("tmpfs_fill")
 
 
-def test_every_case_writes_its_bytes_and_leaves_nothing(tmp_path, monkeypatch):
+def test_every_case_runs_and_cleans_up_and_k_files_get_their_share(tmp_path, monkeypatch):
     """Each case runs (two 1 MiB ranges, 2 threads, 2 files), gives a rate, and removes its files;
-    the files it writes hold the size the case says (seen through the per-file pwrite case)."""
+    the K-file case writes each file its share of the ranges."""
     monkeypatch.setattr(fill, "RANGE", 1 << 20)
     out = fill.measure(str(tmp_path), 2 * (1 << 20) / 1e9, 2, rounds=1, files=2)
     assert set(out) >= {
@@ -72,7 +72,7 @@ def test_the_copy_cases_write_the_source_bytes(tmp_path, monkeypatch):
 
     f._drop = drop
     cases = f.copy_cases()
-    assert set(cases) == {*sv_copy_cases(), "copy: 2 files, pread + pwrite"}
+    assert set(cases) == {*fill.COPY_ONE_FILE, fill.COPY_EACH, fill.k_files(2)[2]}
     cases["copy: one file, fallocate + mapping + 1 pwrite"]()
     assert seen.pop("mapped") == src.read_bytes()
     cases["copy: one file, pwrite"]()
@@ -84,11 +84,12 @@ def test_the_copy_cases_write_the_source_bytes(tmp_path, monkeypatch):
     assert seen["k-1"] == data[mb : 2 * mb] + data[3 * mb : 4 * mb]
     assert not f.copying
     f.close()
+    one = fill.Fill(str(out_dir), 4 << 20, 1, source=str(src))  # one thread: one file holds it all
+    one._drop = drop
+    one.copy_cases()[fill.COPY_EACH]()
+    assert seen.pop("each-0") == data
+    one.close()
     assert list(out_dir.iterdir()) == []
-
-
-def sv_copy_cases():
-    return _load("stage_vs_cp").COPY_CASES
 
 
 def test_a_copy_is_bounded_by_ways_that_allocate():
