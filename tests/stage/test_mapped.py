@@ -188,3 +188,48 @@ def test_a_source_read_from_the_disk_is_written_with_pwrite(tmp_path, monkeypatc
     out = _stage(tmp_path / "s", tmp_path / "d", workers=4)
     assert out["read"]["mode"] != "cached" and calls == []
     assert (tmp_path / "d" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_a_cold_source_is_mapped_where_map_cold_says_so(tmp_path, monkeypatch, mapped):
+    """GPUBOX_STAGE_MAP_COLD=1: from the disk too the big file goes through the mapping, read
+    buffered (no O_DIRECT even where it is asked for: a read of the last page would overrun the
+    mapping), and each worker asks the kernel for its first ranges (POSIX_FADV_WILLNEED) before
+    the file is allocated; the copy and its digests are those of the pwrite path."""
+    from gpubox.provision.stage import schedule
+
+    monkeypatch.setattr(readers, "MAP_COLD", True)
+    monkeypatch.setenv("GPUBOX_STAGE_DIRECT", "1")
+    monkeypatch.setattr(readers, "cached_bytes", lambda fd, off, n: 0)  # nothing cached
+    maps, hints, opened = [], [], []
+    real_map, real_fadvise, real_open = schedule.map_destination, os.posix_fadvise, os.open
+
+    def spy_map(dfd, size):
+        maps.append(size)
+        return real_map(dfd, size)
+
+    def spy_fadvise(fd, off, n, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            hints.append((os.readlink(f"/proc/self/fd/{fd}"), off, n, len(maps)))
+        return real_fadvise(fd, off, n, advice)
+
+    def spy_open(path, flags, *a, **kw):
+        opened.append(flags)
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(schedule, "map_destination", spy_map)
+    monkeypatch.setattr(os, "posix_fadvise", spy_fadvise)
+    monkeypatch.setattr(os, "open", spy_open)
+    shard = _big_model(tmp_path / "s", seed=48, size=(3 << 20) + 4097)
+    out = _stage(tmp_path / "s", tmp_path / "d", workers=4)
+    monkeypatch.setattr(os, "open", real_open)
+    assert out["read"]["mode"] != "cached" and out["read_direct_bytes"] == 0
+    assert maps == [shard.stat().st_size]
+    before = [h for h in hints if h[0] == str(shard.resolve()) and h[3] == 0]
+    assert before and all(
+        n == min(readers.READ_AHEAD_OPEN, shard.stat().st_size - off) for _, off, n, _ in before
+    )
+    assert not any(f & getattr(os, "O_DIRECT", 0) for f in opened if getattr(os, "O_DIRECT", 0))
+    monkeypatch.setattr(readers, "MAP_MIN", None)
+    _stage(tmp_path / "s", tmp_path / "p", workers=4)
+    assert (tmp_path / "d" / shard.name).read_bytes() == shard.read_bytes()
+    assert _files(tmp_path / "d") == _files(tmp_path / "p")
