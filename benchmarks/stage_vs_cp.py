@@ -775,6 +775,7 @@ def rounds(src: Path, shm: Path, total: int, nfiles: int, args, variants: dict, 
     assert json.loads(noop["out"])["copied"] == 0
     ver = timed([*ENGINE_ARGV, str(src), str(dest), "--verify"])
     assert json.loads(ver["out"])["verified"] == nfiles
+    shutil.rmtree(dest)  # the next layout's first tool starts from no destination, and the tmpfs is empty
     fio = None if args.no_cold else fio_read(src, n)
     return summarise(total, nfiles, warm_runs, cold_runs, anchor_runs, fio, hashes, load0, load1, noop, ver)
 

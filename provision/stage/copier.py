@@ -127,8 +127,6 @@ class Copier(ColdProbe):
         def buffered() -> int:
             return open_src(job.spath, job.ident)
 
-        if job.mapped:  # buffered reads into the mapping (an O_DIRECT read of the last page would overrun it)
-            return streams.get(job, "buffered", buffered), {}
         if (
             self.read["mode"] != "cached" and job.info["size"] >= sizes.BUF
         ):  # small files: not worth a 2nd open
@@ -162,29 +160,7 @@ class Copier(ColdProbe):
                 self.advance(end - start)
         return ok
 
-    def _read_ahead(self, job: FileJob, i: int) -> None:
-        """Ask the kernel to read range i of a cold mapped file and the next (POSIX_FADV_WILLNEED)
-        before opening it, so the disk works while one thread allocates the whole file
-        (map_destination; 12 GB take about a second). A hint only: a throwaway fd, as the page
-        cache belongs to the inode and the file's identity is checked where it is read."""
-        if not hasattr(os, "posix_fadvise"):
-            return
-        start = i * sizes.CHUNK
-        try:
-            fd = os.open(job.spath, os.O_RDONLY | os.O_NONBLOCK)  # never waits on a FIFO planted there
-        except OSError:
-            return  # job.open() reports it
-        try:
-            n = min(readers.READ_AHEAD_OPEN, job.info["size"] - start)
-            os.posix_fadvise(fd, start, n, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
     def _copy(self, job: FileJob, i: int | None, streams: Streams) -> None:
-        if job.mapped and job.dfd is None and i is not None and self.read["mode"] != "cached":
-            self._read_ahead(job, i)
         job.open()
         if i is None:  # whole file, sequentially, with the hub's sha256 alongside
             whole = hashlib.sha256()

@@ -31,12 +31,18 @@ from .verdicts import remember, remembered
 # at least this many copy threads for a cold source, so that enough reads are in flight whatever
 # the core count (a thread blocked in a read holds no GIL and no core)
 COLD_THREADS = max(1, int(os.environ.get("GPUBOX_STAGE_COLD_THREADS") or 16))
-PROBE_BYTES = 8 << 20  # per thread and phase: the first bytes of a range, copied by the probe
+# per thread and phase: the first bytes of a range, copied by the probe (GPUBOX_STAGE_PROBE_MIB;
+# at most a range)
+PROBE_BYTES = min(64, max(1, int(os.environ.get("GPUBOX_STAGE_PROBE_MIB") or 8))) << 20
 # O_DIRECT is taken only when the probe finds it this much faster: its short reads understate what
-# buffered reads reach over a whole run (the kernel's readahead grows along a stream). Measured on
-# the 16-core device VM, 10 GB cold: probe buffered 1.14-1.26 GB/s, whole runs 1.45-1.63; probe
-# O_DIRECT (16 x 4 MiB) 1.04-1.21, whole run 1.25; the probe once put O_DIRECT 6% ahead.
-DIRECT_MARGIN = 1.15
+# buffered reads reach over a whole run (the kernel's readahead grows along a stream), and overstate
+# O_DIRECT. Measured on the 16-core device VM (12 GB cold, three leases; benchmarks/results/stage.md
+# run R): the 8 MiB probe put O_DIRECT at 0.95-1.32x buffered, while whole runs read buffered at
+# 1.30-1.35x O_DIRECT's rate (2.40 against 1.84 GB/s in one lease); with 1.15 the probe once chose
+# O_DIRECT and that run, and every run after it that kept the verdict, copied at 0.72 of the disk.
+# 32 MiB pieces misled it more (1.76-1.83x). A box where O_DIRECT pays (page-cache insertion the
+# limit, fast NVMe) shows it far beyond this margin.
+DIRECT_MARGIN = 1.5
 PROBE_PHASES = ("direct", "buffered", "buffered", "direct")  # a drift of the device hits both alike
 # copy threads per file for a cached source (ColdProbe._cached_threads)
 WRITERS_PER_FILE = max(1.0, float(os.environ.get("GPUBOX_STAGE_WRITERS_PER_FILE") or 1.5))
@@ -93,9 +99,6 @@ class ColdProbe:
             self.read["threads"] = self._cached_threads(jobs)
             return self.read["threads"]
         threads = max(self.workers, COLD_THREADS)
-        if readers.MAP_COLD:  # mapped files are read buffered (Copier._reader): nothing to probe there
-            self._map_big_files(jobs)
-            ranges = [r for r in ranges if not r[0].mapped]
         mode = self.setting if self.direct else "buffered"  # O_DIRECT: local block filesystems only
         self.read = {"mode": mode, "threads": threads, "cold_share": round(cold, 3)}
         if mode == "auto":
@@ -122,10 +125,11 @@ class ColdProbe:
 
     def _map_big_files(self, jobs: list[FileJob]) -> None:
         """Mark the big files that are written through a shared mapping (readers.map_span), past
-        the tmpfs inode lock: for a cached source, and for a cold one where readers.MAP_COLD says
-        so (with the earlier mapping, allocated range by range, one 6 GB file cold on the 16-core
-        device VM copied at 1.29 GB/s mapped against 1.60 with pwrite); only into tmpfs (MAP_FS:
-        on a disk, writes of one file do not queue the same way)."""
+        the tmpfs inode lock: only for a cached source (from the disk, the disk sets the pace and
+        the mapping's page faults only cost: one 12 GB file cold on the 16-core device VM, 0.90 of
+        the disk's read rate mapped against 1.06 with pwrite, one big shard beside small files 0.69
+        against 0.85; benchmarks/results/stage.md run R), and only into tmpfs (MAP_FS: on a disk,
+        writes of one file do not queue the same way)."""
         typ, opts = mount_of(self.dest)
         if readers.MAP_MIN is None or typ not in readers.MAP_FS:
             return

@@ -234,17 +234,6 @@ HUGE = ("huge=always", "huge=within_size")  # tmpfs mount options that give big 
 MAP_PWRITERS = max(0, int(os.environ.get("GPUBOX_STAGE_MAP_PWRITERS") or 1))
 
 
-# GPUBOX_STAGE_MAP_COLD=1: a big file read from the disk (a cold source) is mapped too, by the same
-# rule (map_pays), and read buffered into the mapping. From the disk `pwrite` left the file's writers
-# queuing on the inode lock behind one memcpy at a time (one 12 GB file cold, 16-core device VM:
-# 0.88 of the disk's read rate), and the whole-file fallocate that mapping starts with is overlapped
-# with the first reads (Copier._read_ahead). Off by default until measured against pwrite.
-MAP_COLD = (os.environ.get("GPUBOX_STAGE_MAP_COLD") or "0").strip() == "1"
-# bytes of a cold mapped file each worker asks the kernel to read (POSIX_FADV_WILLNEED) before the
-# file's allocation is done: the disk works while one thread allocates the pages
-READ_AHEAD_OPEN = 2 * sizes.CHUNK
-
-
 def map_pays(big_files: int, workers: int, mount_options: tuple[str, ...]) -> bool:
     """Whether the big files of this copy are written through mappings (MAP_AUTO): on a tmpfs with
     huge pages, always; else when they are too few to keep the workers busy with pwrite (at most a

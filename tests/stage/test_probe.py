@@ -64,6 +64,46 @@ def test_cold_read_mode_chosen_by_a_probe_of_both(tmp_path, monkeypatch):
     assert st.check(str(src), str(tmp_path / "d"), verify=True)["verified"] == len(_files(src))
 
 
+@pytest.mark.parametrize(("direct_over_buffered", "mode"), [(1.32, "buffered"), (1.6, "direct")])
+def test_o_direct_is_taken_only_far_ahead_of_buffered_in_the_probe(
+    tmp_path, monkeypatch, direct_over_buffered, mode
+):
+    """The probe's short reads overstate O_DIRECT against buffered reads: on the 16-core device VM
+    it put O_DIRECT 1.32x ahead where whole runs read buffered 1.3x faster. Such a probe keeps
+    buffered reads; a probe with O_DIRECT far ahead takes it (and the copy is exact either way)."""
+    monkeypatch.setattr(sizes, "CHUNK", 256 << 10)
+    monkeypatch.setattr(probe, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(probe, "COLD_THREADS", 2)
+    monkeypatch.setattr(
+        copier.Copier, "_probe", lambda self, pick, threads: {"direct": direct_over_buffered, "buffered": 1.0}
+    )
+    src = _cold_src(tmp_path, seed=27)
+    evict(src)
+    out = _stage(src, tmp_path / "d")
+    assert out["read"]["mode"] == mode
+    assert (out["read_direct_bytes"] > 0) == (mode == "direct")
+    for rel in _files(src):
+        assert (tmp_path / "d" / rel).read_bytes() == (src / rel).read_bytes()
+
+
+def test_the_probe_piece_setting_is_bounded_by_a_range():
+    """GPUBOX_STAGE_PROBE_MIB sets the probe's piece per thread (8 MiB unless set), at least 1 MiB
+    and at most a 64 MiB range (a piece is a range's first bytes)."""
+    import subprocess
+    import sys
+
+    def piece(value):
+        env = {**os.environ, "GPUBOX_STAGE_PROBE_MIB": value}
+        code = "from gpubox.provision.stage import probe; print(probe.PROBE_BYTES >> 20)"
+        return int(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
+
+    assert [piece(v) for v in ("", "32", "999", "0")] == [8, 32, 64, 1]
+
+
 def test_probe_asks_for_its_buffered_pieces_whole_and_the_copy_leaves_readahead_to_the_kernel(
     tmp_path, monkeypatch
 ):
