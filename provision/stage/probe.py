@@ -48,6 +48,15 @@ PROBE_PHASES = ("direct", "buffered", "buffered", "direct")  # a drift of the de
 WRITERS_PER_FILE = max(1.0, float(os.environ.get("GPUBOX_STAGE_WRITERS_PER_FILE") or 1.5))
 
 
+def judge(rates: dict, kept: str = "buffered") -> str:
+    """The read path a probe's rates ({"direct": GB/s, "buffered": GB/s}) choose: O_DIRECT only
+    DIRECT_MARGIN ahead. `kept`: the verdict stored with rates that cannot be read as figures."""
+    try:
+        return "direct" if float(rates["direct"]) > DIRECT_MARGIN * float(rates["buffered"]) else "buffered"
+    except (TypeError, KeyError, ValueError):
+        return kept
+
+
 def read_mode_setting() -> str:
     """GPUBOX_STAGE_DIRECT: auto (probe, the default) | 1 (O_DIRECT for uncached ranges) | 0 (buffered)."""
     v = os.environ.get("GPUBOX_STAGE_DIRECT", "auto").strip().lower()
@@ -105,14 +114,16 @@ class ColdProbe:
             big = len(ranges) >= 4 * threads  # enough uncached ranges for four phases at full depth
             known = remembered(self.src, threads) if big else None
             if known is not None:  # this filesystem's verdict from an earlier cold run (remember)
-                self.read.update(mode=known["mode"], probe_gb_s=known["probe_gb_s"], probed_at=known["at"])
+                # judged again by this version's margin: a verdict kept by an older one (1.15) may
+                # have taken O_DIRECT on rates that no longer do
+                rates = known["probe_gb_s"]
+                self.read.update(mode=judge(rates, known["mode"]), probe_gb_s=rates, probed_at=known["at"])
             elif big:
                 step = len(ranges) / (4 * threads)
                 pick = [ranges[int(k * step)] for k in range(4 * threads)]
                 rates = self._probe(pick, threads)
                 self.read["probe_gb_s"] = {k: round(v, 3) for k, v in rates.items()}
-                faster = rates["direct"] > DIRECT_MARGIN * rates["buffered"]
-                self.read["mode"] = "direct" if faster else "buffered"
+                self.read["mode"] = judge(rates)
                 if min(rates.values()) > 0:  # both paths worked: a verdict worth keeping
                     remember(self.src, threads, self.read["mode"], self.read["probe_gb_s"])
             else:  # too little to measure: read as cp does. Buffered won every measurement so

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from gpubox.provision import stage as st
 from gpubox.provision.stage import probe, sizes, verdicts
@@ -64,3 +65,34 @@ def test_remembering_a_verdict_removes_a_killed_runs_temp(tmp_path, monkeypatch)
     assert (
         json.loads((state / st.VERDICTS).read_text())[verdicts.fs_key(str(tmp_path), 2)]["mode"] == "buffered"
     )
+
+
+def test_a_kept_verdict_is_judged_again_by_todays_margin(tmp_path, monkeypatch):
+    """A verdict kept by an older version (O_DIRECT taken at 1.32x buffered in its probe, as on the
+    16-core device VM, where that read the disk at 0.72 of its rate) is judged again from its kept
+    rates: buffered reads, no probe; a kept verdict whose rates cannot be read keeps its mode."""
+    monkeypatch.setattr(sizes, "CHUNK", 256 << 10)
+    monkeypatch.setattr(probe, "PROBE_BYTES", 64 << 10)
+    monkeypatch.setattr(probe, "COLD_THREADS", 2)
+    src = _cold_src(tmp_path, seed=31)
+    probes = []
+    monkeypatch.setattr(st.Copier, "_probe", lambda self, *a: probes.append(1) or {})
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    key = verdicts.fs_key(str(src), 2)
+
+    def keep(rates):
+        entry = {"mode": "direct", "probe_gb_s": rates, "at": int(time.time())}
+        (state / st.VERDICTS).write_text(json.dumps({key: entry}))
+
+    keep({"direct": 1.574, "buffered": 1.191})
+    evict(src)
+    out = _stage(src, tmp_path / "d1")
+    assert probes == [] and out["read"]["mode"] == "buffered" and out["read_direct_bytes"] == 0
+    keep({"direct": "fast", "buffered": None})
+    evict(src)
+    out = _stage(src, tmp_path / "d2")
+    assert probes == [] and out["read"]["mode"] == "direct" and out["read_direct_bytes"] > 0
+    for rel in _files(src):
+        assert (tmp_path / "d1" / rel).read_bytes() == (src / rel).read_bytes()
+        assert (tmp_path / "d2" / rel).read_bytes() == (src / rel).read_bytes()
