@@ -630,7 +630,9 @@ def main() -> int:
             res["layout"] = layout
             if fill:
                 # this layout's own bounds: at most `big` pwrite writers (one per big file), and
-                # the same writes with the bytes read from its largest file (warm) on the way
+                # the same writes with the bytes read from its largest file (warm) on the way, at
+                # the layout's own size (as much to allocate as the copies it bounds; run R timed
+                # them at 4 GB)
                 files = sorted(source_files(src), key=lambda p: -p.stat().st_size)
                 big = sum(1 for p in files if p.stat().st_size >= RANGE)
                 only = (
@@ -641,7 +643,7 @@ def main() -> int:
                 warm(src)
                 shards = tmpfs_fill.measure(
                     args.tmpfs,
-                    min(args.size, 4.0),
+                    args.size,
                     ncpu(),
                     rounds=2,
                     files=big if big > 1 else 0,
