@@ -123,7 +123,7 @@ class ColdProbe:
                 pick = [ranges[int(k * step)] for k in range(4 * threads)]
                 rates = self._probe(pick, threads)
                 self.read["probe_gb_s"] = {k: round(v, 3) for k, v in rates.items()}
-                self.read["mode"] = judge(rates)
+                self.read["mode"] = judge(self.read["probe_gb_s"])  # the rates kept: judged alike again
                 if min(rates.values()) > 0:  # both paths worked: a verdict worth keeping
                     remember(self.src, threads, self.read["mode"], self.read["probe_gb_s"])
             else:  # too little to measure: read as cp does. Buffered won every measurement so
