@@ -14,9 +14,11 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from gpubox.errors import CommandError, InventoryError, TransportError
@@ -535,3 +537,31 @@ def test_ssh_file_calls_from_two_lanes_at_once(ssh, tmp_path):
         done, pending = concurrent.futures.wait(futs, timeout=60)
     assert not pending, "an SFTP call waited forever for a reply another thread took"
     assert sorted(f.result() for f in done) == [0, 1]
+
+
+def test_ssh_eof_never_follows_the_channels_close(ssh, tmp_path, monkeypatch):
+    """A command that ends before its stdin's EOF is sent (the feeding thread descheduled between
+    building the EOF and sending it): the CLOSE answered meanwhile must not go out first, or sshd
+    drops the whole connection ("ieof packet referred to nonexistent channel") and the other
+    lane's SFTP session with it."""
+    from paramiko.common import cMSG_CHANNEL_EOF
+
+    send = paramiko.Transport._send_user_message
+    late = threading.Event()
+
+    def late_eof(transport, m):
+        if late.is_set() and m.asbytes()[:1] == cMSG_CHANNEL_EOF and threading.current_thread() is not transport:
+            time.sleep(1)  # `true` has ended and the server has sent its CLOSE by now
+        return send(transport, m)
+
+    f = tmp_path / "f"
+    f.write_bytes(b"still here")
+    assert ssh.read_bytes(str(f)) == b"still here"  # the SFTP session of this connection
+    conn = ssh.client.get_transport()
+    monkeypatch.setattr(paramiko.Transport, "_send_user_message", late_eof)
+    late.set()
+    for _ in range(2):
+        assert ssh.run(["true"]).rc == 0
+    late.clear()
+    assert ssh.read_bytes(str(f)) == b"still here"
+    assert ssh.client.get_transport() is conn and conn.is_active(), "the connection was dropped"

@@ -280,7 +280,7 @@ class SSHTransport(Transport):
             try:
                 if data:
                     chan.sendall(data)
-                chan.shutdown_write()
+                shutdown_write(chan)
             except (OSError, EOFError, paramiko.SSHException):
                 pass
 
@@ -544,6 +544,30 @@ class _RevokedAwarePolicy(paramiko.MissingHostKeyPolicy):
         raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
 
 
+def shutdown_write(chan: paramiko.Channel) -> None:
+    """Send the channel's EOF, never after its CLOSE.
+
+    paramiko's Channel.shutdown_write builds the EOF under the channel's lock and sends it after
+    letting the lock go. When the command has already ended, the transport thread answers the
+    server's CLOSE in that gap, the EOF goes out after it, and OpenSSH drops the whole connection
+    ("ieof packet referred to nonexistent channel"): every other channel on it, the SFTP session
+    of the other lane included, breaks (paramiko issues #1115 and #1705, open). Holding the lock
+    until the EOF is sent keeps the order, as paramiko-ng's fix (#101) does; a channel already
+    closed gets no EOF. Where paramiko's internals differ, its own call is the fallback."""
+    build = getattr(chan, "_send_eof", None)
+    transport = getattr(chan, "transport", None)
+    send = getattr(transport, "_send_user_message", None)
+    if build is None or send is None:
+        chan.shutdown_write()
+        return
+    with chan.lock:
+        if chan.closed:
+            return
+        m = build()
+        if m is not None:
+            send(m)
+
+
 class _SSHHeld(Held):
     def __init__(self, chan: paramiko.Channel):
         super().__init__()
@@ -554,7 +578,7 @@ class _SSHHeld(Held):
         return self.chan.recv(4096)
 
     def _close_stdin(self) -> None:
-        self.chan.shutdown_write()
+        shutdown_write(self.chan)
 
     def _poll(self) -> int | None:
         if self.chan.exit_status_ready():
