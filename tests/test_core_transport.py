@@ -550,7 +550,11 @@ def test_ssh_eof_never_follows_the_channels_close(ssh, tmp_path, monkeypatch):
     late = threading.Event()
 
     def late_eof(transport, m):
-        if late.is_set() and m.asbytes()[:1] == cMSG_CHANNEL_EOF and threading.current_thread() is not transport:
+        if (
+            late.is_set()
+            and m.asbytes()[:1] == cMSG_CHANNEL_EOF
+            and threading.current_thread() is not transport
+        ):
             time.sleep(1)  # `true` has ended and the server has sent its CLOSE by now
         return send(transport, m)
 
