@@ -555,12 +555,12 @@ def shutdown_write(chan: paramiko.Channel) -> None:
     until the EOF is sent keeps the order, as paramiko-ng's fix (#101) does; a channel already
     closed gets no EOF. Where paramiko's internals differ, its own call is the fallback."""
     build = getattr(chan, "_send_eof", None)
-    transport = getattr(chan, "transport", None)
-    send = getattr(transport, "_send_user_message", None)
-    if build is None or send is None:
+    send = getattr(getattr(chan, "transport", None), "_send_user_message", None)
+    lock = getattr(chan, "lock", None)
+    if build is None or send is None or lock is None:
         chan.shutdown_write()
         return
-    with chan.lock:
+    with lock:
         if chan.closed:
             return
         m = build()
